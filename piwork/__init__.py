@@ -1,0 +1,3 @@
+"""piwork: a host controller for a VM-sandboxed coding agent."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,54 @@
+"""The runtime pack manifest: what a pack holds and how to boot it.
+
+A pack is a directory ``<cache>/packs/<pack_id>/`` with a ``manifest.json``
+written last. ``pack_id`` is the content hash of the build *inputs* (pins,
+lock file, guest files, builder version), so a second build with the same
+inputs finds the finished pack and does nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+PACK_FORMAT = 1
+MANIFEST_NAME = "manifest.json"
+
+
+class PackFile(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    path: str = Field(description="Path relative to the pack directory, '/'-separated.")
+    sha256: str
+    size: int
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = PACK_FORMAT
+    pack_id: str
+    arch: str = "x86_64"
+    kernel: str = Field(description="Relative path of the kernel image.")
+    initrd: str = Field(description="Relative path of the initramfs (newc cpio).")
+    cmdline: str = Field(description="Base kernel command line; the host appends transport args.")
+    versions: dict[str, str] = Field(description="kernel, busybox, node, pi, libc, ...")
+    files: list[PackFile]
+    created_at: str
+    builder: str = Field(description="piwork version that built the pack.")
+
+    def file(self, rel: str) -> PackFile:
+        for f in self.files:
+            if f.path == rel:
+                return f
+        raise KeyError(rel)
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,440 @@
+// piwork guest supervisor: owns pi's stdio inside the VM.
+//
+// Why it exists: EOF on pi's stdin makes pi exit at once, and a host
+// connection can drop at any time (app restart, socket hiccup). The
+// supervisor holds pi's stdin open for pi's whole life, numbers every line
+// pi writes so a reconnecting host can ask for what it missed, starts pi with
+// the arguments the host sends, answers pings and powers the VM off.
+// The wire format is fixed in docs/guest-protocol.md.
+"use strict";
+
+const fs = require("node:fs");
+const net = require("node:net");
+const path = require("node:path");
+const crypto = require("node:crypto");
+const { spawn, spawnSync } = require("node:child_process");
+
+const VERSION = 1;
+const PORT_NAME = "piwork.rpc";
+const RING_LIMIT_BYTES = Number(process.env.PIWORK_RING_BYTES || 32 * 1024 * 1024);
+const NL = 0x0a;
+const BOOT_ID = crypto.randomBytes(8).toString("hex");
+
+const PI_CLI =
+  process.env.PIWORK_PI_CLI ||
+  "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
+const NODE = process.env.PIWORK_NODE || process.execPath;
+
+function log(msg) {
+  // The console is a slow serial line under TCG: keep this rare.
+  try {
+    fs.writeSync(2, `piwork-supervisor: ${msg}\n`);
+  } catch {
+    /* nothing to do */
+  }
+}
+
+// ---------------------------------------------------------------- line splitting
+
+/** Splits a byte stream on "\n" only; JSON may hold U+2028, so never on anything else. */
+class LineSplitter {
+  constructor(onLine) {
+    this.onLine = onLine;
+    this.parts = [];
+  }
+  push(chunk) {
+    let start = 0;
+    let idx;
+    while ((idx = chunk.indexOf(NL, start)) !== -1) {
+      let piece = chunk.subarray(start, idx);
+      if (this.parts.length) {
+        this.parts.push(piece);
+        piece = Buffer.concat(this.parts);
+        this.parts = [];
+      }
+      if (piece.length && piece[piece.length - 1] === 0x0d) piece = piece.subarray(0, -1);
+      this.onLine(piece);
+      start = idx + 1;
+    }
+    if (start < chunk.length) this.parts.push(Buffer.from(chunk.subarray(start)));
+  }
+  flush() {
+    if (this.parts.length) {
+      const rest = Buffer.concat(this.parts);
+      this.parts = [];
+      if (rest.length) this.onLine(rest);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- outbound ring
+
+/** Numbered outbound lines, bounded by bytes, replayable from any seq still held. */
+class Outbox {
+  constructor(limitBytes) {
+    this.limit = limitBytes;
+    this.lines = []; // [{seq, buf}]
+    this.bytes = 0;
+    this.lastSeq = 0;
+    this.transient = [];
+    this.sendFrom = 1; // next seq to send on the current connection
+    this.wake = null;
+  }
+  add(payload) {
+    const seq = ++this.lastSeq;
+    const buf = Buffer.concat([Buffer.from(`${seq} `), payload, Buffer.from("\n")]);
+    this.lines.push({ seq, buf });
+    this.bytes += buf.length;
+    while (this.bytes > this.limit && this.lines.length > 1) {
+      this.bytes -= this.lines.shift().buf.length;
+    }
+    this.notify();
+  }
+  addTransient(obj) {
+    this.transient.push(Buffer.from(`0 !${JSON.stringify(obj)}\n`));
+    this.notify();
+  }
+  event(obj) {
+    this.add(Buffer.from(`!${JSON.stringify(obj)}`));
+  }
+  firstHeld() {
+    return this.lines.length ? this.lines[0].seq : this.lastSeq + 1;
+  }
+  /** Called on hello: resend everything after `after`, saying so if some is gone. */
+  replayAfter(after) {
+    const from = Math.max(0, Math.floor(after)) + 1;
+    const first = this.firstHeld();
+    if (from < first) this.addTransient({ ev: "gap", from, to: first - 1 });
+    this.sendFrom = Math.max(from, first);
+    this.notify();
+  }
+  notify() {
+    if (this.wake) {
+      const w = this.wake;
+      this.wake = null;
+      w();
+    }
+  }
+  /** Next buffer to write, or null when there is nothing. Transient lines go first. */
+  next() {
+    if (this.transient.length) return this.transient.shift();
+    if (this.sendFrom > this.lastSeq) return null;
+    const first = this.firstHeld();
+    if (this.sendFrom < first) this.sendFrom = first;
+    const item = this.lines[this.sendFrom - first];
+    this.sendFrom += 1;
+    return item.buf;
+  }
+  waitForData() {
+    return new Promise((resolve) => {
+      this.wake = resolve;
+    });
+  }
+}
+
+const outbox = new Outbox(RING_LIMIT_BYTES);
+
+// ---------------------------------------------------------------- pi
+
+let pi = null; // ChildProcess
+
+function startPi(msg) {
+  if (pi) {
+    outbox.event({ ev: "error", message: `pi is already running (pid ${pi.pid})` });
+    return;
+  }
+  const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
+  const env = { ...process.env, ...(msg.env || {}) };
+  delete env.PIWORK_TRANSPORT;
+  delete env.PIWORK_PORT;
+  const cwd = typeof msg.cwd === "string" && msg.cwd ? msg.cwd : "/root";
+  try {
+    fs.mkdirSync(cwd, { recursive: true });
+  } catch {
+    /* spawn reports the real problem */
+  }
+  let child;
+  try {
+    child = spawn(NODE, [PI_CLI, ...argv], {
+      cwd,
+      env,
+      stdio: ["pipe", "pipe", "pipe"],
+      detached: true, // own process group: stop kills pi and its tools together
+    });
+  } catch (err) {
+    outbox.event({ ev: "error", message: `cannot start pi: ${err.message}` });
+    return;
+  }
+  pi = child;
+  let reported = false;
+  const out = new LineSplitter((line) => outbox.add(line));
+  const errSplit = new LineSplitter((line) => {
+    const text = line.toString("utf8");
+    outbox.event({ ev: "stderr", text });
+    log(`pi: ${text.slice(0, 500)}`);
+  });
+  child.stdout.on("data", (c) => out.push(c));
+  child.stderr.on("data", (c) => errSplit.push(c));
+  // An EPIPE on pi's stdin after pi died must not kill the supervisor.
+  child.stdin.on("error", (err) => log(`pi stdin: ${err.message}`));
+  child.on("error", (err) => {
+    if (!reported) {
+      reported = true;
+      outbox.event({ ev: "error", message: `pi failed: ${err.message}` });
+      if (pi === child) pi = null;
+    }
+  });
+  child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid }));
+  child.on("close", (code, signal) => {
+    out.flush();
+    errSplit.flush();
+    if (pi === child) pi = null;
+    if (!reported) {
+      reported = true;
+      outbox.event({ ev: "exit", code, signal });
+    }
+  });
+}
+
+function signalPi(sig) {
+  if (!pi) return false;
+  const name = typeof sig === "string" && sig ? `SIG${sig.replace(/^SIG/, "")}` : "SIGTERM";
+  try {
+    process.kill(-pi.pid, name); // the whole group: pi and the tools it spawned
+  } catch {
+    try {
+      pi.kill(name);
+    } catch {
+      return false;
+    }
+  }
+  return true;
+}
+
+function waitPiExit(ms) {
+  return new Promise((resolve) => {
+    if (!pi) return resolve(true);
+    const child = pi;
+    const timer = setTimeout(() => resolve(false), ms);
+    child.once("close", () => {
+      clearTimeout(timer);
+      resolve(true);
+    });
+  });
+}
+
+async function powerOff() {
+  outbox.event({ ev: "poweroff" });
+  if (pi) {
+    signalPi("TERM");
+    if (!(await waitPiExit(3000))) signalPi("KILL");
+  }
+  await new Promise((r) => setTimeout(r, 200)); // let the event reach the host
+  spawnSync("/bin/sync");
+  if (process.env.PIWORK_NO_POWEROFF) process.exit(0); // host-side tests
+  spawnSync("/bin/poweroff", ["-f"]);
+}
+
+function readUptime() {
+  try {
+    return Number(fs.readFileSync("/proc/uptime", "utf8").split(" ")[0]);
+  } catch {
+    return null;
+  }
+}
+
+function readMemAvailableKb() {
+  try {
+    const m = /MemAvailable:\s+(\d+)/.exec(fs.readFileSync("/proc/meminfo", "utf8"));
+    return m ? Number(m[1]) : null;
+  } catch {
+    return null;
+  }
+}
+
+// ---------------------------------------------------------------- inbound
+
+function handleControl(text) {
+  let msg;
+  try {
+    msg = JSON.parse(text);
+  } catch (err) {
+    outbox.event({ ev: "error", message: `bad supervisor command: ${err.message}` });
+    return;
+  }
+  switch (msg.op) {
+    case "hello":
+      outbox.addTransient({
+        ev: "hello",
+        bootId: BOOT_ID,
+        lastSeq: outbox.lastSeq,
+        pi: { running: Boolean(pi), pid: pi ? pi.pid : null },
+        version: VERSION,
+      });
+      outbox.replayAfter(Number(msg.after) || 0);
+      break;
+    case "start":
+      startPi(msg);
+      break;
+    case "stop":
+      if (!signalPi(msg.signal)) outbox.event({ ev: "error", message: "pi is not running" });
+      break;
+    case "ping":
+      outbox.addTransient({
+        ev: "pong",
+        id: msg.id ?? null,
+        uptime: readUptime(),
+        memAvailableKb: readMemAvailableKb(),
+      });
+      break;
+    case "poweroff":
+      powerOff();
+      break;
+    default:
+      outbox.event({ ev: "error", message: `unknown supervisor op: ${msg.op}` });
+  }
+}
+
+function handleInboundLine(line) {
+  if (line.length === 0) return;
+  if (line[0] === 0x21 /* ! */) {
+    handleControl(line.subarray(1).toString("utf8"));
+    return;
+  }
+  if (!pi) {
+    outbox.event({ ev: "error", message: "pi is not running; a line for pi was dropped" });
+    return;
+  }
+  pi.stdin.write(Buffer.concat([line, Buffer.from("\n")]));
+}
+
+// ---------------------------------------------------------------- transports
+
+function findVirtioPort() {
+  const base = "/sys/class/virtio-ports";
+  for (const name of fs.readdirSync(base)) {
+    try {
+      if (fs.readFileSync(path.join(base, name, "name"), "utf8").trim() === PORT_NAME) {
+        return `/dev/${name}`;
+      }
+    } catch {
+      /* not a port with a name */
+    }
+  }
+  return null;
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function runVirtio() {
+  let dev = null;
+  for (let i = 0; i < 100 && !dev; i++) {
+    dev = findVirtioPort();
+    if (!dev) await sleep(100);
+  }
+  if (!dev) throw new Error(`no virtio-serial port named ${PORT_NAME}`);
+  // The port can be open only once: one read-write descriptor for both ways.
+  const fd = fs.openSync(dev, "r+");
+  const splitter = new LineSplitter(handleInboundLine);
+  const buf = Buffer.alloc(256 * 1024);
+
+  const reader = async () => {
+    for (;;) {
+      let n;
+      try {
+        n = await new Promise((res, rej) =>
+          fs.read(fd, buf, 0, buf.length, null, (e, k) => (e ? rej(e) : res(k))),
+        );
+      } catch (err) {
+        log(`port read: ${err.message}`);
+        await sleep(200);
+        continue;
+      }
+      // 0 means "no host connected": keep pi running and wait for one.
+      if (n === 0) {
+        splitter.flush();
+        await sleep(50);
+        continue;
+      }
+      splitter.push(Buffer.from(buf.subarray(0, n)));
+    }
+  };
+
+  const writer = async () => {
+    for (;;) {
+      const chunk = outbox.next();
+      if (!chunk) {
+        await outbox.waitForData();
+        continue;
+      }
+      let off = 0;
+      while (off < chunk.length) {
+        try {
+          // Blocks in the kernel while no host is connected; that is fine,
+          // lines keep accumulating in the ring and are replayed on hello.
+          off += await new Promise((res, rej) =>
+            fs.write(fd, chunk, off, chunk.length - off, null, (e, k) => (e ? rej(e) : res(k))),
+          );
+        } catch (err) {
+          log(`port write: ${err.message}`);
+          await sleep(200);
+        }
+      }
+    }
+  };
+  log(`channel virtio ${dev}`);
+  await Promise.all([reader(), writer()]);
+}
+
+async function runTcp(port, host) {
+  let current = null;
+  const server = net.createServer((sock) => {
+    if (current) current.destroy();
+    current = sock;
+    sock.setNoDelay(true);
+    outbox.notify();
+    const splitter = new LineSplitter(handleInboundLine);
+    sock.on("data", (c) => splitter.push(c));
+    sock.on("error", () => {});
+    sock.on("close", () => {
+      if (current === sock) current = null;
+      outbox.notify();
+    });
+  });
+  await new Promise((res) => server.listen(port, host, res));
+  log(`channel tcp ${host}:${port}`);
+  for (;;) {
+    if (!current) {
+      await outbox.waitForData();
+      continue;
+    }
+    const chunk = outbox.next();
+    if (!chunk) {
+      await outbox.waitForData();
+      continue;
+    }
+    const sock = current;
+    if (!sock.write(chunk)) await new Promise((r) => sock.once("drain", r).once("close", r));
+  }
+}
+
+async function main() {
+  process.on("SIGPIPE", () => {});
+  process.on("uncaughtException", (err) => log(`uncaught: ${err.stack || err}`));
+  outbox.event({ ev: "ready", bootId: BOOT_ID });
+  const transport = process.env.PIWORK_TRANSPORT || "virtio";
+  if (transport === "tcp") {
+    await runTcp(Number(process.env.PIWORK_PORT || 7000), process.env.PIWORK_LISTEN || "0.0.0.0");
+  } else {
+    await runVirtio();
+  }
+}
+
+if (require.main === module) {
+  main().catch((err) => {
+    log(`fatal: ${err.stack || err}`);
+    process.exit(1);
+  });
+}
+
+module.exports = { LineSplitter, Outbox };

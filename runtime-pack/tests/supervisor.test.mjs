@@ -1,0 +1,181 @@
+// The guest supervisor, run on the host with its TCP transport and a stand-in
+// for pi. What must hold: lines are numbered and replayable after a
+// reconnect, a host disconnect never closes pi's stdin, control ops work.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import net from "node:net";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { createRequire } from "node:module";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const SUPERVISOR = path.join(here, "..", "supervisor", "supervisor.js");
+const FAKE_PI = path.join(here, "fixtures", "fake-pi.js");
+const require = createRequire(import.meta.url);
+const { LineSplitter, Outbox } = require(SUPERVISOR);
+
+function freePort() {
+  return new Promise((resolve) => {
+    const s = net.createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+  });
+}
+
+async function startSupervisor(extraEnv = {}) {
+  const port = await freePort();
+  const proc = spawn(process.execPath, [SUPERVISOR], {
+    env: {
+      ...process.env,
+      PIWORK_TRANSPORT: "tcp",
+      PIWORK_PORT: String(port),
+      PIWORK_LISTEN: "127.0.0.1",
+      PIWORK_PI_CLI: FAKE_PI,
+      PIWORK_NO_POWEROFF: "1",
+      ...extraEnv,
+    },
+    stdio: ["ignore", "ignore", "pipe"],
+  });
+  for (let i = 0; i < 100; i++) {
+    try {
+      const c = await connect(port);
+      c.close();
+      return { proc, port };
+    } catch {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  throw new Error("supervisor did not listen");
+}
+
+/** A host-side connection that parses "<seq> <payload>" lines. */
+function connect(port) {
+  return new Promise((resolve, reject) => {
+    const sock = net.connect(port, "127.0.0.1");
+    const lines = [];
+    const waiters = [];
+    const split = new LineSplitter((buf) => {
+      const text = buf.toString("utf8");
+      const sp = text.indexOf(" ");
+      const item = { seq: Number(text.slice(0, sp)), payload: text.slice(sp + 1) };
+      lines.push(item);
+      for (const w of [...waiters]) w();
+    });
+    sock.on("data", (c) => split.push(c));
+    sock.once("error", reject);
+    sock.once("connect", () =>
+      resolve({
+        lines,
+        send: (s) => sock.write(s + "\n"),
+        close: () => sock.destroy(),
+        async waitFor(pred, ms = 5000) {
+          const deadline = Date.now() + ms;
+          for (;;) {
+            const hit = lines.find(pred);
+            if (hit) return hit;
+            if (Date.now() > deadline) {
+              throw new Error(`timed out; got ${JSON.stringify(lines)}`);
+            }
+            await new Promise((r) => {
+              waiters.push(r);
+              setTimeout(r, 50);
+            });
+          }
+        },
+      }),
+    );
+  });
+}
+
+const ev = (name) => (l) => l.payload.startsWith("!") && JSON.parse(l.payload.slice(1)).ev === name;
+const piLine = (pred) => (l) => l.payload.startsWith("{") && pred(JSON.parse(l.payload));
+
+test("LineSplitter splits on \\n only and keeps U+2028 inside a line", () => {
+  const got = [];
+  const s = new LineSplitter((b) => got.push(b.toString("utf8")));
+  s.push(Buffer.from('{"a":"x\u2028y"}\r\n{"b"'));
+  s.push(Buffer.from(':1}\n'));
+  assert.deepEqual(got, ['{"a":"x\u2028y"}', '{"b":1}']);
+});
+
+test("Outbox keeps at most its byte limit and reports a gap on replay", () => {
+  const box = new Outbox(100);
+  for (let i = 0; i < 20; i++) box.add(Buffer.from(`{"n":${i}}`));
+  assert.ok(box.bytes <= 100);
+  box.replayAfter(0);
+  const gap = JSON.parse(box.next().toString().slice(3));
+  assert.equal(gap.ev, "gap");
+  assert.equal(gap.from, 1);
+  assert.equal(box.next().toString().split(" ")[0], String(box.firstHeld()));
+});
+
+test("hello, start, echo, replay after reconnect, stdin never closed", async (t) => {
+  const { proc, port } = await startSupervisor();
+  t.after(() => proc.kill("SIGKILL"));
+
+  const a = await connect(port);
+  a.send('!{"op":"hello","after":0}');
+  const hello = await a.waitFor(ev("hello"));
+  assert.equal(hello.seq, 0);
+  await a.waitFor(ev("ready"));
+  a.send(`!{"op":"start","argv":["--mode","rpc"],"env":{"X":"1"},"cwd":"/tmp"}`);
+  await a.waitFor(ev("started"));
+  a.send('{"type":"get_state","id":"1"}');
+  const echo = await a.waitFor(piLine((o) => o.type === "echo"));
+  assert.deepEqual(JSON.parse(echo.payload).argv, ["--mode", "rpc"]);
+  const lastSeen = echo.seq;
+  a.close(); // the host goes away
+
+  await new Promise((r) => setTimeout(r, 200));
+  const b = await connect(port);
+  b.send('{"type":"after-reconnect"}'); // pi must still be there to answer
+  b.send(`!{"op":"hello","after":${lastSeen}}`);
+  const reply = await b.waitFor(piLine((o) => o.line === '{"type":"after-reconnect"}'));
+  assert.ok(reply.seq > lastSeen);
+  const numbered = b.lines.filter((l) => l.seq > 0);
+  // Nothing at or below lastSeen is replayed after hello, and nothing is skipped.
+  const afterHello = numbered.slice(numbered.findIndex((l) => l.seq === lastSeen + 1));
+  afterHello.forEach((l, i) => assert.equal(l.seq, lastSeen + 1 + i));
+  assert.ok(!b.lines.some(piLine((o) => o.type === "stdin_eof")), "pi saw EOF on stdin");
+  b.close();
+});
+
+test("ping answers with uptime fields; stop reports pi's exit", async (t) => {
+  const { proc, port } = await startSupervisor();
+  t.after(() => proc.kill("SIGKILL"));
+  const c = await connect(port);
+  c.send('!{"op":"hello","after":0}');
+  c.send('!{"op":"ping","id":7}');
+  const pong = JSON.parse((await c.waitFor(ev("pong"))).payload.slice(1));
+  assert.equal(pong.id, 7);
+  assert.ok("uptime" in pong && "memAvailableKb" in pong);
+  c.send('!{"op":"start","argv":[]}');
+  await c.waitFor(ev("started"));
+  c.send('!{"op":"stop"}');
+  const exit = JSON.parse((await c.waitFor(ev("exit"))).payload.slice(1));
+  assert.equal(exit.signal, "SIGTERM");
+  c.send('{"type":"late"}');
+  await c.waitFor((l) => ev("error")(l) && l.payload.includes("not running"));
+  c.close();
+});
+
+test("a second start while pi runs is refused; bad control lines are reported", async (t) => {
+  const { proc, port } = await startSupervisor();
+  t.after(() => proc.kill("SIGKILL"));
+  const c = await connect(port);
+  c.send('!{"op":"hello","after":0}');
+  c.send('!{"op":"start","argv":[]}');
+  await c.waitFor(ev("started"));
+  c.send('!{"op":"start","argv":[]}');
+  await c.waitFor((l) => ev("error")(l) && l.payload.includes("already running"));
+  c.send("!{not json");
+  await c.waitFor((l) => ev("error")(l) && l.payload.includes("bad supervisor command"));
+  c.send('!{"op":"poweroff"}');
+  await c.waitFor(ev("poweroff"));
+  const code = await new Promise((r) => proc.once("exit", r));
+  assert.equal(code, 0);
+  c.close();
+});

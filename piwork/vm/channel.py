@@ -1,0 +1,251 @@
+"""The host end of the guest supervisor's channel (docs/guest-protocol.md).
+
+Lines from the guest are ``<seq> <payload>``. After each (re)connection the
+host says ``hello`` with the last seq it processed; the supervisor replays
+everything newer. Numbered lines are therefore accepted strictly in order:
+anything at or below the last seq is a duplicate and dropped, anything read
+before the hello reply belongs to the previous connection's stream and is
+ignored (the replay brings it again, in order).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+MAX_LINE = 64 * 1024 * 1024
+
+PiLineHandler = Callable[[bytes], None]
+EventHandler = Callable[[dict[str, Any]], None]
+
+
+class ChannelError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where the supervisor is reachable: a unix socket (virtio) or a TCP port."""
+
+    unix_path: Path | None = None
+    tcp_port: int | None = None
+
+    def describe(self) -> str:
+        return str(self.unix_path) if self.unix_path else f"127.0.0.1:{self.tcp_port}"
+
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self.unix_path is not None:
+            return await asyncio.open_unix_connection(str(self.unix_path), limit=MAX_LINE)
+        assert self.tcp_port is not None
+        return await asyncio.open_connection("127.0.0.1", self.tcp_port, limit=MAX_LINE)
+
+
+class GuestChannel:
+    """A reconnecting, loss-free line channel to the guest supervisor."""
+
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        on_pi_line: PiLineHandler,
+        on_event: EventHandler,
+        *,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.endpoint = endpoint
+        self.on_pi_line = on_pi_line
+        self.on_event = on_event
+        self.alive = alive
+        self.last_seq = 0
+        self.boot_id: str | None = None
+        self.reconnects = 0
+        self.gaps: list[tuple[int, int]] = []
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._ready = asyncio.Event()  # connected and hello answered
+        self._closed = False
+        self._task: asyncio.Task[None] | None = None
+        self._pongs: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ping_id = 0
+        self._write_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self, timeout: float = 120.0) -> None:
+        """Connect (retrying while the VM comes up) and run the reader in the background."""
+        self._task = asyncio.create_task(self._run(), name="guest-channel")
+        await self.wait_ready(timeout)
+
+    async def wait_ready(self, timeout: float) -> None:
+        ready = asyncio.ensure_future(self._ready.wait())
+        assert self._task is not None
+        done, _ = await asyncio.wait(
+            {ready, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
+        if ready not in done:
+            ready.cancel()
+            if self._task in done:
+                self._task.result()  # re-raise what killed the reader
+            raise ChannelError(
+                f"the guest supervisor did not answer on {self.endpoint.describe()} "
+                f"within {timeout:.0f}s"
+            )
+
+    async def close(self) -> None:
+        self._closed = True
+        await self._drop_connection()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+
+    async def reconnect(self) -> None:
+        """Drop the connection on purpose (tests, recovery) and wait for the next one."""
+        await self._drop_connection()
+        await self.wait_ready(60)
+
+    async def _drop_connection(self) -> None:
+        self._ready.clear()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _run(self) -> None:
+        while not self._closed:
+            try:
+                reader, writer = await self.endpoint.open()
+            except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+                if not self.alive():
+                    raise ChannelError("the VM is gone; the guest channel cannot connect") from None
+                await asyncio.sleep(0.1)
+                continue
+            self._reader, self._writer = reader, writer
+            try:
+                await self._send_raw(
+                    b"!" + orjson.dumps({"op": "hello", "after": self.last_seq}) + b"\n", force=True
+                )
+                await self._read_loop(reader)
+            except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
+                log.debug("guest channel dropped: %s", exc)
+            finally:
+                self._ready.clear()
+                if self._writer is writer:
+                    self._writer = None
+                writer.close()
+            if self._closed:
+                return
+            if not self.alive():
+                raise ChannelError("the VM exited; the guest channel closed")
+            self.reconnects += 1
+            await asyncio.sleep(0.1)
+
+    async def _read_loop(self, reader: asyncio.StreamReader) -> None:
+        greeted = False
+        while True:
+            try:
+                line = await reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError as exc:
+                # Skip the oversized line rather than die; the RPC layer is told.
+                await reader.readexactly(exc.consumed)
+                self.on_event({"ev": "oversized", "bytes": exc.consumed})
+                continue
+            except asyncio.IncompleteReadError:
+                return  # EOF: the peer closed
+            seq_text, _, payload = line[:-1].partition(b" ")
+            try:
+                seq = int(seq_text)
+            except ValueError:
+                self.on_event({"ev": "malformed", "line": line[:200].decode("utf-8", "replace")})
+                continue
+            if seq == 0:
+                msg = self._parse_event(payload)
+                if msg is None:
+                    continue
+                if msg.get("ev") == "hello":
+                    greeted = True
+                    if self.boot_id is not None and msg.get("bootId") != self.boot_id:
+                        # A different boot: its numbering starts again.
+                        self.last_seq = 0
+                    self.boot_id = msg.get("bootId")
+                    self._ready.set()
+                elif msg.get("ev") == "pong":
+                    fut = self._pongs.pop(int(msg.get("id") or 0), None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                elif msg.get("ev") == "gap":
+                    self.gaps.append((int(msg["from"]), int(msg["to"])))
+                    self.last_seq = max(self.last_seq, int(msg["to"]))
+                    self.on_event(msg)
+                continue
+            if not greeted or seq <= self.last_seq:
+                continue
+            if seq != self.last_seq + 1:
+                self.gaps.append((self.last_seq + 1, seq - 1))
+                self.on_event({"ev": "gap", "from": self.last_seq + 1, "to": seq - 1})
+            self.last_seq = seq
+            if payload.startswith(b"!"):
+                msg = self._parse_event(payload)
+                if msg is not None:
+                    self.on_event(msg)
+            else:
+                self.on_pi_line(payload)
+
+    def _parse_event(self, payload: bytes) -> dict[str, Any] | None:
+        try:
+            msg = orjson.loads(payload[1:])
+        except orjson.JSONDecodeError:
+            self.on_event({"ev": "malformed", "line": payload[:200].decode("utf-8", "replace")})
+            return None
+        return msg if isinstance(msg, dict) else None
+
+    # ------------------------------------------------------------ sending
+    async def _send_raw(self, data: bytes, *, force: bool = False) -> None:
+        async with self._write_lock:
+            while True:
+                if not force:
+                    await self._ready.wait()
+                writer = self._writer
+                if writer is None:
+                    if force:
+                        raise ConnectionError("not connected")
+                    await asyncio.sleep(0.05)
+                    continue
+                writer.write(data)
+                await writer.drain()
+                return
+
+    async def send_pi_line(self, line: bytes) -> None:
+        """Send one line to pi's stdin (waits through a reconnect, never drops it)."""
+        if line.startswith(b"!") or b"\n" in line:
+            raise ValueError("a pi line must be one JSON object without newlines")
+        await self._send_raw(line + b"\n")
+
+    async def send_op(self, op: str, **fields: Any) -> None:
+        await self._send_raw(b"!" + orjson.dumps({"op": op, **fields}) + b"\n")
+
+    async def ping(self, timeout: float = 10.0) -> dict[str, Any]:
+        self._ping_id += 1
+        pid = self._ping_id
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pongs[pid] = fut
+        started = time.monotonic()
+        await self.send_op("ping", id=pid)
+        try:
+            msg = await asyncio.wait_for(fut, timeout)
+        finally:
+            self._pongs.pop(pid, None)
+        msg["rtt"] = time.monotonic() - started
+        return msg
+
+
+SendLine = Callable[[bytes], Awaitable[None]]

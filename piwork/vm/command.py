@@ -1,0 +1,165 @@
+"""The QEMU command line, built from a pack manifest and a VM spec.
+
+A pure function: no files are touched and nothing is started, so the whole
+command line is unit-testable and can be shown verbatim in errors. Nothing
+secret is ever put here (keys stay in the host's model gateway).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+
+from piwork.pack.manifest import Manifest
+from piwork.vm.accel import AccelChoice
+
+RPC_PORT_NAME = "piwork.rpc"
+GUEST_TCP_PORT = 7000
+GATEWAY_GUEST_ADDR = ("10.0.2.100", 80)
+EGRESS_GUEST_ADDR = ("10.0.2.101", 3128)
+
+
+class Transport(StrEnum):
+    VIRTIO = "virtio"
+    TCP = "tcp"
+
+
+@dataclass(frozen=True)
+class Share:
+    """A host directory shared into the guest over 9p under a fixed tag."""
+
+    tag: str
+    host_path: Path
+    readonly: bool = False
+
+
+@dataclass(frozen=True)
+class GuestForward:
+    """A guest address whose TCP connections each run ``command`` on the host."""
+
+    guest_ip: str
+    guest_port: int
+    command: str
+
+
+@dataclass
+class VmSpec:
+    pack_dir: Path
+    manifest: Manifest
+    accel: AccelChoice
+    qmp_socket: Path
+    console_log: Path
+    transport: Transport = Transport.VIRTIO
+    rpc_socket: Path | None = None  # virtio transport
+    host_tcp_port: int | None = None  # tcp transport
+    memory_mb: int = 1024
+    cpus: int = 2
+    shares: list[Share] = field(default_factory=list)
+    forwards: list[GuestForward] = field(default_factory=list)
+    name: str = "piwork"
+    qemu_binary: str = "qemu-system-x86_64"
+    extra_kernel_args: list[str] = field(default_factory=list)
+
+
+def qemu_opt(value: str) -> str:
+    """Escape a value for QEMU's comma-separated option syntax."""
+    return value.replace(",", ",,")
+
+
+def kernel_cmdline(spec: VmSpec) -> str:
+    parts = [spec.manifest.cmdline, f"piwork.transport={spec.transport.value}"]
+    if spec.transport is Transport.TCP:
+        parts.append(f"piwork.port={GUEST_TCP_PORT}")
+    parts.extend(spec.extra_kernel_args)
+    return " ".join(p for p in parts if p)
+
+
+def build_command(spec: VmSpec) -> list[str]:
+    """Return the argv that boots ``spec``; raises ValueError on an incoherent spec."""
+    if spec.transport is Transport.VIRTIO and spec.rpc_socket is None:
+        raise ValueError("the virtio transport needs rpc_socket")
+    if spec.transport is Transport.TCP and not spec.host_tcp_port:
+        raise ValueError("the tcp transport needs host_tcp_port")
+    tags = [s.tag for s in spec.shares]
+    if len(tags) != len(set(tags)):
+        raise ValueError(f"duplicate 9p tags: {tags}")
+
+    argv: list[str] = [
+        spec.qemu_binary,
+        "-name",
+        qemu_opt(spec.name),
+        "-machine",
+        "pc",
+        *spec.accel.qemu_args,
+        "-m",
+        str(spec.memory_mb),
+        "-smp",
+        str(spec.cpus),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-vga",
+        "none",
+        # A guest panic or poweroff becomes a QEMU exit the host can see.
+        "-no-reboot",
+        "-kernel",
+        str(spec.pack_dir / spec.manifest.kernel),
+        "-initrd",
+        str(spec.pack_dir / spec.manifest.initrd),
+        "-append",
+        kernel_cmdline(spec),
+        "-chardev",
+        f"file,id=console,path={qemu_opt(str(spec.console_log))}",
+        "-serial",
+        "chardev:console",
+        "-chardev",
+        f"socket,id=qmp,path={qemu_opt(str(spec.qmp_socket))},server=on,wait=off",
+        "-mon",
+        "chardev=qmp,mode=control",
+        "-device",
+        "virtio-rng-pci",
+    ]
+
+    if spec.transport is Transport.VIRTIO:
+        assert spec.rpc_socket is not None
+        argv += [
+            "-device",
+            "virtio-serial-pci,id=vser0",
+            "-chardev",
+            f"socket,id=rpc,path={qemu_opt(str(spec.rpc_socket))},server=on,wait=off",
+            "-device",
+            f"virtserialport,bus=vser0.0,chardev=rpc,name={RPC_PORT_NAME}",
+        ]
+
+    for i, share in enumerate(spec.shares):
+        opts = [
+            "local",
+            f"id=fs{i}",
+            f"path={qemu_opt(str(share.host_path))}",
+            "security_model=none",
+            "multidevs=remap",
+        ]
+        if share.readonly:
+            opts.append("readonly=on")
+        argv += [
+            "-fsdev",
+            ",".join(opts),
+            "-device",
+            f"virtio-9p-pci,fsdev=fs{i},mount_tag={share.tag}",
+        ]
+
+    # restrict=on: the guest has no route out except the forwards listed here.
+    netdev = ["user", "id=net0", "restrict=on"]
+    for fwd in spec.forwards:
+        netdev.append(f"guestfwd=tcp:{fwd.guest_ip}:{fwd.guest_port}-cmd:{qemu_opt(fwd.command)}")
+    if spec.transport is Transport.TCP:
+        netdev.append(f"hostfwd=tcp:127.0.0.1:{spec.host_tcp_port}-:{GUEST_TCP_PORT}")
+    argv += ["-netdev", ",".join(netdev), "-device", "virtio-net-pci,netdev=net0"]
+    return argv
+
+
+def find_qemu(binary: str = "qemu-system-x86_64") -> str | None:
+    return shutil.which(binary)

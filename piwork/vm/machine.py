@@ -1,0 +1,317 @@
+"""One QEMU process's life: launch, watch, control, and guaranteed teardown.
+
+Modelled on QEMU's own ``machine.py``: a single class owns the VM, an async
+context manager guarantees shutdown, and every launch failure carries the
+command line and the tail of the console. Nothing here knows about pi.
+
+No QEMU outlives piwork: the child gets ``PR_SET_PDEATHSIG(SIGKILL)`` on Linux,
+so even a ``kill -9`` of piwork takes QEMU with it, and ``__aexit__`` kills it
+on any exception or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from qemu.qmp import QMPClient
+
+from piwork.vm.command import VmSpec, build_command
+
+log = logging.getLogger(__name__)
+
+STAGE_RE = re.compile(rb"piwork: stage=(\w+) uptime=([\d.]+)")
+BOOT_STAGES = ("init", "modules", "mounts", "network", "supervisor")
+
+
+class VmError(RuntimeError):
+    """A VM failure, with what a person needs to diagnose it."""
+
+    def __init__(
+        self, message: str, *, argv: list[str] | None = None, console_tail: str = ""
+    ) -> None:
+        self.argv = argv or []
+        self.console_tail = console_tail
+        detail = message
+        if argv:
+            detail += "\n\nQEMU command line:\n  " + shlex.join(argv)
+        if console_tail:
+            detail += "\n\nLast console output:\n" + console_tail
+        super().__init__(detail)
+        self.short = message
+
+
+class BootStalled(VmError):
+    pass
+
+
+class VmExited(VmError):
+    pass
+
+
+def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    os.setsid()  # Ctrl-C on the terminal goes to piwork, which shuts QEMU down in order
+
+
+def tail_file(path: Path, max_bytes: int = 4000) -> str:
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return ""
+    text = data.decode("utf-8", errors="replace")
+    # SeaBIOS/kernel output may carry escape sequences; keep it readable.
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+    return "\n".join("  | " + line for line in text.splitlines()[-40:])
+
+
+BootCallback = Callable[[str, float], None]
+
+
+class VirtualMachine:
+    """A QEMU VM built from a :class:`VmSpec`.
+
+    ``async with VirtualMachine(spec) as vm:`` launches it; leaving the block
+    shuts it down (gracefully if asked before, else by force).
+    """
+
+    def __init__(self, spec: VmSpec, *, on_stage: BootCallback | None = None) -> None:
+        self.spec = spec
+        self.argv = build_command(spec)
+        self.on_stage = on_stage
+        self.proc: asyncio.subprocess.Process | None = None
+        self.qmp: QMPClient | None = None
+        self.started_at = 0.0
+        self.stages: dict[str, float] = {}
+        self.events: list[dict[str, Any]] = []
+        self._stderr_path = spec.console_log.with_suffix(".qemu-stderr.log")
+        self._event_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._stage_seen = asyncio.Event()
+
+    # ------------------------------------------------------------ launch
+    async def __aenter__(self) -> VirtualMachine:
+        await self.launch()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.shutdown()
+
+    def _prepare_files(self) -> None:
+        for sock in (self.spec.qmp_socket, self.spec.rpc_socket):
+            if sock is not None:
+                sock.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(FileNotFoundError):
+                    sock.unlink()  # a socket file from an earlier run blocks QEMU's bind
+        log_path = self.spec.console_log
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if log_path.exists():
+            os.replace(log_path, log_path.with_suffix(".prev.log"))
+
+    async def launch(self) -> None:
+        self._prepare_files()
+        self.started_at = time.monotonic()
+        stderr = self._stderr_path.open("wb")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+                preexec_fn=_set_pdeathsig,
+            )
+        except FileNotFoundError as exc:
+            raise VmError(
+                f"QEMU is not installed ({self.argv[0]} not found). Install it with: "
+                "apt-get install qemu-system-x86 (Debian/Ubuntu) or brew install qemu (macOS)",
+                argv=self.argv,
+            ) from exc
+        finally:
+            stderr.close()
+        self._watch_task = asyncio.create_task(self._watch_console(), name="vm-console-watch")
+        try:
+            await self._connect_qmp()
+        except BaseException:
+            await self.kill()
+            raise
+
+    async def _connect_qmp(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        qmp = QMPClient(self.spec.name)
+        while True:
+            self._raise_if_exited("QEMU exited during start-up")
+            if self.spec.qmp_socket.exists():
+                try:
+                    await qmp.connect(str(self.spec.qmp_socket))
+                    break
+                except Exception as exc:  # qemu.qmp raises its own ConnectError family
+                    if time.monotonic() > deadline:
+                        raise self._error(f"cannot connect to QMP: {exc}") from exc
+            elif time.monotonic() > deadline:
+                raise self._error("QEMU did not create its QMP socket in time")
+            await asyncio.sleep(0.05)
+        self.qmp = qmp
+        self._event_task = asyncio.create_task(self._pump_events(qmp), name="vm-qmp-events")
+
+    async def _pump_events(self, qmp: QMPClient) -> None:
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            async for event in qmp.events:
+                self.events.append(dict(event))
+                log.debug("qmp event %s", event.get("event"))
+
+    # ------------------------------------------------------------ watching
+    async def _watch_console(self) -> None:
+        """Parse boot-stage markers from the console log as they appear."""
+        path = self.spec.console_log
+        pos = 0
+        buf = b""
+        while True:
+            try:
+                with path.open("rb") as fh:
+                    fh.seek(pos)
+                    chunk = fh.read()
+            except FileNotFoundError:
+                chunk = b""
+            if chunk:
+                pos += len(chunk)
+                buf = (buf + chunk)[-8192:]
+                for m in STAGE_RE.finditer(buf):
+                    name = m.group(1).decode()
+                    if name not in self.stages:
+                        self.stages[name] = time.monotonic() - self.started_at
+                        self._stage_seen.set()
+                        if self.on_stage:
+                            self.on_stage(name, self.stages[name])
+                buf = buf[buf.rfind(b"\n") + 1 :] if b"\n" in buf else buf
+            if "supervisor" in self.stages:
+                return
+            await asyncio.sleep(0.1)
+
+    def console_tail(self) -> str:
+        tail = tail_file(self.spec.console_log)
+        err = tail_file(self._stderr_path, 2000)
+        if err.strip():
+            tail += "\n  (QEMU stderr)\n" + err
+        return tail
+
+    def _error(self, message: str, cls: type[VmError] = VmError) -> VmError:
+        return cls(message, argv=self.argv, console_tail=self.console_tail())
+
+    def _raise_if_exited(self, message: str) -> None:
+        if self.proc is not None and self.proc.returncode is not None:
+            raise self._error(f"{message} (exit status {self.proc.returncode})", VmExited)
+
+    async def wait_booted(self, stall_timeout: float = 90.0) -> None:
+        """Wait until /init starts the supervisor, failing if boot makes no progress.
+
+        "Progress" is a new boot stage or new console output; a guest that goes
+        silent for ``stall_timeout`` seconds is reported with the console tail
+        instead of waiting forever.
+        """
+        last_size = -1
+        last_progress = time.monotonic()
+        while "supervisor" not in self.stages:
+            self._raise_if_exited("the VM stopped while booting")
+            try:
+                size = self.spec.console_log.stat().st_size
+            except FileNotFoundError:
+                size = 0
+            if size != last_size or self._stage_seen.is_set():
+                self._stage_seen.clear()
+                last_size = size
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > stall_timeout:
+                seen = ", ".join(self.stages) or "none"
+                raise self._error(
+                    f"no boot progress for {stall_timeout:.0f}s (stages seen: {seen})", BootStalled
+                )
+            await asyncio.sleep(0.1)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    # ------------------------------------------------------------ control
+    async def qmp_execute(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
+        if self.qmp is None:
+            raise self._error(f"QMP is not connected (cannot run {cmd})")
+        return await self.qmp.execute(cmd, args)
+
+    async def status(self) -> str:
+        res = await self.qmp_execute("query-status")
+        return str(res.get("status", "unknown"))
+
+    async def pause(self) -> None:
+        await self.qmp_execute("stop")
+
+    async def resume(self) -> None:
+        await self.qmp_execute("cont")
+
+    async def wait_exit(self, timeout: float) -> bool:
+        if self.proc is None:
+            return True
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout)
+            return True
+        except TimeoutError:
+            return False
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        """Stop QEMU: wait for a guest poweroff already asked for, then QMP quit, then kill."""
+        try:
+            if self.running and not await self.wait_exit(0 if grace <= 0 else min(grace, 0.5)):
+                if self.qmp is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self.qmp.execute("quit"), 3)
+                if not await self.wait_exit(max(grace - 0.5, 1.0)):
+                    await self.kill()
+        finally:
+            await self._cleanup()
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGKILL)
+            await self.proc.wait()
+
+    async def _cleanup(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            await self.kill()
+        for task in (self._watch_task, self._event_task):
+            if task is not None and not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+        if self.qmp is not None:
+            with contextlib.suppress(Exception):
+                await self.qmp.disconnect()
+            self.qmp = None
+        for sock in (self.spec.qmp_socket, self.spec.rpc_socket):
+            if sock is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    sock.unlink()

@@ -1,0 +1,98 @@
+"""The QEMU command line: what the guest gets, and what it must never get."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from piwork.pack.manifest import Manifest
+from piwork.vm.accel import Accel, AccelChoice
+from piwork.vm.command import GuestForward, Share, Transport, VmSpec, build_command, kernel_cmdline
+
+MANIFEST = Manifest(
+    pack_id="abc",
+    kernel="vmlinuz",
+    initrd="initrd.cpio",
+    cmdline="console=ttyS0 panic=-1",
+    versions={},
+    files=[],
+    created_at="2026-11-22T00:00:00Z",
+    builder="test",
+)
+TCG = AccelChoice(Accel.TCG, "test", ["-accel", "tcg,thread=multi"])
+
+
+def spec(**kw: object) -> VmSpec:
+    base: dict[str, object] = dict(
+        pack_dir=Path("/packs/abc"),
+        manifest=MANIFEST,
+        accel=TCG,
+        qmp_socket=Path("/run/q.sock"),
+        console_log=Path("/logs/console.log"),
+        rpc_socket=Path("/run/rpc.sock"),
+    )
+    base.update(kw)
+    return VmSpec(**base)  # type: ignore[arg-type]
+
+
+def option(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
+
+
+def test_boots_pack_kernel_and_initrd_with_transport_on_cmdline() -> None:
+    argv = build_command(spec())
+    assert option(argv, "-kernel") == ["/packs/abc/vmlinuz"]
+    assert option(argv, "-initrd") == ["/packs/abc/initrd.cpio"]
+    assert option(argv, "-append") == ["console=ttyS0 panic=-1 piwork.transport=virtio"]
+    assert "-no-reboot" in argv
+    assert argv[argv.index("-accel") + 1] == "tcg,thread=multi"
+
+
+def test_virtio_transport_names_the_port_and_uses_a_server_socket() -> None:
+    argv = build_command(spec())
+    chardevs = option(argv, "-chardev")
+    assert "socket,id=rpc,path=/run/rpc.sock,server=on,wait=off" in chardevs
+    assert "virtserialport,bus=vser0.0,chardev=rpc,name=piwork.rpc" in option(argv, "-device")
+    assert "socket,id=qmp,path=/run/q.sock,server=on,wait=off" in chardevs
+
+
+def test_tcp_transport_forwards_only_loopback() -> None:
+    argv = build_command(spec(transport=Transport.TCP, rpc_socket=None, host_tcp_port=4567))
+    (netdev,) = option(argv, "-netdev")
+    assert "hostfwd=tcp:127.0.0.1:4567-:7000" in netdev
+    assert "piwork.port=7000" in kernel_cmdline(spec(transport=Transport.TCP, host_tcp_port=1))
+    assert not any("virtserialport" in d for d in option(argv, "-device"))
+
+
+def test_network_is_restricted_and_forwards_are_escaped() -> None:
+    fwd = GuestForward("10.0.2.100", 80, "python3 relay.py 127.0.0.1,9 5000")
+    (netdev,) = option(build_command(spec(forwards=[fwd])), "-netdev")
+    assert netdev.startswith("user,id=net0,restrict=on")
+    assert "guestfwd=tcp:10.0.2.100:80-cmd:python3 relay.py 127.0.0.1,,9 5000" in netdev
+
+
+def test_shares_become_9p_devices_readonly_where_asked() -> None:
+    shares = [Share("pwstate", Path("/t/state")), Share("pwup", Path("/t/up,x"), readonly=True)]
+    argv = build_command(spec(shares=shares))
+    fsdevs = option(argv, "-fsdev")
+    assert fsdevs[0] == "local,id=fs0,path=/t/state,security_model=none,multidevs=remap"
+    assert fsdevs[1].endswith("path=/t/up,,x,security_model=none,multidevs=remap,readonly=on")
+    assert "virtio-9p-pci,fsdev=fs1,mount_tag=pwup" in option(argv, "-device")
+
+
+def test_incoherent_specs_are_refused() -> None:
+    with pytest.raises(ValueError, match="rpc_socket"):
+        build_command(spec(rpc_socket=None))
+    with pytest.raises(ValueError, match="host_tcp_port"):
+        build_command(spec(transport=Transport.TCP))
+    with pytest.raises(ValueError, match="duplicate"):
+        build_command(spec(shares=[Share("a", Path("/x")), Share("a", Path("/y"))]))
+
+
+def test_no_secret_shaped_values_leak_into_the_command_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-live-should-never-appear")
+    argv = build_command(spec())
+    assert not any("sk-live" in a for a in argv)

@@ -38,6 +38,10 @@ class Manifest(BaseModel):
     files: list[PackFile]
     created_at: str
     builder: str = Field(description="piwork version that built the pack.")
+    stats: dict[str, int] = Field(
+        default_factory=dict,
+        description="Build figures: sizes before/after pruning and stripping, file counts.",
+    )
 
     def file(self, rel: str) -> PackFile:
         for f in self.files:

@@ -1,0 +1,413 @@
+"""Build a runtime pack: kernel + one uncompressed initramfs + manifest.
+
+``build_pack()`` turns the source tree's pinned ingredients into
+``<packs>/<pack_id>/{vmlinuz,initrd.cpio,manifest.json}``:
+
+1. hash the inputs -> ``pack_id``; a finished pack with that id is a cache hit;
+2. download and unpack the pinned Debian packages (kernel, busybox, libraries);
+3. ``npm ci`` pi and the official Node binary from the lock file, prune the tree;
+4. lay out the guest tree (``/init``, ``/opt/piwork/...``, ``/etc``);
+5. write it as a deterministic newc cpio (uncompressed: decompressing ~100 MB
+   under TCG emulation costs seconds on every boot);
+6. write ``manifest.json`` last and rename the scratch dir into place.
+
+The initramfs layout is documented in ``docs/guest-protocol.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from piwork import __version__
+from piwork.config import get_paths, repo_root
+from piwork.pack import cpio, ingredients, node
+from piwork.pack.cache import (
+    TMP_PREFIX,
+    clean_stale_tmp,
+    finished_manifest,
+    pack_lock,
+    remove_pack,
+)
+from piwork.pack.errors import PackError
+from piwork.pack.inputs import BUILDER_VERSION, compute_pack_id
+from piwork.pack.manifest import MANIFEST_NAME, Manifest, PackFile, sha256_file
+
+KERNEL_NAME = "vmlinuz"
+INITRD_NAME = "initrd.cpio"
+CMDLINE = "console=ttyS0 panic=-1 quiet loglevel=3"
+
+GUEST_ROOT = "opt/piwork"
+GUEST_NODE = f"{GUEST_ROOT}/node/bin/node"
+GUEST_PI = f"{GUEST_ROOT}/pi"
+GUEST_PI_CLI = f"{GUEST_PI}/node_modules/{node.PI_PACKAGE}/dist/cli.js"
+EMPTY_DIRS: tuple[str, ...] = (
+    "proc",
+    "sys",
+    "dev",
+    "tmp",
+    "run",
+    "root",
+    "var/tmp",
+    "mnt/state",
+    "mnt/work",
+    "mnt/outputs",
+    "mnt/uploads",
+)
+ETC_FILES: dict[str, str] = {
+    "etc/passwd": "root:x:0:0:root:/root:/bin/sh\n",
+    "etc/group": "root:x:0:\n",
+    "etc/resolv.conf": "nameserver 10.0.2.3\n",
+    "etc/hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
+    "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
+}
+# runtime-pack/<dir> -> /opt/piwork/<dir>, except these.
+RUNTIME_PACK_SKIP = frozenset({"pi", "tests", "test", "node_modules"})
+SMOKE_TIMEOUT = 120.0
+
+Log = Callable[[str], None]
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class Progress:
+    """Prints one line per build step with its duration (to stderr by default)."""
+
+    def __init__(self, log: Log | None = None, total: int = 7) -> None:
+        self.log = log or _stderr
+        self.total = total
+        self.n = 0
+        self.timings: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        self.n += 1
+        self.log(f"[{self.n}/{self.total}] {name} ...")
+        t0 = time.monotonic()
+        yield
+        dt = time.monotonic() - t0
+        self.timings[name] = round(dt, 2)
+        self.log(f"[{self.n}/{self.total}] {name}: {dt:.1f}s")
+
+    def note(self, msg: str) -> None:
+        self.log(f"      {msg}")
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    pack_dir: Path
+    manifest: Manifest
+    built: bool  # False: an existing pack was found (cache hit)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class _Where:
+    source: Path
+    packs: Path
+    downloads: Path
+
+
+def _where(source_root: Path | None, packs: Path | None, downloads: Path | None) -> _Where:
+    paths = get_paths()
+    return _Where(
+        source=(source_root or repo_root()).resolve(),
+        packs=packs or paths.packs,
+        downloads=downloads or paths.downloads,
+    )
+
+
+def find_pack(source_root: Path | None = None, packs: Path | None = None) -> Path | None:
+    """The finished pack for the current source tree, or None if it is not built."""
+    w = _where(source_root, packs, None)
+    pack_dir = w.packs / compute_pack_id(w.source)
+    return pack_dir if finished_manifest(pack_dir) is not None else None
+
+
+def ensure_pack(
+    source_root: Path | None = None,
+    packs: Path | None = None,
+    downloads: Path | None = None,
+    log: Log | None = None,
+) -> Path:
+    """The pack for the current source tree, building it first if needed (the runner's API)."""
+    return build_pack(source_root=source_root, packs=packs, downloads=downloads, log=log).pack_dir
+
+
+def build_pack(
+    *,
+    source_root: Path | None = None,
+    packs: Path | None = None,
+    downloads: Path | None = None,
+    force: bool = False,
+    log: Log | None = None,
+) -> BuildResult:
+    """Build (or find) the pack for ``source_root``; see the module docstring."""
+    t0 = time.monotonic()
+    w = _where(source_root, packs, downloads)
+    progress = Progress(log)
+    pack_id = compute_pack_id(w.source)
+    final = w.packs / pack_id
+
+    if not force and (m := finished_manifest(final)) is not None:
+        return BuildResult(final, m, False, time.monotonic() - t0)
+    with pack_lock(w.packs, pack_id):
+        # Someone else may have finished the same pack while we waited for the lock.
+        if not force and (m := finished_manifest(final)) is not None:
+            return BuildResult(final, m, False, time.monotonic() - t0)
+        for stale in clean_stale_tmp(w.packs, holding=pack_id):
+            progress.note(f"removed leftover {stale.name}")
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{pack_id}-", dir=w.packs))
+        try:
+            progress.log(f"building pack {pack_id} from {w.source} in {tmp}")
+            manifest = _build_into(tmp, pack_id, w, progress)
+            if force:
+                remove_pack(final)
+            os.rename(tmp, final)
+            _fsync_dir(w.packs)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    secs = time.monotonic() - t0
+    progress.log(f"pack {pack_id} ready in {secs:.1f}s: {final}")
+    return BuildResult(final, manifest, True, secs)
+
+
+def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manifest:
+    work = out / "_work"
+    initrd = work / "initrd"
+    initrd.mkdir(parents=True)
+    pins = ingredients.load_pins(w.source / ingredients.PINS_FILE)
+    versions: dict[str, str] = {}
+    stats: dict[str, int] = {}
+
+    with progress.step("Debian packages (apt-get download, dpkg-deb -x)"):
+        debs = ingredients.download_debs(pins, w.downloads / "debs")
+        roots: dict[str, Path] = {}
+        for name, deb in debs.items():
+            roots[name] = work / "debs" / name
+            ingredients.extract_deb(deb, roots[name])
+        libs_root = work / "debs" / "_libs"  # libc6 + libstdc++6 + libgcc-s1 merged
+        for name in sorted(debs):
+            if name not in (pins.kernel_package, "busybox-static"):
+                ingredients.extract_deb(debs[name], libs_root)
+        versions["kernel"] = pins.kernel_release
+        versions["kernel_package"] = f"{pins.kernel_package} {pins.packages[pins.kernel_package]}"
+        versions["busybox"] = pins.packages.get("busybox-static", "")
+        versions["libc"] = pins.packages.get("libc6", "")
+        versions["libstdc++"] = pins.packages.get("libstdc++6", "")
+
+    with progress.step("kernel, modules (depmod), busybox"):
+        mods = ingredients.install_kernel(
+            roots[pins.kernel_package], pins, initrd, out / KERNEL_NAME
+        )
+        applets = ingredients.install_busybox(roots["busybox-static"], initrd)
+        progress.note(f"{len(mods)} modules, {applets} busybox applet links")
+
+    with progress.step("node + pi (npm ci)"):
+        npm_dir = work / "npm"
+        npm_dir.mkdir()
+        inst = node.npm_install(w.source / "runtime-pack" / "pi", npm_dir)
+        versions["node"] = inst.node_version
+        versions["pi"] = inst.pi_version
+
+    with progress.step("node binary + shared libraries, prune pi"):
+        src_node = inst.node_modules / node.NODE_PACKAGE / "bin" / "node"
+        guest_node = initrd / GUEST_NODE
+        stripped = node.strip_binary(
+            src_node, guest_node, lambda p: _node_runs(p, inst.node_version)
+        )
+        stats["node_bytes_unstripped"] = src_node.stat().st_size
+        stats["node_bytes"] = guest_node.stat().st_size
+        progress.note(
+            f"node {inst.node_version}: {_mb(stats['node_bytes_unstripped'])} -> "
+            f"{_mb(stats['node_bytes'])}" + ("" if stripped else " (strip skipped)")
+        )
+        libs = ingredients.install_shared_libs(src_node, libs_root, initrd)
+        progress.note("libraries: " + ", ".join(sorted(libs)))
+        stats["pi_tree_bytes_unpruned"] = node.tree_size(inst.node_modules) - node.tree_size(
+            inst.node_modules / node.NODE_PACKAGE
+        )
+        node.prune_tree(npm_dir)
+        stats["pi_tree_bytes"] = node.tree_size(inst.node_modules)
+        progress.note(
+            f"pi tree: {_mb(stats['pi_tree_bytes_unpruned'])} -> "
+            f"{_mb(stats['pi_tree_bytes'])} after pruning"
+        )
+        (initrd / GUEST_PI).mkdir(parents=True)
+        shutil.copyfile(npm_dir / "package.json", initrd / GUEST_PI / "package.json")
+        shutil.move(inst.node_modules, initrd / GUEST_PI / "node_modules")
+        _smoke_test(initrd, work, progress)
+
+    with progress.step("guest files (/init, supervisor, extensions, /etc)"):
+        copied = _install_guest_files(w.source, initrd)
+        progress.note(", ".join(copied))
+
+    with progress.step("initramfs (newc cpio)"):
+        size = cpio.write_tree(initrd, out / INITRD_NAME, extra=_special_entries())
+        stats["initrd_bytes"] = size
+        stats["initrd_files"] = sum(len(f) for _d, _s, f in os.walk(initrd))
+        progress.note(f"{INITRD_NAME}: {_mb(size)}, {stats['initrd_files']} files")
+        shutil.rmtree(work)
+
+    with progress.step("manifest"):
+        files = [
+            PackFile(path=name, sha256=sha256_file(out / name), size=(out / name).stat().st_size)
+            for name in (KERNEL_NAME, INITRD_NAME)
+        ]
+        versions["builder"] = str(BUILDER_VERSION)
+        manifest = Manifest(
+            pack_id=pack_id,
+            kernel=KERNEL_NAME,
+            initrd=INITRD_NAME,
+            cmdline=CMDLINE,
+            versions=versions,
+            files=files,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            builder=f"piwork {__version__}",
+            stats=stats,
+        )
+        _write_durably(out / MANIFEST_NAME, manifest.model_dump_json(indent=2) + "\n")
+    return manifest
+
+
+# --- helpers --------------------------------------------------------------------------
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _host_runs_guest_binaries() -> bool:
+    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+
+
+def _node_runs(binary: Path, version: str) -> bool:
+    if not _host_runs_guest_binaries():
+        return True  # cannot check here; strip is well-tested on node
+    try:
+        out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and out.stdout.strip() == f"v{version}"
+
+
+def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
+    """Start the pruned pi with the pack's node on the host: ``--mode rpc`` + ``get_state``.
+
+    Catches a pruning rule that removed something pi imports at start-up, before
+    anyone waits for a VM to boot to find out.
+    """
+    if not _host_runs_guest_binaries():
+        progress.note("smoke test skipped: host cannot run x86_64 Linux binaries")
+        return
+    home = work / "smoke-home"
+    home.mkdir()
+    env = {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "PI_CODING_AGENT_DIR": str(home / "agent"),
+        "PI_OFFLINE": "1",
+        "PI_TELEMETRY": "0",
+    }
+    cmd = [
+        str(initrd / GUEST_NODE),
+        str(initrd / GUEST_PI_CLI),
+        "--mode",
+        "rpc",
+        "--offline",
+        "--no-session",
+    ]
+    try:
+        proc = subprocess.run(
+            cmd,
+            input='{"type":"get_state","id":"smoke"}\n',
+            env=env,
+            cwd=home,
+            capture_output=True,
+            text=True,
+            timeout=SMOKE_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PackError(f"pruned pi did not answer get_state within {SMOKE_TIMEOUT}s") from exc
+    if '"id":"smoke"' not in proc.stdout.replace(" ", ""):
+        raise PackError(
+            f"the pruned pi failed its smoke test ({' '.join(cmd)}; exit {proc.returncode}):\n"
+            f"stdout: {proc.stdout.strip()[-1000:]}\nstderr: {proc.stderr.strip()[-2000:]}\n"
+            f"A pruning rule in piwork/pack/node.py probably removed something pi imports."
+        )
+    progress.note("smoke test: pruned pi answered get_state")
+
+
+def _install_guest_files(source: Path, initrd: Path) -> list[str]:
+    init = source / "vm-image" / "init"
+    if not init.is_file():
+        raise PackError(f"{init} is missing: the pack needs the guest's /init script")
+    shutil.copyfile(init, initrd / "init")
+    (initrd / "init").chmod(0o755)
+    copied = ["/init"]
+    rp = source / "runtime-pack"
+    for d in sorted(rp.iterdir()) if rp.is_dir() else []:
+        if d.is_dir() and d.name not in RUNTIME_PACK_SKIP and not d.name.startswith("."):
+            dest = initrd / GUEST_ROOT / d.name
+            shutil.copytree(
+                d,
+                dest,
+                ignore=shutil.ignore_patterns(
+                    "node_modules", "tests", "test", "__pycache__", "*.pyc", ".*"
+                ),
+            )
+            copied.append(f"/{GUEST_ROOT}/{d.name}/")
+    if not (initrd / GUEST_ROOT / "supervisor").is_dir():
+        raise PackError(f"{rp / 'supervisor'} is missing: the pack needs the guest supervisor")
+    for rel, text in ETC_FILES.items():
+        (initrd / rel).parent.mkdir(parents=True, exist_ok=True)
+        (initrd / rel).write_text(text)
+    for rel in EMPTY_DIRS:
+        (initrd / rel).mkdir(parents=True, exist_ok=True)
+    return copied
+
+
+def _special_entries() -> list[cpio.CpioEntry]:
+    """Members whose mode matters, made explicitly (no root needed, no umask involved).
+
+    The kernel opens ``/dev/console`` for init's stdio before ``/init`` can
+    mount devtmpfs; /init mounting devtmpfs over ``/dev`` later hides these.
+    """
+    return [
+        cpio.CpioEntry("tmp", "dir", 0o1777),
+        cpio.CpioEntry("var/tmp", "dir", 0o1777),
+        cpio.CpioEntry("root", "dir", 0o700),
+        cpio.CpioEntry("dev/console", "chardev", 0o600, rdev=(5, 1)),
+        cpio.CpioEntry("dev/null", "chardev", 0o666, rdev=(1, 3)),
+    ]
+
+
+def _write_durably(path: Path, text: str) -> None:
+    with path.open("w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

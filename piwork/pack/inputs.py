@@ -1,0 +1,62 @@
+"""The content hash of a pack's build inputs, which names the pack (``pack_id``).
+
+Two builds from the same inputs must produce the same pack, so the hash covers
+everything that shapes the pack's bytes and nothing else: the builder's format
+version, the Debian pins, the npm lock file, and every file under ``vm-image/``
+and ``runtime-pack/`` (path, content, executable bit) except installed
+``node_modules`` and tests. Changing any guest file therefore yields a new pack;
+running ``npm install`` in the source tree does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from piwork.pack.manifest import PACK_FORMAT
+
+# Bump when the builder's output changes for the same inputs (layout, pruning
+# rules, cpio details): the old packs are then simply not found any more.
+BUILDER_VERSION = 1
+
+INPUT_DIRS: tuple[str, ...] = ("vm-image", "runtime-pack")
+_SKIP_DIR_NAMES = frozenset({"node_modules", "tests", "test", "__pycache__", ".pytest_cache"})
+_SKIP_FILE_SUFFIXES = (".pyc", ".swp", "~")
+_SKIP_FILE_NAMES = frozenset({".DS_Store"})
+PACK_ID_LEN = 16
+
+
+def input_files(source_root: Path) -> list[str]:
+    """Sorted '/'-separated paths (relative to ``source_root``) that feed the hash."""
+    found: list[str] = []
+    for top in INPUT_DIRS:
+        base = source_root / top
+        if not base.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIR_NAMES)
+            for name in filenames:
+                if name in _SKIP_FILE_NAMES or name.endswith(_SKIP_FILE_SUFFIXES):
+                    continue
+                path = Path(dirpath) / name
+                if path.is_file():
+                    found.append(path.relative_to(source_root).as_posix())
+    return sorted(found)
+
+
+def inputs_digest(source_root: Path) -> str:
+    """Full sha256 hex digest of the build inputs under ``source_root``."""
+    h = hashlib.sha256()
+    h.update(f"piwork-pack format={PACK_FORMAT} builder={BUILDER_VERSION}\n".encode())
+    for rel in input_files(source_root):
+        path = source_root / rel
+        executable = bool(path.stat().st_mode & 0o111)
+        content = hashlib.sha256(path.read_bytes()).hexdigest()
+        h.update(f"{rel}\0{'x' if executable else '-'}\0{content}\n".encode())
+    return h.hexdigest()
+
+
+def compute_pack_id(source_root: Path) -> str:
+    """The pack id for the source tree: a short prefix of :func:`inputs_digest`."""
+    return inputs_digest(source_root)[:PACK_ID_LEN]

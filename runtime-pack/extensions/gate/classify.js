@@ -1,0 +1,1511 @@
+// Permission-gate classifier: pure ESM, no pi imports, so `node --test` can
+// exercise it without a build step. The extension (../permission-gate.ts)
+// is a thin adapter around `classifyToolCall` and `buildSelect`.
+//
+// The contract with the host lives in docs/permission-protocol.md; keep the
+// two in step (PROTOCOL_VERSION, MARKER, OPTIONS, action names).
+
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+
+export const PROTOCOL_VERSION = 1;
+export const MARKER_OPEN = '<piwork-permission v="1">';
+export const MARKER_CLOSE = "</piwork-permission>";
+
+/** The select options, in display order. The host answers with one of these strings. */
+export const OPTIONS = Object.freeze({
+  ALLOW_ONCE: "Allow once",
+  ALWAYS_FOLDER: "Always allow in this folder",
+  ALWAYS_EVERYWHERE: "Always allow everywhere",
+  DENY: "Deny",
+});
+export const OPTION_LIST = Object.freeze([
+  OPTIONS.ALLOW_ONCE,
+  OPTIONS.ALWAYS_FOLDER,
+  OPTIONS.ALWAYS_EVERYWHERE,
+  OPTIONS.DENY,
+]);
+
+export const ACTIONS = Object.freeze([
+  "read",
+  "write",
+  "delete",
+  "move",
+  "outside-scope",
+  "network",
+  "shell",
+  "connector",
+]);
+
+// Higher = more serious; the request's headline `action` is the most serious effect.
+const SEVERITY = {
+  read: 0,
+  write: 1,
+  connector: 2,
+  shell: 3,
+  network: 4,
+  move: 5,
+  delete: 6,
+  "outside-scope": 7,
+};
+
+// ---------------------------------------------------------------------------
+// Configuration (env vars set by the host when it starts pi)
+
+function splitDirs(value) {
+  return (value || "")
+    .split(":")
+    .map((s) => s.trim())
+    .filter((s) => s.length > 0 && path.isAbsolute(s));
+}
+
+function realOrSelf(p) {
+  try {
+    return fs.realpathSync(p);
+  } catch {
+    return path.resolve(p);
+  }
+}
+
+/**
+ * Read the gate's configuration from the environment.
+ * PIWORK_SCOPE_DIRS     colon-separated dirs where reads/writes are "in scope"
+ * PIWORK_READONLY_DIRS  colon-separated dirs where reads are in scope (writes are outside)
+ * PIWORK_TASK_ID        copied into every request
+ * PIWORK_GATE_AUTO_ALLOW  actions the gate allows without asking the host (default "read")
+ */
+export function loadConfig(env = process.env) {
+  const scopeDirs = splitDirs(env.PIWORK_SCOPE_DIRS ?? "/mnt/work:/mnt/outputs");
+  const readonlyDirs = splitDirs(env.PIWORK_READONLY_DIRS ?? "/mnt/uploads");
+  const autoAllow = (env.PIWORK_GATE_AUTO_ALLOW ?? "read")
+    .split(",")
+    .map((s) => s.trim())
+    .filter((s) => s === "read" || s === "write");
+  return {
+    // Both spellings: the literal one (what the model sees) and the real one.
+    scopeDirs: unique([...scopeDirs, ...scopeDirs.map(realOrSelf)]),
+    readonlyDirs: unique([...readonlyDirs, ...readonlyDirs.map(realOrSelf)]),
+    taskId: env.PIWORK_TASK_ID || null,
+    home: env.HOME || os.homedir(),
+    autoAllow,
+  };
+}
+
+function unique(xs) {
+  return [...new Set(xs)];
+}
+
+// ---------------------------------------------------------------------------
+// Path resolution
+
+const MAX_LINKS = 40;
+
+/**
+ * Resolve `p` the way the kernel would: `~` and relative paths first, then
+ * component by component, following symlinks of every existing prefix (so
+ * `link/..` goes where the kernel goes, and a dangling link points at what a
+ * write would create). Components past the longest existing prefix are
+ * joined lexically. With `noFollowLast`, the final component is not
+ * followed (rm/mv act on the link itself).
+ * Returns null when the path cannot be known (`~user`, empty).
+ */
+export function resolvePath(p, cwd, opts = {}) {
+  if (typeof p !== "string" || p.length === 0) return null;
+  const home = opts.home ?? os.homedir();
+  let s = p;
+  if (s.startsWith("@")) s = s.slice(1); // pi strips a leading @ too
+  if (s === "~") s = home;
+  else if (s.startsWith("~/")) s = home + s.slice(1);
+  else if (s.startsWith("~")) return null;
+  // No path.join here: it would fold `link/..` lexically before symlinks are seen.
+  const abs = path.isAbsolute(s) ? s : `${cwd || "/"}/${s}`;
+  const trailingSlash = abs.length > 1 && abs.endsWith("/");
+  const parts = abs.split("/").filter((c) => c.length > 0);
+  let last = null;
+  if (opts.noFollowLast && !trailingSlash && parts.length > 0) {
+    const tail = parts[parts.length - 1];
+    if (tail !== "." && tail !== "..") last = parts.pop();
+  }
+  const budget = { links: 0 };
+  const resolved = walk("/", parts, budget);
+  return last === null ? resolved : path.join(resolved, last);
+}
+
+function walk(start, parts, budget) {
+  let current = start;
+  let missing = false;
+  for (let i = 0; i < parts.length; i++) {
+    const comp = parts[i];
+    if (comp === "." || comp === "") continue;
+    if (comp === "..") {
+      current = path.dirname(current);
+      continue;
+    }
+    const next = path.join(current, comp);
+    if (missing) {
+      current = next;
+      continue;
+    }
+    let st;
+    try {
+      st = fs.lstatSync(next);
+    } catch {
+      missing = true;
+      current = next;
+      continue;
+    }
+    if (st.isSymbolicLink()) {
+      if (++budget.links > MAX_LINKS) return next; // loop: stop following
+      let target;
+      try {
+        target = fs.readlinkSync(next);
+      } catch {
+        current = next;
+        continue;
+      }
+      const base = path.isAbsolute(target) ? "/" : current;
+      const tparts = target.split("/").filter((c) => c.length > 0);
+      current = walk(base, tparts, budget);
+    } else {
+      current = next;
+    }
+  }
+  return current;
+}
+
+export function isInside(p, dir) {
+  if (p === dir) return true;
+  const d = dir.endsWith("/") ? dir : dir + "/";
+  return p.startsWith(d);
+}
+
+// ---------------------------------------------------------------------------
+// Shell lexer: just enough of bash to find commands, arguments, redirects,
+// substitutions and heredocs. Anything it does not understand makes the
+// command "shell" (ask), never "read".
+
+const OP_CHARS = new Set([";", "&", "|", "(", ")", "<", ">", "\n"]);
+
+/**
+ * Split a command line into simple commands.
+ * Returns { commands: [{words: Word[], redirects: Redirect[]}], subs: string[], unsure: string[] }
+ * Word = { text, dynamic, glob, quoted }
+ * Redirect = { op, fd, target: Word | null }
+ */
+export function parseShell(src) {
+  const lx = new Lexer(src);
+  lx.run();
+  return { commands: lx.commands, subs: lx.subs, unsure: lx.unsure };
+}
+
+class Lexer {
+  constructor(src) {
+    this.src = src;
+    this.i = 0;
+    this.commands = [];
+    this.subs = [];
+    this.unsure = [];
+    this.pendingHeredocs = [];
+    this.cur = { words: [], redirects: [] };
+    this.pendingRedirect = null;
+  }
+
+  flush() {
+    if (this.pendingRedirect) {
+      this.unsure.push(`redirect ${this.pendingRedirect.op} without a target`);
+      this.pendingRedirect = null;
+    }
+    if (this.cur.words.length || this.cur.redirects.length) this.commands.push(this.cur);
+    this.cur = { words: [], redirects: [] };
+  }
+
+  addWord(w) {
+    if (this.pendingRedirect) {
+      this.pendingRedirect.target = w;
+      this.cur.redirects.push(this.pendingRedirect);
+      if (this.pendingRedirect.op === "<<" || this.pendingRedirect.op === "<<-") {
+        this.pendingHeredocs.push({ delim: w.text, strip: this.pendingRedirect.op === "<<-", quoted: w.quoted });
+      }
+      this.pendingRedirect = null;
+    } else {
+      this.cur.words.push(w);
+    }
+  }
+
+  run() {
+    const s = this.src;
+    while (this.i < s.length) {
+      const c = s[this.i];
+      if (c === " " || c === "\t" || c === "\r") {
+        this.i++;
+      } else if (c === "\\" && s[this.i + 1] === "\n") {
+        this.i += 2;
+      } else if (c === "#") {
+        while (this.i < s.length && s[this.i] !== "\n") this.i++;
+      } else if (c === "\n") {
+        this.i++;
+        this.flush();
+        this.readHeredocBodies();
+      } else if (OP_CHARS.has(c) || ((c >= "0" && c <= "9") && this.redirectAhead())) {
+        this.operator();
+      } else {
+        this.addWord(this.word());
+      }
+    }
+    this.flush();
+    if (this.pendingHeredocs.length) this.readHeredocBodies();
+  }
+
+  redirectAhead() {
+    // `2>file`, `2>&1`, `10<x`: digits immediately followed by < or >
+    let j = this.i;
+    while (j < this.src.length && this.src[j] >= "0" && this.src[j] <= "9") j++;
+    return this.src[j] === "<" || this.src[j] === ">";
+  }
+
+  operator() {
+    const s = this.src;
+    let fd = null;
+    const m = /^[0-9]+/.exec(s.slice(this.i));
+    if (m) {
+      fd = Number(m[0]);
+      this.i += m[0].length;
+    }
+    const rest = s.slice(this.i, this.i + 3);
+    const ops = ["&>>", "<<<", "<<-", "&&", "||", ";;", "|&", ">>", ">|", ">&", "<&", "<>", "&>", "<<", "<(", ">(", ";", "&", "|", "(", ")", "<", ">"];
+    const op = ops.find((o) => rest.startsWith(o));
+    this.i += op.length;
+    if (op === "<(" || op === ">(") {
+      const inner = this.balanced("(", ")");
+      this.subs.push(inner);
+      this.addWord({ text: "/dev/fd/63", dynamic: true, glob: false, quoted: false, procsub: true });
+      return;
+    }
+    if (op === "(" && this.cur.words.length === 0 && !this.pendingRedirect) {
+      // subshell: its commands are classified like any others
+      this.flush();
+      return;
+    }
+    if (op === "(" || op === ")") {
+      // `f() {` function definitions and `case` patterns: flush and keep going.
+      if (op === "(" && s[this.i] === ")") this.i++;
+      this.flush();
+      return;
+    }
+    if ([";", "&", "&&", "||", "|", "|&", ";;"].includes(op)) {
+      this.flush();
+      return;
+    }
+    // redirect
+    const isDup = (op === ">&" || op === "<&") && /^\s*(-|[0-9]+)(?![^\s;&|<>()])/.test(s.slice(this.i));
+    if (isDup) {
+      // `2>&1`, `>&-`: fd duplication, no file
+      const mm = /^\s*(-|[0-9]+)/.exec(s.slice(this.i));
+      this.i += mm[0].length;
+      return;
+    }
+    let normalized = op;
+    if (op === ">&") normalized = "&>";
+    this.pendingRedirect = { op: normalized, fd, target: null };
+    if (op === "<<<") this.pendingRedirect.herestring = true;
+  }
+
+  balanced(open, close) {
+    // reads up to the matching close; quotes respected. this.i is just past `open`.
+    const s = this.src;
+    let depth = 1;
+    const start = this.i;
+    while (this.i < s.length) {
+      const c = s[this.i];
+      if (c === "\\") {
+        this.i += 2;
+        continue;
+      }
+      if (c === "'") {
+        const j = s.indexOf("'", this.i + 1);
+        this.i = j < 0 ? s.length : j + 1;
+        continue;
+      }
+      if (c === '"') {
+        this.i++;
+        this.doubleQuoted({ text: "", dynamic: false });
+        continue;
+      }
+      if (c === open) depth++;
+      else if (c === close) {
+        depth--;
+        if (depth === 0) {
+          const inner = s.slice(start, this.i);
+          this.i++;
+          return inner;
+        }
+      }
+      this.i++;
+    }
+    this.unsure.push(`unbalanced ${open}`);
+    return s.slice(start);
+  }
+
+  doubleQuoted(w) {
+    // this.i is just past the opening quote
+    const s = this.src;
+    while (this.i < s.length && s[this.i] !== '"') {
+      const c = s[this.i];
+      if (c === "\\" && this.i + 1 < s.length) {
+        const n = s[this.i + 1];
+        if ('$`"\\\n'.includes(n)) {
+          if (n !== "\n") w.text += n;
+          this.i += 2;
+        } else {
+          w.text += c;
+          this.i++;
+        }
+      } else if (c === "$") {
+        this.dollar(w);
+      } else if (c === "`") {
+        this.i++;
+        this.backtick(w);
+      } else {
+        w.text += c;
+        this.i++;
+      }
+    }
+    this.i++; // closing quote
+  }
+
+  backtick(w) {
+    const s = this.src;
+    let inner = "";
+    while (this.i < s.length && s[this.i] !== "`") {
+      if (s[this.i] === "\\" && this.i + 1 < s.length) {
+        inner += s[this.i + 1];
+        this.i += 2;
+      } else inner += s[this.i++];
+    }
+    this.i++;
+    this.subs.push(inner);
+    w.dynamic = true;
+    w.text += "\u0000";
+  }
+
+  dollar(w) {
+    const s = this.src;
+    const n = s[this.i + 1];
+    if (n === "(" && s[this.i + 2] === "(") {
+      this.i += 3;
+      const inner = this.balanced("(", ")");
+      if (this.src[this.i] === ")") this.i++;
+      // arithmetic may hold command substitutions too
+      if (/\$\(|`/.test(inner)) this.subs.push(inner);
+      w.dynamic = true;
+      w.text += "\u0000";
+    } else if (n === "(") {
+      this.i += 2;
+      this.subs.push(this.balanced("(", ")"));
+      w.dynamic = true;
+      w.text += "\u0000";
+    } else if (n === "{") {
+      this.i += 2;
+      const inner = this.balanced("{", "}");
+      if (inner === "HOME") w.text += "\u0001HOME";
+      else if (inner === "PWD") w.text += "\u0001PWD";
+      else {
+        if (/\$\(|`/.test(inner)) this.subs.push(inner);
+        w.dynamic = true;
+        w.text += "\u0000";
+      }
+    } else if (n !== undefined && /[A-Za-z_]/.test(n)) {
+      const m = /^[A-Za-z_][A-Za-z0-9_]*/.exec(s.slice(this.i + 1));
+      this.i += 1 + m[0].length;
+      if (m[0] === "HOME" || m[0] === "PWD") w.text += "\u0001" + m[0];
+      else {
+        w.dynamic = true;
+        w.text += "\u0000";
+      }
+    } else if (n !== undefined && /[0-9@*#?$!-]/.test(n)) {
+      this.i += 2;
+      w.dynamic = true;
+      w.text += "\u0000";
+    } else {
+      w.text += "$";
+      this.i++;
+    }
+  }
+
+  word() {
+    const s = this.src;
+    const w = { text: "", dynamic: false, glob: false, quoted: false };
+    while (this.i < s.length) {
+      const c = s[this.i];
+      if (c === " " || c === "\t" || c === "\r" || OP_CHARS.has(c)) break;
+      if (c === "\\") {
+        if (s[this.i + 1] === "\n") {
+          this.i += 2;
+          continue;
+        }
+        if (this.i + 1 < s.length) w.text += s[this.i + 1];
+        w.quoted = true;
+        this.i += 2;
+      } else if (c === "'") {
+        w.quoted = true;
+        const j = s.indexOf("'", this.i + 1);
+        if (j < 0) {
+          this.unsure.push("unterminated quote");
+          w.text += s.slice(this.i + 1);
+          this.i = s.length;
+        } else {
+          w.text += s.slice(this.i + 1, j);
+          this.i = j + 1;
+        }
+      } else if (c === "$" && s[this.i + 1] === "'") {
+        w.quoted = true;
+        this.i += 2;
+        while (this.i < s.length && s[this.i] !== "'") {
+          if (s[this.i] === "\\" && this.i + 1 < s.length) {
+            const e = s[this.i + 1];
+            const map = { n: "\n", t: "\t", r: "\r", "\\": "\\", "'": "'", '"': '"', a: "\u0007", e: "\u001b", "0": "\u0000" };
+            if (e in map) {
+              w.text += map[e];
+              this.i += 2;
+            } else {
+              // \xHH and friends: content unknown to us
+              w.dynamic = true;
+              w.text += "\u0000";
+              this.i += 2;
+            }
+          } else w.text += s[this.i++];
+        }
+        this.i++;
+      } else if (c === '"') {
+        w.quoted = true;
+        this.i++;
+        this.doubleQuoted(w);
+      } else if (c === "$") {
+        this.dollar(w);
+      } else if (c === "`") {
+        this.i++;
+        this.backtick(w);
+      } else {
+        if (c === "*" || c === "?" || c === "[") w.glob = true;
+        if (c === "{" && /\{[^}\s]*[,.][^}\s]*\}/.test(s.slice(this.i))) w.glob = true; // brace expansion
+        w.text += c;
+        this.i++;
+      }
+    }
+    return w;
+  }
+
+  readHeredocBodies() {
+    const s = this.src;
+    while (this.pendingHeredocs.length) {
+      const hd = this.pendingHeredocs.shift();
+      let body = "";
+      for (;;) {
+        if (this.i >= s.length) {
+          if (body.length || hd.delim) this.unsure.push(`heredoc ${hd.delim} not terminated`);
+          break;
+        }
+        let j = s.indexOf("\n", this.i);
+        if (j < 0) j = s.length;
+        let line = s.slice(this.i, j);
+        this.i = Math.min(j + 1, s.length);
+        const cmp = hd.strip ? line.replace(/^\t+/, "") : line;
+        if (cmp === hd.delim) break;
+        body += line + "\n";
+        line = null;
+      }
+      if (!hd.quoted && /\$\(|`/.test(body)) {
+        // unquoted heredoc: substitutions in the body run
+        const tmp = new Lexer(body.replace(/"/g, " "));
+        const w = { text: "", dynamic: false };
+        tmp.i = 0;
+        while (tmp.i < tmp.src.length) {
+          const c = tmp.src[tmp.i];
+          if (c === "\\") tmp.i += 2;
+          else if (c === "$") tmp.dollar(w);
+          else if (c === "`") {
+            tmp.i++;
+            tmp.backtick(w);
+          } else tmp.i++;
+        }
+        this.subs.push(...tmp.subs);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Command tables
+
+const READ_ONLY = new Set([
+  "cat", "tac", "head", "tail", "less", "more", "wc", "ls", "ll", "la", "dir", "tree", "stat", "file",
+  "du", "df", "grep", "egrep", "fgrep", "rg", "ag", "ack", "diff", "cmp", "comm", "md5sum", "sha1sum",
+  "sha256sum", "sha512sum", "b2sum", "cksum", "nl", "cut", "tr", "paste", "fold", "fmt", "column",
+  "expand", "unexpand", "rev", "strings", "xxd", "od", "hexdump", "jq", "yq", "basename", "dirname",
+  "realpath", "readlink", "pwd", "echo", "printf", "true", "false", ":", "test", "[", "[[", "which",
+  "whereis", "type", "date", "whoami", "id", "uname", "hostname", "env", "printenv", "seq", "sleep",
+  "ps", "free", "uptime", "nproc", "lscpu", "locale", "tput", "clear", "look", "zcat", "bzcat", "xzcat",
+  "zgrep", "fd", "fdfind", "uniq", "sort", "join", "numfmt", "iconv", "base64", "getconf", "arch",
+  "lsblk", "mount", "findmnt", "sed", "awk", "gawk", "mawk", "find", "export", "unset", "set",
+  "shopt", "alias", "local", "declare", "typeset", "read", "wait", "jobs", "exit", "return", "break",
+  "continue", "shift", "history", "hash", "let", "trap", "umask", "ulimit", "cd", "pushd", "popd", "dirs",
+]);
+
+// Commands whose first positional is not a path (pattern / expression).
+const FIRST_ARG_NOT_PATH = new Set(["grep", "egrep", "fgrep", "rg", "ag", "ack", "zgrep", "look", "jq", "yq", "awk", "gawk", "mawk", "sed"]);
+// Commands whose arguments are never paths.
+const NO_PATH_ARGS = new Set([
+  "echo", "printf", "true", "false", ":", "test", "[", "[[", "which", "whereis", "type", "date", "whoami",
+  "id", "uname", "hostname", "env", "printenv", "seq", "sleep", "ps", "free", "uptime", "nproc", "lscpu",
+  "locale", "tput", "clear", "export", "unset", "set", "shopt", "alias", "local", "declare", "typeset",
+  "read", "wait", "jobs", "exit", "return", "break", "continue", "shift", "history", "hash", "let", "trap",
+  "umask", "ulimit", "pwd", "basename", "dirname", "getconf", "arch", "numfmt", "base64", "tr", "lsblk",
+  "mount", "findmnt", "dirs", "popd",
+]);
+
+// Keywords that may prefix a command and are otherwise no-ops for us.
+const KEYWORDS = new Set(["if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}", "esac", "time", "in"]);
+
+// Wrappers: the real command follows (after the wrapper's own options).
+const WRAPPERS = {
+  nice: { optsWithArg: ["-n"] },
+  nohup: {},
+  time: {},
+  command: {},
+  builtin: {},
+  exec: {},
+  stdbuf: {},
+  ionice: { optsWithArg: ["-c", "-n", "-p"] },
+  timeout: { positional: 1, optsWithArg: ["-s", "-k", "--signal", "--kill-after"] },
+  env: { optsWithArg: ["-u", "-C", "--unset", "--chdir", "-S"], assignments: true },
+  xargs: { optsWithArg: ["-I", "-n", "-P", "-L", "-s", "-d", "-E", "-a"], unknownArgs: true },
+  parallel: { unknownArgs: true },
+  watch: { optsWithArg: ["-n", "-d"] },
+  flock: { positional: 1 },
+  chroot: { positional: 1 },
+  setsid: {},
+  unbuffer: {},
+  caffeinate: {},
+};
+const PRIV_WRAPPERS = {
+  sudo: { optsWithArg: ["-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T"] },
+  doas: { optsWithArg: ["-u", "-C"] },
+  su: {},
+  runuser: { optsWithArg: ["-u", "-g"] },
+  pkexec: { optsWithArg: ["--user"] },
+};
+const SHELLS = new Set(["bash", "sh", "zsh", "dash", "ksh", "ash", "fish", "busybox"]);
+const INTERPRETERS = new Set(["python", "python3", "python2", "node", "nodejs", "deno", "bun", "perl", "ruby", "php", "lua", "Rscript", "osascript", "pwsh", "tclsh"]);
+
+const NETWORK_TOOLS = {
+  curl: null, wget: null, aria2c: null, http: null, https: null, httpie: null, xh: null,
+  ssh: null, scp: null, sftp: null, rsync: null, ftp: null, lftp: null, telnet: null,
+  nc: null, ncat: null, netcat: null, socat: null, ping: null, dig: null, nslookup: null,
+  host: null, whois: null, traceroute: null, mosh: null,
+};
+
+// Package managers: subcommands that reach the network, and the default domain.
+const PACKAGE_MANAGERS = {
+  pip: { subs: ["install", "download", "wheel", "index", "search"], domain: "pypi.org" },
+  pip3: { subs: ["install", "download", "wheel", "index", "search"], domain: "pypi.org" },
+  pipx: { subs: ["install", "run", "upgrade", "inject"], domain: "pypi.org" },
+  uv: { subs: ["add", "sync", "lock", "run", "tool", "pip", "venv", "python"], domain: "pypi.org" },
+  uvx: { subs: ["*"], domain: "pypi.org" },
+  poetry: { subs: ["add", "install", "update", "lock", "publish", "self"], domain: "pypi.org" },
+  pdm: { subs: ["add", "install", "update", "lock", "sync"], domain: "pypi.org" },
+  conda: { subs: ["install", "create", "update", "env"], domain: "conda.anaconda.org" },
+  mamba: { subs: ["install", "create", "update", "env"], domain: "conda.anaconda.org" },
+  npm: { subs: ["install", "i", "ci", "add", "update", "upgrade", "up", "publish", "exec", "x", "create", "init", "dlx", "audit", "outdated", "view", "info", "pack", "login", "whoami"], domain: "registry.npmjs.org" },
+  npx: { subs: ["*"], domain: "registry.npmjs.org" },
+  pnpm: { subs: ["install", "i", "add", "update", "up", "dlx", "create", "publish", "fetch", "outdated"], domain: "registry.npmjs.org" },
+  pnpx: { subs: ["*"], domain: "registry.npmjs.org" },
+  yarn: { subs: ["", "install", "add", "upgrade", "up", "dlx", "create", "publish", "global"], domain: "registry.yarnpkg.com" },
+  bun: { subs: ["install", "i", "add", "update", "x", "create", "publish"], domain: "registry.npmjs.org" },
+  bunx: { subs: ["*"], domain: "registry.npmjs.org" },
+  cargo: { subs: ["install", "add", "fetch", "update", "publish", "search", "build", "run", "test", "check", "b", "r", "t"], domain: "crates.io" },
+  go: { subs: ["get", "install", "mod", "run", "build", "test"], domain: "proxy.golang.org" },
+  gem: { subs: ["install", "update", "fetch", "push"], domain: "rubygems.org" },
+  bundle: { subs: ["", "install", "update", "add"], domain: "rubygems.org" },
+  composer: { subs: ["install", "require", "update", "create-project"], domain: "packagist.org" },
+  apt: { subs: ["install", "update", "upgrade", "full-upgrade", "dist-upgrade", "download", "source"], domain: "deb.debian.org" },
+  "apt-get": { subs: ["install", "update", "upgrade", "dist-upgrade", "download", "source", "build-dep"], domain: "deb.debian.org" },
+  apk: { subs: ["add", "update", "upgrade", "fetch"], domain: "dl-cdn.alpinelinux.org" },
+  dnf: { subs: ["install", "update", "upgrade", "download"], domain: "mirrors.fedoraproject.org" },
+  yum: { subs: ["install", "update", "upgrade"], domain: "mirrorlist.centos.org" },
+  pacman: { subs: ["-S", "-Sy", "-Syu", "-Syy"], domain: "archlinux.org" },
+  brew: { subs: ["install", "upgrade", "update", "tap", "fetch"], domain: "formulae.brew.sh" },
+  docker: { subs: ["pull", "push", "run", "build", "login"], domain: "registry-1.docker.io" },
+  podman: { subs: ["pull", "push", "run", "build", "login"], domain: "registry-1.docker.io" },
+  huggingface_cli: { subs: ["download", "upload", "login"], domain: "huggingface.co" },
+  "huggingface-cli": { subs: ["download", "upload", "login"], domain: "huggingface.co" },
+};
+
+// Options that take a separate argument, per command (so the argument is not taken for a path).
+const OPTS_WITH_ARG = {
+  head: ["-n", "-c", "--lines", "--bytes"],
+  tail: ["-n", "-c", "--lines", "--bytes", "-s", "--pid"],
+  grep: ["-e", "-f", "-m", "-A", "-B", "-C", "-d", "-D", "--regexp", "--file", "--max-count", "--context", "--include", "--exclude", "--exclude-dir", "--label"],
+  egrep: ["-e", "-f", "-m", "-A", "-B", "-C"],
+  fgrep: ["-e", "-f", "-m", "-A", "-B", "-C"],
+  zgrep: ["-e", "-f", "-m", "-A", "-B", "-C"],
+  rg: ["-e", "-f", "-m", "-A", "-B", "-C", "-g", "--glob", "-t", "--type", "-T", "--type-not", "--max-depth", "-d", "-M", "-j", "--sort", "-r", "--replace", "--iglob", "--max-count", "--context"],
+  ag: ["-A", "-B", "-C", "-G", "--ignore", "-m", "--depth"],
+  ls: ["-I", "--ignore", "-w", "--width", "-T", "--tabsize", "--sort", "--format", "--time-style", "--color"],
+  tree: ["-L", "-I", "-P", "--filelimit", "-o"],
+  du: ["-d", "--max-depth", "-B", "--block-size", "--exclude", "-t", "--threshold"],
+  cut: ["-d", "-f", "-c", "-b", "--delimiter", "--fields", "--output-delimiter"],
+  sort: ["-k", "-t", "-o", "-S", "-T", "--key", "--field-separator", "--output", "--buffer-size", "--parallel"],
+  uniq: ["-f", "-s", "-w"],
+  wc: ["--files0-from"],
+  nl: ["-b", "-d", "-f", "-h", "-i", "-n", "-s", "-v", "-w"],
+  diff: ["-U", "-C", "-x", "-X", "--exclude", "-I", "-F", "--label", "-L"],
+  xxd: ["-c", "-g", "-l", "-s", "-o"],
+  od: ["-A", "-j", "-N", "-t", "-w"],
+  hexdump: ["-n", "-s", "-e", "-f"],
+  jq: ["--arg", "--argjson", "--slurpfile", "--rawfile", "--indent", "-L", "-f"],
+  column: ["-s", "-t", "-c", "-o", "-N"],
+  fd: ["-e", "-E", "-t", "-d", "--max-depth", "--exclude", "--extension", "--type", "-x", "-X", "-j", "-S", "--owner", "--changed-within", "--changed-before"],
+  fdfind: ["-e", "-E", "-t", "-d", "--max-depth", "--exclude", "--extension", "--type", "-x", "-X", "-j"],
+  cp: ["-t", "--target-directory", "-S", "--suffix"],
+  ln: ["-t", "--target-directory", "-S", "--suffix"],
+  install: ["-t", "--target-directory", "-S", "--suffix", "-m", "--mode", "-o", "--owner", "-g", "--group"],
+  rsync: ["-e", "--rsh", "--exclude", "--include", "--filter", "-f", "--files-from", "--exclude-from", "--include-from", "--chmod", "--port", "--timeout", "-T", "--temp-dir", "--backup-dir", "--suffix", "--log-file", "--partial-dir", "--max-size", "--min-size", "--bwlimit"],
+  scp: ["-P", "-i", "-F", "-o", "-l", "-c", "-S", "-J"],
+  touch: ["-d", "-t", "-r", "--date", "--reference"],
+  mkdir: ["-m", "--mode", "--context"],
+  chmod: ["--reference"],
+  chown: ["--reference", "--from"],
+  chgrp: ["--reference"],
+  split: ["-l", "-b", "-C", "-n", "-a", "--additional-suffix", "-t"],
+  csplit: ["-f", "-b", "-n", "--prefix", "--suffix-format"],
+  patch: ["-i", "--input", "-o", "--output", "-d", "--directory", "-r", "--reject-file", "-B", "-D", "-F", "-V", "-Y", "-z"],
+  tee: [],
+  truncate: ["-s", "--size", "-r", "--reference"],
+  mv: ["-t", "--target-directory", "-S", "--suffix"],
+  rm: [],
+  shred: ["-n", "--iterations", "-s", "--size", "--random-source"],
+};
+function optsFor(name) {
+  return new Set(OPTS_WITH_ARG[name] ?? []);
+}
+
+const GIT_NETWORK = new Set(["clone", "fetch", "pull", "push", "ls-remote", "submodule", "remote", "archive", "request-pull", "send-email", "lfs"]);
+const GIT_READ = new Set(["status", "log", "diff", "show", "rev-parse", "ls-files", "ls-tree", "blame", "grep", "describe", "shortlog", "cat-file", "rev-list", "whatchanged", "reflog", "name-rev", "merge-base", "for-each-ref", "show-ref", "check-ignore", "help", "version", "--version"]);
+const GIT_DESTRUCTIVE = new Set(["clean", "rm"]);
+const GIT_GLOBAL_OPTS_WITH_ARG = new Set(["-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path"]);
+
+const DEV_PATHS = new Set(["/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/fd/0", "/dev/fd/1", "/dev/fd/2", "/dev/fd/63"]);
+
+// ---------------------------------------------------------------------------
+// Classification
+
+/** Effect = { op, action?, path?, raw?, domain?, command, reason, unknownTarget? } */
+
+function effect(op, fields) {
+  return { op, ...fields };
+}
+
+function wordValue(w, ctx) {
+  // HOME/PWD markers expand; any other dynamic part makes the value unknown.
+  if (w.dynamic) return null;
+  return w.text.replace(/\u0001HOME/g, ctx.home).replace(/\u0001PWD/g, ctx.cwd ?? "/");
+}
+
+function globBase(text) {
+  // `src/*.o` -> `src`; `*.o` -> `.`
+  const idx = text.search(/[*?[{]/);
+  if (idx < 0) return text;
+  const slash = text.lastIndexOf("/", idx);
+  if (slash < 0) return ".";
+  return text.slice(0, slash) || "/";
+}
+
+function segmentText(words) {
+  return words
+    .map((w) => (w.dynamic ? w.text.replace(/\u0000/g, "$…").replace(/\u0001/g, "$") : w.text.replace(/\u0001/g, "$")))
+    .map(shellQuote)
+    .join(" ");
+}
+
+export function shellQuote(s) {
+  if (s === "") return "''";
+  if (/^[A-Za-z0-9_@%+=:,./…$-]+$/.test(s)) return s;
+  return "'" + s.replace(/'/g, "'\\''") + "'";
+}
+
+function pathEffect(op, w, ctx, command, reason) {
+  // A word that names a path: resolve it later (needs ctx.cwd which may change).
+  if (w == null) return effect(op, { raw: null, cwd: ctx.cwd, command, reason, unknownTarget: true });
+  const v = wordValue(w, ctx);
+  if (v === null) return effect(op, { raw: w.text.replace(/[\u0000\u0001]/g, "$"), cwd: ctx.cwd, command, reason, unknownTarget: true });
+  if (w.glob) return effect(op, { raw: globBase(v), glob: v, cwd: ctx.cwd, command, reason });
+  return effect(op, { raw: v, cwd: ctx.cwd, command, reason });
+}
+
+function positionals(words, optsWithArg = new Set()) {
+  // words after the command name that are not options; `--` ends options
+  const out = [];
+  let endOpts = false;
+  for (let i = 1; i < words.length; i++) {
+    const w = words[i];
+    const t = w.text;
+    if (!endOpts && !w.quoted && t === "--") {
+      endOpts = true;
+      continue;
+    }
+    if (!endOpts && t.startsWith("-") && t.length > 1 && !w.quoted) {
+      if (optsWithArg.has(t)) i++;
+      continue;
+    }
+    out.push(w);
+  }
+  return out;
+}
+
+function hasFlag(words, ...flags) {
+  return words.slice(1).some((w) => {
+    const t = w.text;
+    if (flags.includes(t)) return true;
+    // combined short flags: -rf contains -r
+    if (/^-[A-Za-z]+$/.test(t)) return flags.some((f) => /^-[A-Za-z]$/.test(f) && t.includes(f[1]));
+    return false;
+  });
+}
+
+function urlDomains(words) {
+  const domains = [];
+  for (const w of words) {
+    const t = w.text;
+    let m = /^[a-z][a-z0-9+.-]*:\/\/(?:[^@/\s]*@)?(\[[^\]]+\]|[^/:?#\s]+)/i.exec(t);
+    if (m) {
+      domains.push(m[1].toLowerCase());
+      continue;
+    }
+    m = /^(?:[^@/\s]+@)([A-Za-z0-9.-]+):/.exec(t); // git@github.com:owner/repo
+    if (m) {
+      domains.push(m[1].toLowerCase());
+      continue;
+    }
+    m = /^(?:[^@/\s]+@)?([A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+)(?::|$)/.exec(t); // host.tld, user@host, host:path
+    if (m && !t.startsWith("-") && !t.startsWith("/") && !t.startsWith(".") && /[a-z]/i.test(m[1].split(".").pop())) {
+      if (!/\.(txt|json|md|py|js|ts|sh|tar|gz|zip|log|csv|html|yml|yaml|toml|lock)$/i.test(m[1])) domains.push(m[1].toLowerCase());
+    }
+  }
+  return unique(domains);
+}
+
+function netEffects(words, command, reason, fallbackDomain) {
+  let domains = urlDomains(words.slice(1));
+  if (domains.length === 0 && fallbackDomain) domains = [fallbackDomain];
+  if (domains.length === 0) return [effect("network", { domain: null, command, reason, unknownTarget: true })];
+  return domains.map((d) => effect("network", { domain: d, command, reason }));
+}
+
+/**
+ * Classify one simple command (already split by the lexer).
+ * `ctx` = { cwd, home, depth } and is mutated by `cd`.
+ */
+function classifySimple(cmd, ctx, effects) {
+  // process substitutions were classified as their own commands
+  let words = cmd.words.filter((w) => !w.procsub);
+  const command0 = segmentText(cmd.words);
+
+  // redirects first: they apply whatever the command is
+  for (const r of cmd.redirects) {
+    if (r.op === "<<" || r.op === "<<-" || r.herestring) continue;
+    if (r.target && r.target.procsub) continue;
+    const val = r.target ? wordValue(r.target, ctx) : null;
+    if (val !== null && DEV_PATHS.has(val)) continue;
+    if (r.op === "<") effects.push(pathEffect("read", r.target, ctx, command0, "reads input from a file"));
+    else if (r.op === "<>") effects.push(pathEffect("write", r.target, ctx, command0, "opens a file for writing"));
+    else if (r.op === ">>" || r.op === "&>>") effects.push(pathEffect("write", r.target, ctx, command0, "appends to a file"));
+    else {
+      // > >| &> : create or truncate. With no command at all it only truncates.
+      const bare = words.length === 0 || (words.length === 1 && [":", "true"].includes(words[0].text));
+      if (bare) effects.push(pathEffect("delete", r.target, ctx, command0, "truncates a file to zero length"));
+      else effects.push(pathEffect("write", r.target, ctx, command0, "writes (overwrites) a file"));
+    }
+  }
+
+  // leading assignments and keywords
+  while (words.length && (KEYWORDS.has(words[0].text) && !words[0].quoted)) words.shift();
+  while (words.length && /^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/.test(words[0].text) && !words[0].text.startsWith("=")) words.shift();
+  if (words.length === 0) return;
+  if (words[0].text === "for" || words[0].text === "select" || words[0].text === "case") return; // loop header; body is its own segment
+  if (words[0].text === "function") return;
+
+  const name0 = words[0].dynamic ? null : path.basename(words[0].text);
+  const command = segmentText(words);
+  if (name0 === null) {
+    effects.push(effect("exec", { command, reason: "runs a command whose name is computed at run time" }));
+    return;
+  }
+  const name = name0;
+
+  // privilege wrappers: classify what they run, and flag the elevation
+  if (name in PRIV_WRAPPERS) {
+    effects.push(effect("exec", { command, reason: `runs a command as another user (${name})` }));
+    const inner = unwrap(words, PRIV_WRAPPERS[name]);
+    if (name === "su") {
+      const ci = words.findIndex((w) => w.text === "-c" || w.text === "--command");
+      if (ci >= 0 && words[ci + 1]) recurseString(words[ci + 1], ctx, effects, command);
+      return;
+    }
+    if (inner.length) classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    return;
+  }
+  if ((name === "command" || name === "type" || name === "hash") && words.slice(1).some((w) => w.text === "-v" || w.text === "-V")) return;
+  if (name in WRAPPERS) {
+    const spec = WRAPPERS[name];
+    const inner = unwrap(words, spec);
+    if (name === "env" && inner.length === 0) return; // plain `env`: prints
+    if (inner.length === 0) return;
+    if (spec.unknownArgs) {
+      // xargs rm: the targets come from stdin
+      const innerCmd = { words: inner, redirects: [] };
+      const sub = [];
+      classifySimple(innerCmd, ctx, sub);
+      const innerName = path.basename(inner[0].text);
+      const looksReadOnly = sub.every((e) => e.op === "read") && READ_ONLY.has(innerName);
+      if (!looksReadOnly) {
+        for (const e of sub) effects.push(e);
+        const op = ["rm", "rmdir", "unlink", "shred"].includes(innerName) ? "delete" : ["mv"].includes(innerName) ? "move" : "exec";
+        effects.push(effect(op, { raw: null, cwd: ctx.cwd, command, reason: `${name} passes arguments from its input to ${innerName}`, unknownTarget: true }));
+      } else {
+        for (const e of sub) effects.push(e);
+      }
+      return;
+    }
+    classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    return;
+  }
+
+  // shells and eval: classify the string they run
+  if (SHELLS.has(name) || name === "eval") {
+    if (name === "eval") {
+      const rest = words.slice(1);
+      if (rest.some((w) => w.dynamic)) {
+        effects.push(effect("exec", { command, reason: "evaluates a computed string" }));
+        return;
+      }
+      recurseString({ text: rest.map((w) => w.text).join(" "), dynamic: false }, ctx, effects, command);
+      return;
+    }
+    const ci = words.findIndex((w, idx) => idx > 0 && !w.quoted && /^-[A-Za-z]*c[A-Za-z]*$/.test(w.text));
+    if (ci >= 0 && words[ci + 1]) {
+      recurseString(words[ci + 1], ctx, effects, command);
+      return;
+    }
+    const script = positionals(words)[0];
+    if (script) {
+      effects.push(pathEffect("read", script, ctx, command, "reads a script"));
+      effects.push(effect("exec", { command, reason: "runs a shell script (its effects are not inspected)" }));
+    } else {
+      effects.push(effect("exec", { command, reason: "runs a shell reading commands from its input" }));
+    }
+    return;
+  }
+  if (name === "source" || name === ".") {
+    const script = positionals(words)[0];
+    if (script) effects.push(pathEffect("read", script, ctx, command, "reads a script"));
+    effects.push(effect("exec", { command, reason: "runs a shell script in the current shell" }));
+    return;
+  }
+
+  // cd: update the virtual cwd
+  if (name === "cd" || name === "pushd") {
+    const target = positionals(words)[0];
+    if (!target) ctx.cwd = ctx.home;
+    else {
+      const v = wordValue(target, ctx);
+      if (v === null || v === "-") ctx.cwd = null;
+      else if (ctx.cwd === null && !path.isAbsolute(v) && !v.startsWith("~")) ctx.cwd = null;
+      else ctx.cwd = resolvePath(v, ctx.cwd ?? "/", { home: ctx.home });
+    }
+    return;
+  }
+
+  // deletes
+  if (name === "rm" || name === "rmdir" || name === "unlink" || name === "shred" || name === "srm") {
+    const targets = positionals(words, optsFor(name));
+    const why = name === "rm" && hasFlag(words, "-r", "-R", "--recursive") ? "deletes recursively" : "deletes";
+    if (name === "shred" && !hasFlag(words, "-u", "--remove")) {
+      for (const t of targets) effects.push(pathEffect("delete", t, ctx, command, "overwrites file contents (shred)"));
+    } else {
+      for (const t of targets) effects.push(pathEffect("delete", t, ctx, command, why));
+    }
+    if (targets.length === 0) effects.push(effect("exec", { command, reason: `${name} with no target` }));
+    return;
+  }
+  if (name === "truncate") {
+    for (const t of positionals(words, optsFor("truncate"))) effects.push(pathEffect("delete", t, ctx, command, "truncates a file"));
+    return;
+  }
+  if (name === "find") {
+    classifyFind(words, ctx, effects, command);
+    return;
+  }
+
+  // moves
+  if (name === "mv" || name === "rename" || name === "prename" || name === "file-rename") {
+    let pos = positionals(words, optsFor("mv"));
+    const tIdx = words.findIndex((w) => w.text === "-t" || w.text === "--target-directory");
+    if (name !== "mv") pos = pos.slice(1); // rename EXPR files...
+    for (const t of pos) effects.push(pathEffect("move", t, ctx, command, name === "mv" ? "moves or renames" : "renames"));
+    if (tIdx >= 0 && words[tIdx + 1]) effects.push(pathEffect("move", words[tIdx + 1], ctx, command, "moves into"));
+    return;
+  }
+
+  // writes
+  if (name === "cp" || name === "ln" || name === "install" || name === "rsync" || name === "scp") {
+    const pos = positionals(words, optsFor(name));
+    const tIdx = words.findIndex((w) => w.text === "-t" || w.text === "--target-directory");
+    if (name === "rsync" || name === "scp") {
+      const remote = pos.filter((w) => /^[^/]*[^/\\]:/.test(w.text) && !/^[A-Za-z]:\\/.test(w.text));
+      if (remote.length || pos.some((w) => /^rsync:\/\//.test(w.text))) {
+        for (const e of netEffects([words[0], ...remote.map((w) => ({ ...w, text: w.text.startsWith("rsync://") ? w.text : "ssh://" + w.text.split(":")[0] }))], command, `${name} transfers over the network`)) effects.push(e);
+      }
+      const local = pos.filter((w) => !remote.includes(w));
+      if (name === "rsync" && hasFlag(words, "--delete", "--delete-after", "--delete-before", "--delete-during", "--remove-source-files")) {
+        const dst = local[local.length - 1];
+        if (dst) effects.push(pathEffect("delete", dst, ctx, command, "rsync --delete removes files at the destination"));
+      }
+      pos.length = 0;
+      pos.push(...local);
+    }
+    const dest = tIdx >= 0 ? words[tIdx + 1] : pos[pos.length - 1];
+    const sources = tIdx >= 0 ? pos : pos.slice(0, -1);
+    for (const s of sources) effects.push(pathEffect("read", s, ctx, command, "reads"));
+    if (dest) effects.push(pathEffect("write", dest, ctx, command, name === "ln" ? "creates a link" : "copies into"));
+    return;
+  }
+  if (name === "touch" || name === "mkdir" || name === "mkfifo" || name === "mknod" || name === "chmod" || name === "chown" || name === "chgrp" || name === "setfacl" || name === "chattr" || name === "tee" || name === "sponge" || name === "patch" || name === "split" || name === "csplit") {
+    let pos = positionals(words, optsFor(name));
+    if (name === "chmod" || name === "chown" || name === "chgrp" || name === "setfacl" || name === "chattr") pos = pos.slice(1);
+    if (name === "patch") {
+      effects.push(effect("write", { raw: ".", cwd: ctx.cwd, command, reason: "patches files (targets named inside the patch)" }));
+      for (const t of pos) effects.push(pathEffect("write", t, ctx, command, "patches"));
+      return;
+    }
+    for (const t of pos) effects.push(pathEffect("write", t, ctx, command, name === "tee" ? "writes (tee)" : `modifies (${name})`));
+    if ((name === "split" || name === "csplit") && pos.length === 0) effects.push(pathEffect("write", { text: ".", dynamic: false }, ctx, command, "writes pieces"));
+    return;
+  }
+  if (name === "dd") {
+    for (const w of words.slice(1)) {
+      if (w.text.startsWith("of=")) effects.push(pathEffect("write", { ...w, text: w.text.slice(3) }, ctx, command, "writes (dd)"));
+      if (w.text.startsWith("if=")) effects.push(pathEffect("read", { ...w, text: w.text.slice(3) }, ctx, command, "reads (dd)"));
+    }
+    return;
+  }
+  if (name === "tar" || name === "unzip" || name === "gunzip" || name === "gzip" || name === "bzip2" || name === "xz" || name === "zip" || name === "7z") {
+    // archive tools write next to their inputs or into cwd; gzip/xz remove the input
+    const pos = positionals(words, new Set(["-f", "-C", "-d", "--directory", "--file", "-x", "-T", "-X"]));
+    const cIdx = words.findIndex((w) => w.text === "-C" || w.text === "--directory" || (name === "unzip" && w.text === "-d"));
+    effects.push(effect("write", { raw: cIdx >= 0 && words[cIdx + 1] ? wordValue(words[cIdx + 1], ctx) : ".", cwd: ctx.cwd, command, reason: `unpacks or packs files (${name})`, unknownTarget: cIdx >= 0 && words[cIdx + 1] && wordValue(words[cIdx + 1], ctx) === null }));
+    for (const t of pos) effects.push(pathEffect(["gzip", "bzip2", "xz", "gunzip"].includes(name) && !hasFlag(words, "-k", "--keep", "-c", "--stdout") ? "delete" : "write", t, ctx, command, `${name} replaces or writes this file`));
+    const f = words.findIndex((w) => w.text === "-f" || w.text === "--file" || /^-[a-zA-Z]*f$/.test(w.text));
+    if (name === "tar" && f >= 0 && words[f + 1]) effects.push(pathEffect("write", words[f + 1], ctx, command, "tar archive"));
+    return;
+  }
+  if (name === "sed" && words.some((w) => /^(-i|--in-place|-[a-zA-Z]*i)/.test(w.text) && !w.quoted)) {
+    const pos = positionals(words, new Set(["-e", "-f", "--expression", "--file"]));
+    const hasE = words.some((w) => w.text === "-e" || w.text === "--expression" || w.text === "-f");
+    for (const t of hasE ? pos : pos.slice(1)) effects.push(pathEffect("write", t, ctx, command, "edits in place (sed -i)"));
+    return;
+  }
+  if ((name === "sort" && words.some((w) => w.text === "-o" || w.text.startsWith("--output"))) || name === "uniq") {
+    const pos = positionals(words, optsFor(name));
+    const oIdx = words.findIndex((w) => w.text === "-o");
+    if (oIdx >= 0 && words[oIdx + 1]) effects.push(pathEffect("write", words[oIdx + 1], ctx, command, "writes sorted output"));
+    if (name === "uniq" && pos.length >= 2) {
+      effects.push(pathEffect("read", pos[0], ctx, command, "reads"));
+      effects.push(pathEffect("write", pos[1], ctx, command, "writes (uniq OUTPUT)"));
+      return;
+    }
+    for (const t of name === "uniq" ? pos : pos) effects.push(pathEffect("read", t, ctx, command, "reads"));
+    return;
+  }
+  if ((name === "awk" || name === "gawk" || name === "mawk") && words.slice(1).some((w) => /system\s*\(|\|\s*"|>\s*"|print[^;}]*>|getline/.test(w.text))) {
+    effects.push(effect("exec", { command, reason: "awk program may write files or run commands" }));
+    return;
+  }
+  if (name === "sed" && words.slice(1).some((w) => /(^|[;}\s])(w|W|e)\s|\/[wWe]\s|s\/.*\/.*\/[gpi0-9]*[we]/.test(w.text))) {
+    effects.push(effect("exec", { command, reason: "sed script may write files or run commands" }));
+    return;
+  }
+
+  // git
+  if (name === "git") {
+    classifyGit(words, ctx, effects, command);
+    return;
+  }
+
+  // network tools
+  if (name in NETWORK_TOOLS) {
+    for (const e of netEffects(words, command, `${name} reaches the network`)) effects.push(e);
+    if (name === "curl" || name === "wget") {
+      const outFlags = name === "curl" ? ["-o", "--output"] : ["-O", "--output-document"];
+      const oIdx = words.findIndex((w) => outFlags.includes(w.text));
+      if (oIdx >= 0 && words[oIdx + 1]) effects.push(pathEffect("write", words[oIdx + 1], ctx, command, "saves a download"));
+      else if ((name === "curl" && hasFlag(words, "-O", "--remote-name")) || name === "wget") effects.push(effect("write", { raw: ".", cwd: ctx.cwd, command, reason: "saves a download" }));
+    }
+    return;
+  }
+  const pmName = name === "python" || name === "python3" ? pythonModule(words) : name;
+  if (pmName && pmName in PACKAGE_MANAGERS) {
+    const pm = PACKAGE_MANAGERS[pmName];
+    const argv = pmName === name ? words : words.slice(words.findIndex((w) => w.text === "-m") + 1);
+    const sub = positionals(argv, new Set(["-C", "--prefix", "--cwd", "-w", "--workspace", "--manifest-path", "-p", "--package", "-r", "--requirement"]))[0];
+    const subText = sub ? sub.text : "";
+    const netted = pm.subs.includes("*") || pm.subs.includes(subText) || (pmName === "pacman" && words.some((w) => /^-S/.test(w.text)));
+    if (netted) {
+      const idx = words.findIndex((w) => ["--index-url", "-i", "--registry", "--extra-index-url", "--source"].includes(w.text));
+      const custom = idx >= 0 && words[idx + 1] ? urlDomains([words[idx + 1]]) : [];
+      const domain = custom[0] ?? pm.domain;
+      effects.push(effect("network", { domain, command, reason: `${pmName} ${subText} downloads packages` }));
+      if (pmName === "npx" || pmName === "uvx" || pmName === "bunx" || pmName === "pnpx" || subText === "run" || subText === "exec" || subText === "x" || subText === "dlx" || subText === "create")
+        effects.push(effect("exec", { command, reason: "runs a downloaded or project-defined program" }));
+      else effects.push(effect("write", { raw: ".", cwd: ctx.cwd, command, reason: "installs packages" }));
+      return;
+    }
+    effects.push(effect("exec", { command, reason: `${pmName} ${subText || ""}`.trim() + " runs project code or tools" }));
+    return;
+  }
+
+  if (INTERPRETERS.has(name) || /^python3\.\d+$/.test(name)) {
+    effects.push(effect("exec", { command, reason: `${name} runs a program whose effects are not inspected` }));
+    return;
+  }
+
+  if (READ_ONLY.has(name)) {
+    if (NO_PATH_ARGS.has(name)) return;
+    let pos = positionals(words, optsFor(name));
+    const hasPatternOpt = words.some((w) => w.text === "-e" || w.text === "-f" || w.text.startsWith("--regexp") || w.text === "--expression");
+    if (FIRST_ARG_NOT_PATH.has(name) && !hasPatternOpt) pos = pos.slice(1);
+    const recursiveGrep = ["grep", "egrep", "fgrep"].includes(name) && hasFlag(words, "-r", "-R", "--recursive");
+    if (pos.length === 0 && (recursiveGrep || ["ls", "ll", "la", "dir", "tree", "du", "rg", "ag", "ack", "fd", "fdfind"].includes(name))) pos = [{ text: ".", dynamic: false }];
+    for (const t of pos) effects.push(pathEffect("read", t, ctx, command, "reads"));
+    return;
+  }
+
+  // anything else: a command we do not know
+  effects.push(effect("exec", { command, reason: `runs ${name} (side effects unknown)` }));
+}
+
+function pythonModule(words) {
+  const i = words.findIndex((w) => w.text === "-m");
+  if (i < 0 || !words[i + 1]) return null;
+  const m = words[i + 1].text;
+  if (m === "pip" || m === "pip3") return "pip";
+  if (m === "uv") return "uv";
+  if (m === "poetry") return "poetry";
+  if (m === "http.server") return null;
+  return null;
+}
+
+function unwrap(words, spec) {
+  const optsWithArg = new Set(spec.optsWithArg ?? []);
+  let i = 1;
+  let positional = spec.positional ?? 0;
+  while (i < words.length) {
+    const t = words[i].text;
+    if (t === "--") {
+      i++;
+      break;
+    }
+    if (spec.assignments && /^[A-Za-z_][A-Za-z0-9_]*=/.test(t)) {
+      i++;
+      continue;
+    }
+    if (t.startsWith("-") && t.length > 1) {
+      i += optsWithArg.has(t) ? 2 : 1;
+      continue;
+    }
+    if (positional > 0) {
+      positional--;
+      i++;
+      continue;
+    }
+    break;
+  }
+  return words.slice(i);
+}
+
+function recurseString(w, ctx, effects, command) {
+  if (w.dynamic) {
+    effects.push(effect("exec", { command, reason: "runs a computed command string" }));
+    return;
+  }
+  if (ctx.depth > 8) {
+    effects.push(effect("exec", { command, reason: "nesting too deep to inspect" }));
+    return;
+  }
+  const inner = classifyCommandEffects(w.text, { ...ctx, depth: ctx.depth + 1 });
+  for (const e of inner) effects.push(e);
+}
+
+function classifyFind(words, ctx, effects, command) {
+  // find [paths...] [expression]; paths are the args before the first
+  // expression token (starting with -, ( or !)
+  const roots = [];
+  let i = 1;
+  while (i < words.length && ["-H", "-L", "-P"].includes(words[i].text)) i++;
+  for (; i < words.length; i++) {
+    const t = words[i].text;
+    if (!words[i].quoted && (t.startsWith("-") || t === "(" || t === "!" || t === ")")) break;
+    roots.push(words[i]);
+  }
+  if (roots.length === 0) roots.push({ text: ".", dynamic: false });
+  const expr = words.slice(i);
+  let mutated = false;
+  for (let j = 0; j < expr.length; j++) {
+    const t = expr[j].text;
+    if (t === "-delete") {
+      for (const r of roots) effects.push({ ...pathEffect("delete", r, ctx, command, "find -delete removes matching files"), contents: true });
+      mutated = true;
+    } else if (["-exec", "-execdir", "-ok", "-okdir"].includes(t)) {
+      const end = expr.findIndex((w, k) => k > j && (w.text === ";" || w.text === "+" || w.text === "\\;"));
+      const innerWords = expr.slice(j + 1, end < 0 ? expr.length : end).map((w) => (w.text === "{}" ? { ...w, text: "{}", dynamic: true } : w));
+      const sub = [];
+      if (innerWords.length) classifySimple({ words: innerWords, redirects: [] }, ctx, sub);
+      for (const e of sub) {
+        if (e.unknownTarget && (e.op === "delete" || e.op === "move" || e.op === "write")) {
+          // `{}` is each found file: the roots are the real scope
+          for (const r of roots) effects.push({ ...pathEffect(e.op, r, ctx, command, `find ${t} ${e.reason}`), contents: true });
+        } else effects.push(e);
+      }
+      mutated = true;
+      if (end > 0) j = end;
+    } else if (["-fprint", "-fprint0", "-fprintf", "-fls"].includes(t) && expr[j + 1]) {
+      effects.push(pathEffect("write", expr[j + 1], ctx, command, `find ${t} writes a file`));
+      mutated = true;
+    }
+  }
+  void mutated;
+  for (const r of roots) effects.push(pathEffect("read", r, ctx, command, "reads (find)"));
+}
+
+function classifyGit(words, ctx, effects, command) {
+  let i = 1;
+  let gitCwd = ctx.cwd;
+  while (i < words.length && words[i].text.startsWith("-")) {
+    if (words[i].text === "-C" && words[i + 1]) {
+      const v = wordValue(words[i + 1], ctx);
+      gitCwd = v === null ? null : resolvePath(v, ctx.cwd ?? "/", { home: ctx.home });
+    }
+    if (words[i].text === "-c" && words[i + 1] && /^(core\.(sshCommand|pager|editor|fsmonitor|hooksPath)|alias\.|.*\.(command|helper)|protocol\.)/i.test(words[i + 1].text)) {
+      effects.push(effect("exec", { command, reason: "git -c sets a command-running option" }));
+    }
+    i += GIT_GLOBAL_OPTS_WITH_ARG.has(words[i].text) ? 2 : 1;
+  }
+  const sub = words[i] ? words[i].text : "";
+  const rest = words.slice(i);
+  const here = { ...ctx, cwd: gitCwd };
+  const repoWrite = (reason) => effects.push(effect("write", { raw: ".", cwd: gitCwd, command, reason, unknownTarget: gitCwd === null }));
+  if (sub === "" || GIT_READ.has(sub)) {
+    if (sub === "diff" && rest.some((w) => w.text === "--output" || w.text.startsWith("--output="))) repoWrite("git diff --output writes a file");
+    else effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "reads the repository", unknownTarget: gitCwd === null }));
+    return;
+  }
+  if (GIT_NETWORK.has(sub)) {
+    if (sub === "remote" && !["update", "prune", "show"].includes(rest[1]?.text ?? "")) {
+      repoWrite("changes remote configuration");
+      return;
+    }
+    if (sub === "submodule" && !["update", "add", "sync", "foreach"].includes(rest[1]?.text ?? "")) {
+      effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "reads submodules" }));
+      return;
+    }
+    const domains = urlDomains(rest.slice(1));
+    if (domains.length) for (const d of domains) effects.push(effect("network", { domain: d, command, reason: `git ${sub} reaches the network` }));
+    else effects.push(effect("network", { domain: null, command, reason: `git ${sub} reaches a configured remote`, unknownTarget: true }));
+    if (sub === "clone") {
+      const pos = positionals(rest, new Set(["-b", "--branch", "--depth", "-o", "--origin", "-c", "--config", "--reference", "--separate-git-dir", "-j", "--filter"]));
+      const dest = pos[1];
+      if (dest) effects.push(pathEffect("write", dest, here, command, "clones into"));
+      else repoWrite("clones into the current folder");
+    } else if (sub !== "ls-remote" && sub !== "push") repoWrite(`git ${sub} updates the repository`);
+    return;
+  }
+  if (sub === "clean") {
+    if (hasFlag(rest, "-n", "--dry-run")) effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "git clean dry run" }));
+    else effects.push(effect("delete", { raw: ".", cwd: gitCwd, command, reason: "git clean deletes untracked files", unknownTarget: gitCwd === null, contents: true }));
+    return;
+  }
+  if (sub === "rm") {
+    const pos = positionals(rest);
+    for (const t of pos) effects.push(pathEffect("delete", t, here, command, "git rm deletes"));
+    return;
+  }
+  if (sub === "mv") {
+    for (const t of positionals(rest)) effects.push(pathEffect("move", t, here, command, "git mv moves"));
+    return;
+  }
+  const discards =
+    (sub === "reset" && hasFlag(rest, "--hard", "--merge", "--keep")) ||
+    (sub === "checkout" && (rest.some((w) => w.text === "--" || w.text === ".") || hasFlag(rest, "-f", "--force"))) ||
+    (sub === "restore" && !hasFlag(rest, "--staged", "-S")) ||
+    (sub === "stash" && ["drop", "clear"].includes(rest[1]?.text ?? "")) ||
+    (sub === "branch" && hasFlag(rest, "-D", "-d", "--delete")) ||
+    (sub === "switch" && hasFlag(rest, "-f", "--force", "--discard-changes")) ||
+    (sub === "worktree" && ["remove", "prune"].includes(rest[1]?.text ?? "")) ||
+    sub === "filter-branch" ||
+    sub === "gc" ||
+    (sub === "reflog" && rest[1]?.text === "expire");
+  if (discards) {
+    effects.push(effect("delete", { raw: ".", cwd: gitCwd, command, reason: `git ${sub} can discard uncommitted work`, unknownTarget: gitCwd === null, contents: true }));
+    return;
+  }
+  if (sub === "config" && !hasFlag(rest, "--get", "--list", "-l", "--get-all", "--get-regexp")) {
+    const global = hasFlag(rest, "--global", "--system");
+    if (global) effects.push(effect("write", { raw: "~/.gitconfig", cwd: gitCwd, command, reason: "changes global git configuration" }));
+    else repoWrite("changes repository configuration");
+    if (rest.some((w) => /(sshCommand|pager|editor|hooksPath|fsmonitor|alias\.|\.command|helper)/i.test(w.text))) effects.push(effect("exec", { command, reason: "git config sets a command-running option" }));
+    return;
+  }
+  if (sub === "config") {
+    effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "reads git configuration" }));
+    return;
+  }
+  repoWrite(`git ${sub} changes the repository`);
+  if (["commit", "merge", "rebase", "cherry-pick", "am", "pull", "checkout", "switch"].includes(sub)) {
+    // hooks run on these; they live in the repo and are already in scope
+  }
+}
+
+/**
+ * All effects of a shell command string, paths not yet resolved.
+ * Exported for tests.
+ */
+export function classifyCommandEffects(commandText, ctx) {
+  const parsed = parseShell(commandText);
+  const effects = [];
+  for (const reason of parsed.unsure) effects.push(effect("exec", { command: commandText, reason: `could not fully parse the command (${reason})` }));
+  for (const sub of parsed.subs) {
+    if (ctx.depth > 8) {
+      effects.push(effect("exec", { command: sub, reason: "nesting too deep to inspect" }));
+      continue;
+    }
+    for (const e of classifyCommandEffects(sub, { ...ctx, depth: ctx.depth + 1 })) effects.push(e);
+  }
+  for (const cmd of parsed.commands) classifySimple(cmd, ctx, effects);
+  return effects;
+}
+
+// ---------------------------------------------------------------------------
+// From effects to actions
+
+function globRegex(pattern) {
+  let re = "^";
+  for (let i = 0; i < pattern.length; i++) {
+    const c = pattern[i];
+    if (c === "*") re += "[^/]*";
+    else if (c === "?") re += "[^/]";
+    else if (c === "[") {
+      const j = pattern.indexOf("]", i + 1);
+      if (j < 0) re += "\\[";
+      else {
+        re += "[" + pattern.slice(i + 1, j).replace(/^!/, "^").replace(/\\/g, "\\\\") + "]";
+        i = j;
+      }
+    } else if (c === "{") {
+      const j = pattern.indexOf("}", i + 1);
+      if (j < 0) re += "\\{";
+      else {
+        re += "(?:" + pattern.slice(i + 1, j).split(",").map((a) => a.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")).join("|") + ")";
+        i = j;
+      }
+    } else re += c.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+  }
+  return new RegExp(re + "$");
+}
+
+/** Expand a glob whose wildcards are all in the last component; null when it can't. */
+function expandGlob(glob, cwd, home) {
+  const slash = glob.lastIndexOf("/");
+  const dirPart = slash < 0 ? "." : glob.slice(0, slash) || "/";
+  const namePart = slash < 0 ? glob : glob.slice(slash + 1);
+  if (/[*?[{]/.test(dirPart) || namePart === "") return null;
+  const dir = resolvePath(dirPart, cwd, { home });
+  if (dir === null) return null;
+  let names;
+  try {
+    names = fs.readdirSync(dir);
+  } catch {
+    return null;
+  }
+  const re = globRegex(namePart);
+  const hidden = namePart.startsWith(".");
+  const out = names.filter((n) => (hidden || !n.startsWith(".")) && re.test(n)).map((n) => path.join(dirPart, n));
+  return out.length > 0 && out.length <= 500 ? out : null;
+}
+
+function finishEffect(e, config) {
+  if (e.glob && !e.unknownTarget && e.cwd != null) {
+    const matches = expandGlob(e.glob, e.cwd, config.home);
+    if (matches) return matches.map((m) => finishOne({ ...e, raw: m, glob: undefined, globOf: e.glob }, config));
+    // no match (or too many): judge the directory the glob lives in
+    return [finishOne({ ...e, contents: true }, config)];
+  }
+  return [finishOne(e, config)];
+}
+
+function finishOne(e, config) {
+  const out = { action: null, op: e.op, reason: e.reason };
+  if (e.command !== undefined) out.command = e.command;
+  if (e.op === "network") {
+    out.action = "network";
+    out.domain = e.domain ?? null;
+    return out;
+  }
+  if (e.op === "exec") {
+    out.action = "shell";
+    return out;
+  }
+  if (e.op === "connector") {
+    out.action = "connector";
+    return out;
+  }
+  // a path effect
+  let resolved = null;
+  if (!e.unknownTarget && e.raw != null && (e.cwd != null || path.isAbsolute(e.raw) || e.raw.startsWith("~"))) {
+    resolved = resolvePath(e.raw, e.cwd ?? "/", { home: config.home, noFollowLast: e.op === "delete" || e.op === "move" });
+  }
+  out.path = resolved;
+  if (e.glob) out.glob = e.glob;
+  if (e.globOf) out.glob = e.globOf;
+  if (resolved === null) {
+    out.action = "outside-scope";
+    out.unresolved = e.raw ?? null;
+    out.reason = `${e.reason}; the target cannot be determined before it runs`;
+    return out;
+  }
+  const inScope = config.scopeDirs.some((d) => isInside(resolved, d));
+  const inReadonly = config.readonlyDirs.some((d) => isInside(resolved, d));
+  // Deleting or moving a scope root itself is outside the task's business
+  // (a glob's base directory is not itself the target).
+  const isRoot = !e.contents && config.scopeDirs.some((d) => resolved === d);
+  if (e.op === "read") out.action = inScope || inReadonly ? "read" : "outside-scope";
+  else if (!inScope || (isRoot && (e.op === "delete" || e.op === "move"))) out.action = "outside-scope";
+  else out.action = e.op; // write | delete | move
+  return out;
+}
+
+function dedupe(effects) {
+  const seen = new Set();
+  const out = [];
+  for (const e of effects) {
+    const key = JSON.stringify([e.action, e.op, e.path ?? null, e.domain ?? null, e.command ?? null, e.unresolved ?? null]);
+    if (seen.has(key)) continue;
+    seen.add(key);
+    out.push(e);
+  }
+  return out;
+}
+
+const READ_TOOLS = new Set(["read", "ls", "grep", "find"]);
+const WRITE_TOOLS = new Set(["write", "edit"]);
+
+/**
+ * Classify one pi tool call.
+ * Returns { action, tool, effects, paths, command, cwd, needsDecision, summary }.
+ */
+export function classifyToolCall(toolName, input, { cwd, config }) {
+  const args = input && typeof input === "object" ? input : {};
+  let raw = [];
+  let command = null;
+  if (READ_TOOLS.has(toolName)) {
+    const p = typeof args.path === "string" && args.path.length ? args.path : ".";
+    raw.push(effect("read", { raw: p, cwd, reason: `${toolName} tool` }));
+  } else if (WRITE_TOOLS.has(toolName)) {
+    const p = typeof args.path === "string" ? args.path : null;
+    raw.push(effect("write", { raw: p, cwd, reason: toolName === "edit" ? "edits a file" : "writes a file", unknownTarget: p === null }));
+  } else if (toolName === "bash") {
+    command = typeof args.command === "string" ? args.command : "";
+    raw = classifyCommandEffects(command, { cwd, home: config.home, depth: 0 });
+    if (raw.length === 0) raw.push(effect("read", { raw: ".", cwd, command, reason: "no side effects found" }));
+  } else {
+    raw.push(effect("connector", { reason: `tool ${toolName}` }));
+  }
+  const effects = dedupe(raw.flatMap((e) => finishEffect(e, config)));
+  let action = "read";
+  for (const e of effects) if (SEVERITY[e.action] > SEVERITY[action]) action = e.action;
+  const paths = unique(effects.filter((e) => e.path).map((e) => e.path));
+  const autoAllow = new Set(["read", ...config.autoAllow]);
+  const needsDecision = effects.some((e) => !autoAllow.has(e.action));
+  return { action, tool: toolName, effects, paths, command, cwd, needsDecision };
+}
+
+// ---------------------------------------------------------------------------
+// The select dialog
+
+const ACTION_LABEL = {
+  read: "read files",
+  write: "change files",
+  delete: "delete files",
+  move: "move or rename files",
+  "outside-scope": "touch files outside the task's folders",
+  network: "use the network",
+  shell: "run a command",
+  connector: "use a tool",
+};
+
+function clip(s, n) {
+  return s.length > n ? s.slice(0, n - 1) + "…" : s;
+}
+
+/** JSON whose text never contains `<`, so the close marker cannot appear inside it. */
+export function safeJson(obj) {
+  return JSON.stringify(obj).replace(/</g, "\\u003c").replace(/\u2028/g, "\\u2028").replace(/\u2029/g, "\\u2029");
+}
+
+/** The payload object (what goes between the markers). */
+export function buildPayload(result, { toolCallId, taskId }) {
+  return {
+    v: PROTOCOL_VERSION,
+    kind: "piwork.permission",
+    action: result.action,
+    tool: result.tool,
+    toolCallId: toolCallId ?? null,
+    taskId: taskId ?? null,
+    cwd: result.cwd ?? null,
+    command: result.command,
+    paths: result.paths,
+    effects: result.effects,
+  };
+}
+
+/** The human question (first lines of the title). */
+export function buildQuestion(result) {
+  const lines = [`The agent wants to ${ACTION_LABEL[result.action] ?? result.action}.`];
+  if (result.command !== null && result.command !== undefined) lines.push(`Command: ${clip(result.command, 600)}`);
+  else lines.push(`Tool: ${result.tool}`);
+  const notable = result.effects.filter((e) => e.action !== "read");
+  for (const e of notable.slice(0, 8)) {
+    const target = e.path ?? e.domain ?? e.unresolved ?? (e.action === "shell" ? "" : "(unknown target)");
+    lines.push(`- ${e.action}: ${target ? clip(String(target), 200) + " — " : ""}${e.reason}`);
+  }
+  if (notable.length > 8) lines.push(`- … and ${notable.length - 8} more`);
+  lines.push("Allow?");
+  return lines.join("\n");
+}
+
+/** Title for ctx.ui.select: human question, blank line, marked JSON block. */
+export function buildTitle(result, meta) {
+  return `${buildQuestion(result)}\n\n${MARKER_OPEN}${safeJson(buildPayload(result, meta))}${MARKER_CLOSE}`;
+}
+
+export function isAllowChoice(choice) {
+  return choice === OPTIONS.ALLOW_ONCE || choice === OPTIONS.ALWAYS_FOLDER || choice === OPTIONS.ALWAYS_EVERYWHERE;
+}
+
+/** The tool error the model sees after a denial or a cancelled dialog. */
+export function denialReason(result, choice) {
+  const what = result.command != null ? `the command \`${clip(result.command, 300)}\`` : `the ${result.tool} call${result.paths.length ? " on " + result.paths.slice(0, 3).join(", ") : ""}`;
+  if (choice === undefined || choice === null) {
+    return `Permission request for ${what} (${result.action}) was cancelled before the user answered (the task was stopped or aborted). It did not run. Do not retry it unless the user asks you to.`;
+  }
+  return `Permission denied by the user: ${what} (${result.action}) was not run. Do not retry the same action or work around the denial with a different command; continue without it or ask the user how to proceed.`;
+}

@@ -1,1 +1,46 @@
+"""Model endpoints that need no real LLM: the scripted test double and the
+offline demo model built on it."""
 
+from piwork.models.scripted import (
+    ChatRequest,
+    Delay,
+    Disconnect,
+    HttpError,
+    LoopForever,
+    RecordedRequest,
+    Script,
+    ScriptedModelServer,
+    Step,
+    StepFunction,
+    Text,
+    ToolCall,
+    ToolCalls,
+    ToolExchange,
+    bash,
+    edit,
+    pi_provider_config,
+    read,
+    write,
+)
+
+__all__ = [
+    "ChatRequest",
+    "Delay",
+    "Disconnect",
+    "HttpError",
+    "LoopForever",
+    "RecordedRequest",
+    "Script",
+    "ScriptedModelServer",
+    "Step",
+    "StepFunction",
+    "Text",
+    "ToolCall",
+    "ToolCalls",
+    "ToolExchange",
+    "bash",
+    "edit",
+    "pi_provider_config",
+    "read",
+    "write",
+]

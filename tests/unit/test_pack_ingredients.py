@@ -1,0 +1,114 @@
+"""Debian ingredients: pins, downloads, module closure, ELF dependencies."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from piwork.config import repo_root
+from piwork.pack.errors import PackError, PinUnavailableError
+from piwork.pack.ingredients import (
+    Pins,
+    download_debs,
+    elf_deps,
+    load_pins,
+    module_closure,
+    module_name,
+    parse_modules_dep,
+)
+
+MODULES_DEP = """\
+kernel/drivers/virtio/virtio_ring.ko:
+kernel/drivers/virtio/virtio.ko: kernel/drivers/virtio/virtio_ring.ko
+kernel/fs/netfs/netfs.ko:
+kernel/fs/fscache/fscache.ko: kernel/fs/netfs/netfs.ko
+kernel/net/9p/9pnet.ko:
+kernel/fs/9p/9p.ko.xz: kernel/fs/fscache/fscache.ko kernel/fs/netfs/netfs.ko kernel/net/9p/9pnet.ko
+kernel/drivers/net/net-failover.ko: kernel/net/core/failover.ko
+kernel/net/core/failover.ko:
+"""
+
+
+def test_real_pins_parse_and_name_the_kernel_package() -> None:
+    pins = load_pins(repo_root() / "vm-image" / "pins.toml")
+    assert pins.kernel_package == f"linux-image-{pins.kernel_release}"
+    assert "9p" in pins.modules and "busybox-static" in pins.packages
+
+
+def test_module_names_drop_suffixes_and_treat_dash_as_underscore() -> None:
+    assert module_name("kernel/fs/9p/9p.ko.xz") == "9p"
+    assert module_name("kernel/drivers/net/net-failover.ko") == "net_failover"
+
+
+def test_module_closure_puts_dependencies_first_and_skips_builtins() -> None:
+    deps = parse_modules_dep(MODULES_DEP)
+    got = module_closure(["9p", "net_failover", "virtio"], deps, builtin={"virtio_ring"})
+    assert got == [
+        "kernel/fs/netfs/netfs.ko",
+        "kernel/fs/fscache/fscache.ko",
+        "kernel/net/9p/9pnet.ko",
+        "kernel/fs/9p/9p.ko.xz",
+        "kernel/net/core/failover.ko",
+        "kernel/drivers/net/net-failover.ko",
+        "kernel/drivers/virtio/virtio.ko",
+    ]
+
+
+def test_unknown_module_is_an_error_naming_it() -> None:
+    with pytest.raises(PackError, match="no_such_mod"):
+        module_closure(["9p", "no_such_mod"], parse_modules_dep(MODULES_DEP), builtin=set())
+
+
+def test_elf_deps_agree_with_readelf() -> None:
+    binary = Path("/bin/ls")
+    deps = elf_deps(binary)
+    out = subprocess.run(
+        ["readelf", "-d", "-l", str(binary)], capture_output=True, text=True, check=True
+    ).stdout
+    expected = [
+        line.split("[", 1)[1].split("]", 1)[0] for line in out.splitlines() if "(NEEDED)" in line
+    ]
+    assert list(deps.needed) == expected and "libc.so.6" in expected
+    assert deps.interpreter is not None and deps.interpreter in out
+
+
+def test_an_unavailable_pin_says_which_and_how_to_fix(tmp_path: Path) -> None:
+    pins = Pins(
+        suite="bookworm",
+        arch="amd64",
+        packages={"busybox-static": "0.0.0-nope"},
+        kernel_release="x",
+        modules=(),
+        path=Path("vm-image/pins.toml"),
+    )
+    with pytest.raises(PinUnavailableError) as info:
+        download_debs(pins, tmp_path / "debs")
+    msg = str(info.value)
+    assert "busybox-static=0.0.0-nope" in msg and "apt-cache madison busybox-static" in msg
+    assert "vm-image/pins.toml" in msg
+    assert list((tmp_path / "debs").iterdir()) == []  # no partial download left
+
+
+def test_a_cached_deb_matching_the_pin_is_reused_without_apt(tmp_path: Path) -> None:
+    root = tmp_path / "pkg"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN" / "control").write_text(
+        "Package: piwork-fake\nVersion: 1:2.0-1\nArchitecture: all\n"
+        "Maintainer: t <t@example.com>\nDescription: test\n"
+    )
+    debs = tmp_path / "debs"
+    debs.mkdir()
+    deb = debs / "piwork-fake_1%3a2.0-1_all.deb"
+    subprocess.run(["dpkg-deb", "--build", str(root), str(deb)], check=True, capture_output=True)
+    pins = Pins(
+        suite="bookworm",
+        arch="amd64",
+        packages={"piwork-fake": "1:2.0-1"},
+        kernel_release="x",
+        modules=(),
+        path=Path("pins.toml"),
+    )
+    # apt-get would fail: no such package exists in any archive.
+    assert download_debs(pins, debs) == {"piwork-fake": deb}

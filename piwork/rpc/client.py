@@ -296,23 +296,46 @@ class RpcClient:
                 self.feed_line(line)
 
     def connection_lost(self, exc: BaseException | None = None) -> None:
-        """The channel to pi is gone for good: fail everything that waits on pi."""
+        """The channel to pi is gone for good: fail everything that waits on pi.
+
+        Pending requests raise :class:`RpcConnectionLost`, UI handler tasks are
+        cancelled, subscriptions end, ``wait_idle`` raises. See :meth:`reset`
+        to use the client again with a new pi process.
+        """
         if self._closed is not None:
             return
         reason = str(exc) if exc is not None else "connection closed"
         self._closed = exc if exc is not None else ConnectionError(reason)
-        for req_id, pending in list(self._pending.items()):
-            if not pending.future.done():
-                err = RpcConnectionLost(pending.command, f"connection to pi lost: {reason}")
-                err.__cause__ = exc
-                pending.future.set_exception(err)
-            self._pending.pop(req_id, None)
-        for task in self._ui_tasks.values():
-            task.cancel()
-        self._open_dialogs.clear()
+        self._forget_pi(f"connection to pi lost: {reason}", exc)
         for sub in list(self._subscriptions):
             sub._put(_END)
         self._subscriptions.clear()
+
+    def reset(self, reason: str = "pi was restarted") -> None:
+        """Start over with a new pi process behind the same channel.
+
+        What the old process owed is failed with :class:`RpcConnectionLost` (it
+        will never answer), its dialogs, half-read line and run state are
+        forgotten, and a client closed by :meth:`connection_lost` accepts
+        requests again. Live subscriptions continue; ended ones stay ended.
+        """
+        self._forget_pi(reason, None)
+        self._decoder = LineDecoder(self._decoder.max_line_bytes)
+        self._closed = None
+
+    def _forget_pi(self, reason: str, exc: BaseException | None) -> None:
+        for pending in self._pending.values():
+            if not pending.future.done():
+                err = RpcConnectionLost(pending.command, reason)
+                err.__cause__ = exc
+                pending.future.set_exception(err)
+        self._pending.clear()
+        for task in self._ui_tasks.values():
+            task.cancel()
+        self._open_dialogs.clear()
+        act = self._activity
+        act.run_active = act.compacting = act.prompt_outstanding = False
+        act.restart_deadline = None
         self._bump_activity()
 
     @property
@@ -386,44 +409,50 @@ class RpcClient:
         )
         return await self.request(cmd, timeout=timeout)
 
-    async def steer(self, message: str, *, images: list[ImageContent] | None = None) -> Response:
-        return await self.request(SteerCommand(message=message, images=images))
+    async def steer(
+        self, message: str, *, images: list[ImageContent] | None = None, timeout: Timeout = ...
+    ) -> Response:
+        return await self.request(SteerCommand(message=message, images=images), timeout=timeout)
 
     async def follow_up(
-        self, message: str, *, images: list[ImageContent] | None = None
+        self, message: str, *, images: list[ImageContent] | None = None, timeout: Timeout = ...
     ) -> Response:
-        return await self.request(FollowUpCommand(message=message, images=images))
+        return await self.request(FollowUpCommand(message=message, images=images), timeout=timeout)
 
     async def abort(self, *, timeout: Timeout = ...) -> Response:
         """Stop the run. pi answers once it stopped, which needs open dialogs answered:
         call :meth:`cancel_open_dialogs` too (pi does not dismiss them on abort)."""
         return await self.request(AbortCommand(), timeout=timeout)
 
-    async def get_state(self) -> SessionState:
-        response = await self.request(GetStateCommand())
+    async def get_state(self, *, timeout: Timeout = ...) -> SessionState:
+        response = await self.request(GetStateCommand(), timeout=timeout)
         return SessionState.model_validate(response.data or {})
 
-    async def get_messages(self) -> list[dict[str, Any]]:
-        response = await self.request(GetMessagesCommand())
+    async def get_messages(self, *, timeout: Timeout = ...) -> list[dict[str, Any]]:
+        response = await self.request(GetMessagesCommand(), timeout=timeout)
         messages = _data_field(response, "messages")
         return messages if isinstance(messages, list) else []
 
-    async def get_session_stats(self) -> SessionStats:
-        response = await self.request(GetSessionStatsCommand())
+    async def get_session_stats(self, *, timeout: Timeout = ...) -> SessionStats:
+        response = await self.request(GetSessionStatsCommand(), timeout=timeout)
         return SessionStats.model_validate(response.data or {})
 
-    async def set_model(self, provider: str, model_id: str) -> dict[str, Any]:
+    async def set_model(
+        self, provider: str, model_id: str, *, timeout: Timeout = ...
+    ) -> dict[str, Any]:
         """Switch model (pi persists it in settings.json); returns pi's Model object."""
-        response = await self.request(SetModelCommand(provider=provider, model_id=model_id))
+        response = await self.request(
+            SetModelCommand(provider=provider, model_id=model_id), timeout=timeout
+        )
         return response.data if isinstance(response.data, dict) else {}
 
-    async def get_available_models(self) -> list[dict[str, Any]]:
-        response = await self.request(GetAvailableModelsCommand())
+    async def get_available_models(self, *, timeout: Timeout = ...) -> list[dict[str, Any]]:
+        response = await self.request(GetAvailableModelsCommand(), timeout=timeout)
         models = _data_field(response, "models")
         return models if isinstance(models, list) else []
 
-    async def set_thinking_level(self, level: ThinkingLevel) -> Response:
-        return await self.request(SetThinkingLevelCommand(level=level))
+    async def set_thinking_level(self, level: ThinkingLevel, *, timeout: Timeout = ...) -> Response:
+        return await self.request(SetThinkingLevelCommand(level=level), timeout=timeout)
 
     async def compact(
         self,
@@ -435,42 +464,48 @@ class RpcClient:
         response = await self.request(cmd, timeout=timeout)
         return response.data if isinstance(response.data, dict) else {}
 
-    async def set_auto_compaction(self, enabled: bool) -> Response:
-        return await self.request(SetAutoCompactionCommand(enabled=enabled))
+    async def set_auto_compaction(self, enabled: bool, *, timeout: Timeout = ...) -> Response:
+        return await self.request(SetAutoCompactionCommand(enabled=enabled), timeout=timeout)
 
-    async def set_auto_retry(self, enabled: bool) -> Response:
-        return await self.request(SetAutoRetryCommand(enabled=enabled))
+    async def set_auto_retry(self, enabled: bool, *, timeout: Timeout = ...) -> Response:
+        return await self.request(SetAutoRetryCommand(enabled=enabled), timeout=timeout)
 
-    async def abort_retry(self) -> Response:
-        return await self.request(AbortRetryCommand())
+    async def abort_retry(self, *, timeout: Timeout = ...) -> Response:
+        return await self.request(AbortRetryCommand(), timeout=timeout)
 
     async def bash(self, command: str, *, timeout: Timeout = ...) -> BashResult:
         response = await self.request(BashCommand(command=command), timeout=timeout)
         return BashResult.model_validate(response.data or {})
 
-    async def abort_bash(self) -> Response:
-        return await self.request(AbortBashCommand())
+    async def abort_bash(self, *, timeout: Timeout = ...) -> Response:
+        return await self.request(AbortBashCommand(), timeout=timeout)
 
-    async def new_session(self, parent_session: str | None = None) -> bool:
+    async def new_session(
+        self, parent_session: str | None = None, *, timeout: Timeout = ...
+    ) -> bool:
         """Returns False if an extension cancelled the switch."""
-        response = await self.request(NewSessionCommand(parent_session=parent_session))
+        response = await self.request(
+            NewSessionCommand(parent_session=parent_session), timeout=timeout
+        )
         return _data_field(response, "cancelled") is not True
 
-    async def switch_session(self, session_path: str) -> bool:
+    async def switch_session(self, session_path: str, *, timeout: Timeout = ...) -> bool:
         """Returns False if an extension cancelled the switch."""
-        response = await self.request(SwitchSessionCommand(session_path=session_path))
+        response = await self.request(
+            SwitchSessionCommand(session_path=session_path), timeout=timeout
+        )
         return _data_field(response, "cancelled") is not True
 
-    async def get_last_assistant_text(self) -> str | None:
-        response = await self.request(GetLastAssistantTextCommand())
+    async def get_last_assistant_text(self, *, timeout: Timeout = ...) -> str | None:
+        response = await self.request(GetLastAssistantTextCommand(), timeout=timeout)
         text = _data_field(response, "text")
         return text if isinstance(text, str) else None
 
-    async def set_session_name(self, name: str) -> Response:
-        return await self.request(SetSessionNameCommand(name=name))
+    async def set_session_name(self, name: str, *, timeout: Timeout = ...) -> Response:
+        return await self.request(SetSessionNameCommand(name=name), timeout=timeout)
 
-    async def get_commands(self) -> list[dict[str, Any]]:
-        response = await self.request(GetCommandsCommand())
+    async def get_commands(self, *, timeout: Timeout = ...) -> list[dict[str, Any]]:
+        response = await self.request(GetCommandsCommand(), timeout=timeout)
         commands = _data_field(response, "commands")
         return commands if isinstance(commands, list) else []
 

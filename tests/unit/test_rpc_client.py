@@ -623,3 +623,35 @@ async def test_wait_idle_waits_out_a_compaction() -> None:
 
     pi.emit({"type": "compaction_end", "reason": "threshold", "aborted": False, "willRetry": False})
     await waiting
+
+
+async def test_reset_after_pi_exit_makes_the_client_usable_for_the_next_pi() -> None:
+    pi = FakePi()
+    pi.emit({"type": "agent_start"})
+    pi.dialog("select", req_id="old")
+    stale = asyncio.create_task(pi.client.get_state())
+    await pi.next_command()
+
+    pi.client.connection_lost(RuntimeError("pi exited: code 1"))
+    pi.client.reset()
+
+    with pytest.raises(RpcConnectionLost):
+        await stale
+    assert pi.client.open_dialogs == {}
+    assert not pi.client.closed
+    pi.state = state(streaming=False)
+    assert (await pi.client.wait_idle(timeout=1)).is_streaming is False
+
+
+async def test_reset_of_a_live_client_fails_what_the_old_pi_owed() -> None:
+    pi = FakePi()
+    owed = asyncio.create_task(pi.client.abort())
+    await pi.next_command()
+
+    pi.client.reset("pi restarted by the supervisor")
+
+    with pytest.raises(RpcConnectionLost, match="restarted"):
+        await owed
+    call = asyncio.create_task(pi.client.get_state(timeout=1))
+    pi.reply(await pi.next_command(), state())
+    assert (await call).session_id == "s1"

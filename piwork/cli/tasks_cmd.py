@@ -1,0 +1,278 @@
+"""``piwork tasks list | show | rm | export``: the task store from the command line.
+
+Every command first runs start-up recovery (:meth:`TaskStore.mark_interrupted`),
+so a task whose owner died shows as ``interrupted``, never as still running.
+
+``export`` writes a ``.tar.gz`` holding ``<id>/task.json``,
+``<id>/transcript.jsonl`` (and ``transcript.torn`` if present) and
+``<id>/export.json`` (format, time, piwork version); ``--files`` adds
+``state/``, ``outputs/`` and ``uploads/``. A tarball rather than one JSON file
+so the transcript is carried byte for byte, however large, and so the same
+format can take the task's files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from piwork import __version__
+from piwork.tasks.model import ACTIVE_STATUSES, TaskStatus, iso_z, utc_now
+from piwork.tasks.store import SUBDIRS, Task, TaskStore, TaskStoreError
+from piwork.tasks.transcript import TORN_SUFFIX, TranscriptReader
+
+EXPORT_FORMAT = 1
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tasks = subparsers.add_parser("tasks", help="list, inspect, remove and export tasks")
+    sub = tasks.add_subparsers(dest="tasks_command", metavar="ACTION")
+
+    p = sub.add_parser("list", help="list tasks (stopped ones only with --all)")
+    p.add_argument("--json", action="store_true", help="print the task records as JSON")
+    p.add_argument("--all", action="store_true", help="include stopped tasks")
+    p.set_defaults(func=cmd_list)
+    tasks.set_defaults(func=cmd_list, json=False, all=False)
+
+    p = sub.add_parser("show", help="show one task (ID may be a unique prefix)")
+    p.add_argument("task_id", metavar="ID")
+    p.add_argument("--json", action="store_true", help="print the record as JSON")
+    p.add_argument("--transcript", action="store_true", help="also print the transcript")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("rm", help="delete a task and all its files")
+    p.add_argument("task_id", metavar="ID")
+    p.add_argument("--force", action="store_true", help="even if it is running or in use")
+    p.set_defaults(func=cmd_rm)
+
+    p = sub.add_parser("export", help="write a task's record and transcript to a .tar.gz")
+    p.add_argument("task_id", metavar="ID")
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="archive to write ('-' for stdout; default piwork-task-ID.tar.gz)",
+    )
+    p.add_argument(
+        "--files", action="store_true", help="also include state/, outputs/ and uploads/"
+    )
+    p.set_defaults(func=cmd_export)
+
+
+def _error(msg: str) -> int:
+    print(f"piwork tasks: {msg}", file=sys.stderr)
+    return 1
+
+
+def _open_store() -> TaskStore:
+    store = TaskStore()
+    try:
+        for task_id in store.mark_interrupted():
+            print(f"piwork tasks: task {task_id} was interrupted", file=sys.stderr)
+    except (TaskStoreError, OSError) as exc:
+        print(f"piwork tasks: start-up recovery failed: {exc}", file=sys.stderr)
+    return store
+
+
+def _print_json(obj: Any) -> None:
+    sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+def _status_text(task: Task) -> str:
+    rec = task.record
+    if rec.status is TaskStatus.STOPPED and rec.stop is not None:
+        detail = rec.stop.reason.value
+        if rec.stop.limit is not None:
+            detail += f": {rec.stop.limit.value}"
+        return f"stopped ({detail})"
+    if rec.status is TaskStatus.INTERRUPTED and rec.interrupted_from is not None:
+        return f"interrupted (was {rec.interrupted_from.value})"
+    return rec.status.value
+
+
+def _age(task: Task) -> str:
+    seconds = max(0.0, (utc_now() - task.record.updated_at).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} ago"
+    return "just now"
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        result = store.scan()
+    for problem in result.problems:
+        print(f"piwork tasks: {problem.message}", file=sys.stderr)
+    shown = [
+        t for t in reversed(result.tasks) if args.all or t.record.status is not TaskStatus.STOPPED
+    ]
+    hidden = len(result.tasks) - len(shown)
+    if args.json:
+        _print_json([t.record.to_json_dict() for t in shown])
+        return 0
+    if not shown:
+        print("no tasks" + (f" ({hidden} stopped; use --all)" if hidden else ""))
+        return 0
+    rows = [("ID", "STATUS", "UPDATED", "TITLE")]
+    rows += [(t.id, _status_text(t), _age(t), t.record.title) for t in shown]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3])
+    if hidden:
+        print(f"({hidden} stopped task(s) not shown; use --all)")
+    return 0
+
+
+def _transcript_json(task: Task) -> tuple[list[dict[str, Any]], list[str]]:
+    reader = TranscriptReader(task.transcript_path)
+    records = [{"seq": r.seq, "t": r.t, "kind": r.kind, "data": r.data} for r in reader]
+    return records, [str(p) for p in reader.problems]
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        try:
+            task = store.get(args.task_id)
+            owner = store.owner(task.id)
+        except TaskStoreError as exc:
+            return _error(str(exc))
+    problems: list[str] = []
+    if args.json:
+        out: dict[str, Any] = {"task": task.record.to_json_dict(), "dir": str(task.dir)}
+        if args.transcript:
+            out["transcript"], problems = _transcript_json(task)
+        _print_json(out)
+    else:
+        rec = task.record
+        usage = rec.usage
+        lim = rec.limits
+        lines = [
+            ("id", rec.id),
+            ("title", rec.title),
+            ("status", _status_text(task)),
+            ("created", iso_z(rec.created_at)),
+            ("updated", f"{iso_z(rec.updated_at)} ({_age(task)})"),
+            ("folder", str(rec.working_folder) if rec.working_folder else "(none yet)"),
+            ("model", rec.model or "(default)"),
+            (
+                "usage",
+                f"{usage.turns} turns, {usage.total_tokens} tokens "
+                f"({usage.input_tokens} in, {usage.output_tokens} out, "
+                f"{usage.cache_read_tokens} cache read, {usage.cache_write_tokens} cache write), "
+                f"${usage.cost_usd:.4f}, {rec.wall_seconds():.0f}s running",
+            ),
+            (
+                "limits",
+                f"turns {lim.max_turns or '∞'}, wall time "
+                f"{f'{lim.max_wall_time_seconds:.0f}s' if lim.max_wall_time_seconds else '∞'}, "
+                f"tokens {lim.max_tokens or '∞'}, cost "
+                f"{f'${lim.max_cost_usd:.2f}' if lim.max_cost_usd else '∞'}",
+            ),
+            ("dir", str(task.dir)),
+        ]
+        if rec.stop is not None and rec.stop.message:
+            lines.insert(3, ("message", rec.stop.message))
+        if owner is not None:
+            lines.append(("owner", f"process {owner.pid} on {owner.hostname} since {owner.since}"))
+        for key, value in lines:
+            print(f"{key:>8}  {value}")
+        if args.transcript:
+            print()
+            reader = TranscriptReader(task.transcript_path)
+            for r in reader:
+                data = orjson.dumps(r.data).decode() if r.data is not None else ""
+                if len(data) > 120:
+                    data = data[:119] + "…"
+                print(f"{r.seq:>6}  {r.t}  {r.kind:<18} {data}")
+            problems = [str(p) for p in reader.problems]
+    for problem in problems:
+        print(f"piwork tasks: transcript {problem}", file=sys.stderr)
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        try:
+            full = store.resolve_id(args.task_id)
+            store.rm(full, force=args.force)
+        except TaskStoreError as exc:
+            return _error(str(exc))
+    print(f"removed task {full}")
+    return 0
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = int(time.time())
+    info.mode = 0o600
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_export(task: Task, out: IO[bytes], *, files: bool = False) -> None:
+    """Write the export tarball for ``task`` to the binary stream ``out``."""
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        meta = {
+            "format": EXPORT_FORMAT,
+            "exportedAt": iso_z(utc_now()),
+            "piwork": __version__,
+            "taskId": task.id,
+        }
+        _add_bytes(tar, f"{task.id}/export.json", orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+        _add_bytes(
+            tar,
+            f"{task.id}/task.json",
+            orjson.dumps(task.record.to_json_dict(), option=orjson.OPT_INDENT_2),
+        )
+        for path in (task.transcript_path, task.transcript_path.with_suffix(TORN_SUFFIX)):
+            if path.exists():
+                tar.add(path, arcname=f"{task.id}/{path.name}", recursive=False)
+        if files:
+            for sub in SUBDIRS:
+                if (task.dir / sub).is_dir():
+                    tar.add(task.dir / sub, arcname=f"{task.id}/{sub}")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    with _open_store() as store:
+        try:
+            task = store.get(args.task_id)
+        except TaskStoreError as exc:
+            return _error(str(exc))
+    if task.record.status in ACTIVE_STATUSES:
+        print(
+            f"piwork tasks: note: task {task.id} is {task.record.status.value}; "
+            "the export is a snapshot",
+            file=sys.stderr,
+        )
+    if args.output == "-":
+        write_export(task, sys.stdout.buffer, files=args.files)
+        sys.stdout.buffer.flush()
+        return 0
+    target = Path(args.output or f"piwork-task-{task.id}.tar.gz").expanduser()
+    # Write beside the target and rename, so a failed export leaves no half archive.
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write_export(task, fh, files=args.files)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        return _error(f"cannot write {target}: {exc.strerror or exc}")
+    print(f"exported task {task.id} to {target}")
+    return 0

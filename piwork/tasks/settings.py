@@ -1,0 +1,86 @@
+"""Task defaults from the user's ``settings.json``.
+
+The file is shared with other parts of piwork; tasks read only their section::
+
+    {"tasks": {"defaultLimits": {"maxTurns": 100, "maxWallTimeSeconds": 7200,
+                                 "maxTokens": 10000000, "maxCostUsd": null}}}
+
+A key left out keeps the built-in default; an explicit ``null`` means
+unlimited. A missing file means all built-in defaults; a broken one is an
+error that names the file and the bad key, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+from piwork.config import get_paths
+from piwork.tasks.model import Limits
+
+SECTION = "tasks"
+
+#: Built-in defaults: generous enough for real work, small enough that a
+#: looping agent stops on its own within a couple of hours.
+DEFAULT_LIMITS = Limits(
+    max_turns=100,
+    max_wall_time_seconds=2 * 3600,
+    max_tokens=10_000_000,
+    max_cost_usd=None,
+)
+
+
+class SettingsError(ValueError):
+    """settings.json cannot be used. ``str()`` names the file and what is wrong."""
+
+
+class TaskSettings(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    default_limits: Limits = Field(default_factory=lambda: DEFAULT_LIMITS.model_copy())
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in (SECTION, *err["loc"]))
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_task_settings(path: Path | None = None) -> TaskSettings:
+    """Read the ``tasks`` section of ``settings.json`` (default: ``get_paths().settings_file``)."""
+    path = path if path is not None else get_paths().settings_file
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return TaskSettings()
+    except OSError as exc:
+        raise SettingsError(f"cannot read settings file {path}: {exc.strerror}") from exc
+    try:
+        doc = orjson.loads(raw) if raw.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise SettingsError(f"settings file {path} is not valid JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise SettingsError(f"settings file {path} must hold a JSON object")
+    section = doc.get(SECTION, {})
+    if not isinstance(section, dict):
+        raise SettingsError(f"settings file {path}: '{SECTION}' must be an object")
+    merged: dict[str, Any] = dict(section)
+    limits = section.get("defaultLimits")
+    if limits is not None:
+        if not isinstance(limits, dict):
+            raise SettingsError(
+                f"settings file {path}: '{SECTION}.defaultLimits' must be an object"
+            )
+        merged["defaultLimits"] = {**DEFAULT_LIMITS.model_dump(by_alias=True), **limits}
+    try:
+        return TaskSettings.model_validate(merged)
+    except ValidationError as exc:
+        raise SettingsError(
+            f"settings file {path} has invalid task settings:\n{_describe(exc)}"
+        ) from exc

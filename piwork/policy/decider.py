@@ -1,0 +1,269 @@
+"""Deciding permission requests from the policy, and recording people's answers.
+
+The runner's loop, in short::
+
+    req = parse_request(msg)                      # None: not the gate's
+    d = decider.decide(req, ctx)
+    if d.verdict is Verdict.ASK:
+        choice = await front_end.ask(req)         # or record_cancelled() on stop
+        d = decider.record_answer(req, choice, ctx)
+    send(build_reply(req.request_id, d.reply_choice))
+
+``decide`` audits the decisions rules make; ``record_answer`` audits the
+person's and persists "Always allow" as rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from piwork.policy.audit import AuditEntry, AuditLog, DecidedBy
+from piwork.policy.request import Choice, PermissionRequest
+from piwork.policy.rules import (
+    COMMAND_PATTERN_PREFIX,
+    Action,
+    Rule,
+    Scope,
+    Target,
+    TaskContext,
+    Verdict,
+    winning_rule,
+)
+from piwork.policy.store import PolicyStore
+
+MAX_RULES_PER_ANSWER = 20
+
+
+@dataclass(frozen=True)
+class TargetDecision:
+    target: Target
+    verdict: Verdict
+    rule: Rule | None
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    rule: Rule | None
+    """The deciding rule (for deny: the denying one; for ask: the first asking one,
+    None when nothing matched). For a person's answer: the first rule created, if any."""
+    reason: str
+    targets: tuple[TargetDecision, ...] = ()
+    decided_by: str = DecidedBy.RULE
+    created_rules: tuple[Rule, ...] = field(default_factory=tuple)
+
+    @property
+    def reply_choice(self) -> Choice:
+        """What to send back to the gate for an allow/deny decision."""
+        if self.verdict is Verdict.ALLOW:
+            return Choice.ALLOW_ONCE
+        if self.verdict is Verdict.DENY:
+            return Choice.DENY
+        raise ValueError("an 'ask' decision has no reply: ask the person first")
+
+
+def combine(decisions: Sequence[TargetDecision]) -> tuple[Verdict, Rule | None]:
+    """Deny if any target is denied, ask if any is asked or unmatched, else allow."""
+    for d in decisions:
+        if d.verdict is Verdict.DENY:
+            return Verdict.DENY, d.rule
+    for d in decisions:
+        if d.verdict is Verdict.ASK:
+            return Verdict.ASK, d.rule
+    return Verdict.ALLOW, decisions[0].rule if decisions else None
+
+
+def _unique_targets(request: PermissionRequest) -> list[Target]:
+    seen: set[Target] = set()
+    out: list[Target] = []
+    for t in request.targets:
+        if t not in seen:
+            seen.add(t)
+            out.append(t)
+    return out
+
+
+def persist_pattern(target: Target) -> tuple[bool, str | None]:
+    """The pattern an "Always allow" answer stores for this target.
+
+    Returns ``(persistable, pattern)``. Deliberately narrow: a domain, the exact
+    command, the exact path; only in-scope writes/reads are action-wide.
+    """
+    a = target.action
+    if a in (Action.READ, Action.WRITE):
+        return True, None
+    if a is Action.NETWORK:
+        if target.domain:
+            return True, target.domain
+        if target.command:
+            return True, COMMAND_PATTERN_PREFIX + target.command
+        return False, None
+    if a is Action.SHELL:
+        return (True, target.command) if target.command else (False, None)
+    if a is Action.CONNECTOR:
+        return (True, target.tool) if target.tool else (False, None)
+    # delete, move, outside-scope: the exact path; unknown paths cannot be remembered
+    return (True, target.path) if target.path else (False, None)
+
+
+class Decider:
+    def __init__(self, store: PolicyStore | None = None, audit: AuditLog | None = None) -> None:
+        self.store = store if store is not None else PolicyStore()
+        self.audit = audit if audit is not None else AuditLog()
+
+    # -- deciding --------------------------------------------------------
+
+    def evaluate(self, request: PermissionRequest, ctx: TaskContext) -> Decision:
+        """Judge ``request`` without auditing (for previews and tests)."""
+        rules = self.store.effective_rules()
+        decisions = tuple(
+            TargetDecision(t, r.verdict if r else Verdict.ASK, r)
+            for t in _unique_targets(request)
+            for r in [winning_rule(rules, t, ctx)]
+        )
+        verdict, rule = combine(decisions)
+        if verdict is Verdict.ASK:
+            reason = (
+                f"rule {rule.describe()}" if rule else "no rule matches"
+            ) + f": ask about {request.action.value}"
+        else:
+            deciding = [d for d in decisions if d.verdict is verdict]
+            reason = "; ".join(
+                f"{d.target.action.value} {d.target.describe()}: "
+                + (d.rule.describe() if d.rule else "?")
+                for d in deciding[:5]
+            )
+        return Decision(verdict, rule, reason, decisions, DecidedBy.RULE)
+
+    def decide(self, request: PermissionRequest, ctx: TaskContext) -> Decision:
+        """Allow, deny or ask. Allow and deny are audited as decided by a rule."""
+        decision = self.evaluate(request, ctx)
+        if decision.verdict is not Verdict.ASK:
+            self._audit(request, ctx, decision.verdict.value, DecidedBy.RULE, decision.rule, None)
+        return decision
+
+    # -- answers ---------------------------------------------------------
+
+    def record_answer(
+        self,
+        request: PermissionRequest,
+        choice: Choice | str,
+        ctx: TaskContext,
+        *,
+        decided_by: str = DecidedBy.PERSON,
+        patterns: dict[Target, str | None] | None = None,
+    ) -> Decision:
+        """Record the answer to an asked request: persist "Always allow" rules and audit.
+
+        "Always allow in this folder" makes folder-scoped rules (task-scoped when
+        the task has no working folder); "everywhere" makes global ones. One rule
+        per target that was not already allowed, with the pattern from
+        ``persist_pattern`` unless ``patterns`` overrides it (a front end that lets
+        the person widen or narrow it).
+        """
+        choice = Choice(choice)
+        created: list[Rule] = []
+        if choice.persists:
+            scope = self._scope_for(choice, ctx)
+            current = self.evaluate(request, ctx)
+            for td in current.targets:
+                if td.verdict is Verdict.ALLOW:
+                    continue
+                if patterns is not None and td.target in patterns:
+                    ok, pattern = True, patterns[td.target]
+                else:
+                    ok, pattern = persist_pattern(td.target)
+                if not ok:
+                    continue
+                rule = Rule(
+                    action=td.target.action,
+                    verdict=Verdict.ALLOW,
+                    scope=scope,
+                    pattern=pattern,
+                    note=f"{choice.value} ({request.tool}, task {ctx.task_id or '-'})",
+                )
+                if all(rule.key != r.key for r in created):
+                    created.append(rule)
+            created = created[:MAX_RULES_PER_ANSWER]
+            if created:
+                self.store.add_many(created)
+        verdict = Verdict.ALLOW if choice.allows else Verdict.DENY
+        first = created[0] if created else None
+        self._audit(request, ctx, verdict.value, decided_by, first, choice.value)
+        reason = f"{decided_by}: {choice.value}"
+        if created:
+            reason += "; new rules: " + ", ".join(r.describe() for r in created)
+        return Decision(
+            verdict, first, reason, (), decided_by=decided_by, created_rules=tuple(created)
+        )
+
+    def record_cancelled(
+        self, request: PermissionRequest, ctx: TaskContext, why: str = "stopped"
+    ) -> None:
+        """Audit a dialog answered ``cancelled`` because the task stopped or aborted."""
+        self._audit(request, ctx, "cancelled", DecidedBy.CANCELLED, None, why)
+
+    # -- helpers ---------------------------------------------------------
+
+    @staticmethod
+    def _scope_for(choice: Choice, ctx: TaskContext) -> Scope:
+        if choice is Choice.ALWAYS_EVERYWHERE:
+            return Scope.global_()
+        if ctx.working_folder is not None:
+            return Scope.folder(ctx.working_folder)
+        if ctx.task_id is not None:
+            return Scope.task(ctx.task_id)
+        return Scope.global_()
+
+    def _audit(
+        self,
+        request: PermissionRequest,
+        ctx: TaskContext,
+        decision: str,
+        decided_by: str,
+        rule: Rule | None,
+        choice: str | None,
+    ) -> None:
+        targets = tuple(f"{t.action.value}:{t.describe()}" for t in _unique_targets(request))
+        main = next((t for t in request.targets if t.action is request.action), None)
+        self.audit.append(
+            AuditEntry(
+                task=ctx.task_id or request.task_id,
+                action=request.action.value,
+                target=main.describe() if main else request.summary,
+                decision=decision,
+                decided_by=decided_by,
+                rule=rule.id if rule else None,
+                choice=choice,
+                tool=request.tool,
+                tool_call_id=request.tool_call_id,
+                request_id=request.request_id,
+                command=request.command,
+                targets=targets,
+            )
+        )
+
+
+def decide(
+    request: PermissionRequest,
+    task_ctx: TaskContext,
+    *,
+    store: PolicyStore | None = None,
+    audit: AuditLog | None = None,
+) -> Decision:
+    """Module-level convenience over ``Decider(store, audit).decide``."""
+    return Decider(store, audit).decide(request, task_ctx)
+
+
+def record_answer(
+    request: PermissionRequest,
+    choice: Choice | str,
+    task_ctx: TaskContext,
+    *,
+    decided_by: str = DecidedBy.PERSON,
+    store: PolicyStore | None = None,
+    audit: AuditLog | None = None,
+) -> Decision:
+    """Module-level convenience over ``Decider(store, audit).record_answer``."""
+    return Decider(store, audit).record_answer(request, choice, task_ctx, decided_by=decided_by)

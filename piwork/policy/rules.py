@@ -202,6 +202,26 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     _default(Action.NETWORK, Verdict.ASK, "network asks on first use per domain"),
     _default(Action.SHELL, Verdict.ASK, "commands with unknown side effects ask"),
     _default(Action.CONNECTOR, Verdict.ASK, "other tools ask"),
+    # Writes that make later "harmless" git commands run code (hooks, config
+    # such as core.fsmonitor/core.pager): asked, although in scope.
+    Rule(
+        action=Action.WRITE,
+        verdict=Verdict.ASK,
+        pattern="**/.git/hooks/**",
+        id="default-write-git-hooks",
+        created="",
+        source=RuleSource.DEFAULT,
+        note="git hooks run code on commit/checkout",
+    ),
+    Rule(
+        action=Action.WRITE,
+        verdict=Verdict.ASK,
+        pattern="**/.git/config",
+        id="default-write-git-config",
+        created="",
+        source=RuleSource.DEFAULT,
+        note="git config can name commands to run",
+    ),
 )
 
 

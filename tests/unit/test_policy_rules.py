@@ -54,6 +54,13 @@ class TestDefaults:
     def test_defaults(self, action: Action, expected: Verdict) -> None:
         assert verdict([], Target(action=action)) is expected
 
+    def test_writes_to_git_hooks_and_config_ask(self) -> None:
+        hook = Target(Action.WRITE, path="/mnt/work/.git/hooks/pre-commit")
+        assert verdict([], hook) is Verdict.ASK
+        assert verdict([], Target(Action.WRITE, path="/mnt/work/sub/.git/config")) is Verdict.ASK
+        assert verdict([], Target(Action.WRITE, path="/mnt/work/.git/index")) is Verdict.ALLOW
+        assert verdict([], Target(Action.WRITE, path="/mnt/work/hooks/x")) is Verdict.ALLOW
+
     def test_any_user_rule_beats_a_default(self) -> None:
         assert verdict([rule(Action.DELETE, Verdict.ALLOW)], delete()) is Verdict.ALLOW
         assert verdict([rule(Action.WRITE, Verdict.DENY)], Target(Action.WRITE)) is Verdict.DENY

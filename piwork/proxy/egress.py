@@ -1,0 +1,478 @@
+"""The egress proxy: the VM's only way to the internet, one domain at a time.
+
+The VM's slirp network runs with ``restrict=on``, so nothing leaves it except
+through ``guestfwd`` entries. One of them (``10.0.2.101:3128`` in the guest)
+leads here, and the guest's ``HTTP_PROXY``/``HTTPS_PROXY`` point at it. The
+proxy speaks just enough HTTP/1.1 for that job:
+
+* ``CONNECT host:port`` (HTTPS and anything else): a byte tunnel; TLS stays
+  end to end, the proxy sees only the destination name;
+* absolute-form requests (``GET http://host/path``): relayed to the origin
+  with ``Connection: close``, one request per connection.
+
+Before connecting anywhere it asks ``domain_policy(host, port)`` (the
+runner's bridge to the policy store, which may ask the person). A denial is
+a ``403`` with a plain-text reason the model can read (curl prints it for
+plain HTTP; for CONNECT the reason phrase carries it). Destinations that
+resolve to loopback, private or link-local addresses are refused unless
+``allow_private_networks``: otherwise an allowed name could reach the host's
+own services (the model gateway, a database) through DNS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import re
+import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+DomainPolicy = Callable[[str, int], Awaitable[bool]]
+"""``(host, port) -> allowed?``; may take as long as the person takes to answer."""
+
+GUEST_PROXY_URL = "http://10.0.2.101:3128"
+GUEST_GATEWAY_HOST = "10.0.2.100"
+
+_HEADER_LIMIT = 64 * 1024
+_BUF = 64 * 1024
+_HOST_RE = re.compile(
+    r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+_REQUEST_DROP = frozenset(
+    {
+        "proxy-connection",
+        "proxy-authorization",
+        "connection",
+        "keep-alive",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+
+
+def guest_proxy_env(
+    proxy_url: str = GUEST_PROXY_URL, no_proxy: tuple[str, ...] = (GUEST_GATEWAY_HOST,)
+) -> dict[str, str]:
+    """Environment for pi (and its tools) in the guest.
+
+    The model gateway must stay in ``NO_PROXY``: pi honours ``HTTPS_PROXY``
+    and would otherwise send its model traffic to the egress proxy.
+    """
+    bypass = ",".join(("localhost", "127.0.0.1", *no_proxy))
+    return {
+        "HTTP_PROXY": proxy_url,
+        "HTTPS_PROXY": proxy_url,
+        "http_proxy": proxy_url,
+        "https_proxy": proxy_url,
+        "NO_PROXY": bypass,
+        "no_proxy": bypass,
+    }
+
+
+@dataclass(frozen=True)
+class EgressDecision:
+    """One destination check, for the runner's transcript/audit."""
+
+    host: str
+    port: int
+    method: str
+    allowed: bool
+    reason: str
+
+
+class _Refusal(Exception):
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+def normalize_host(host: str) -> str:
+    """Lowercase, no trailing dot, IDNA-encoded; IP literals unbracketed.
+
+    Raises ValueError for anything that is not a plausible host name, so the
+    policy is never asked about junk like ``evil.com@good.com``.
+    """
+    h = host.strip()
+    if h.startswith("[") and h.endswith("]"):
+        h = h[1:-1]
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(h))
+    h = h.rstrip(".").lower()
+    try:
+        h = h.encode("idna").decode("ascii")
+    except UnicodeError as exc:
+        raise ValueError(f"invalid host name {host!r}") from exc
+    if not h or len(h) > 253 or not _HOST_RE.match(h):
+        raise ValueError(f"invalid host name {host!r}")
+    return h
+
+
+def _split_host_port(authority: str, default_port: int) -> tuple[str, int]:
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise ValueError(f"bad address {authority!r}")
+        host, rest = authority[: end + 1], authority[end + 1 :]
+        port_s = rest[1:] if rest.startswith(":") else ""
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"bad address {authority!r}")
+    elif authority.count(":") == 1:
+        host, port_s = authority.split(":")
+    else:
+        host, port_s = authority, ""
+    port = int(port_s) if port_s else default_port
+    if not 0 < port < 65536:
+        raise ValueError(f"bad port in {authority!r}")
+    return normalize_host(host), port
+
+
+def _is_public(addr: str) -> bool:
+    ip = ipaddress.ip_address(addr)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast
+
+
+class EgressProxy:
+    """HTTP forward proxy on loopback that applies a per-domain policy.
+
+    ``cache_decisions`` remembers each (host, port) answer for this proxy's
+    life (one task run), so the person is asked once per destination; while
+    a question is pending, further connections to the same place wait for
+    that same answer instead of asking again.
+    """
+
+    def __init__(
+        self,
+        domain_policy: DomainPolicy,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        cache_decisions: bool = True,
+        allow_private_networks: bool = False,
+        connect_timeout: float = 15.0,
+        header_timeout: float = 30.0,
+        on_decision: Callable[[EgressDecision], None] | None = None,
+    ) -> None:
+        self._policy = domain_policy
+        self._host = host
+        self._want_port = port
+        self._port: int | None = None
+        self._cache = cache_decisions
+        self._allow_private = allow_private_networks
+        self._connect_timeout = connect_timeout
+        self._header_timeout = header_timeout
+        self._on_decision = on_decision
+        self._decisions: dict[tuple[str, int], asyncio.Future[bool]] = {}
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- lifecycle --------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("EgressProxy is not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    async def start(self) -> None:
+        if self._server is not None:
+            return
+        self._server = await asyncio.start_server(
+            self._on_client, self._host, self._want_port, limit=_HEADER_LIMIT
+        )
+        self._port = int(self._server.sockets[0].getsockname()[1])
+        log.info("egress proxy listening on %s:%s", self._host, self._port)
+
+    async def close(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 2.0)
+
+    async def __aenter__(self) -> EgressProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- policy -----------------------------------------------------------------
+
+    async def _allowed(self, host: str, port: int) -> bool:
+        key = (host, port)
+        fut = self._decisions.get(key)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._decisions[key] = fut
+        try:
+            allowed = bool(await self._policy(host, port))
+        except Exception as exc:
+            log.warning("network policy check for %s:%s failed: %s", host, port, exc)
+            allowed = False
+            fut.set_result(False)
+            del self._decisions[key]  # don't remember a failure
+            return allowed
+        except BaseException:
+            fut.cancel()
+            del self._decisions[key]
+            raise
+        fut.set_result(allowed)
+        if not self._cache:
+            del self._decisions[key]
+        return allowed
+
+    def _record(self, host: str, port: int, method: str, allowed: bool, reason: str) -> None:
+        log.info(
+            "egress %s %s:%s -> %s (%s)", method, host, port, "allow" if allowed else "deny", reason
+        )
+        if self._on_decision is not None:
+            try:
+                self._on_decision(EgressDecision(host, port, method, allowed, reason))
+            except Exception:
+                log.exception("egress decision callback failed")
+
+    async def _open(
+        self, host: str, port: int, method: str
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if not await self._allowed(host, port):
+            self._record(host, port, method, False, "policy")
+            raise _Refusal(
+                403,
+                f"Forbidden by piwork network policy: {host}",
+                f"piwork: network access to {host}:{port} is not allowed by the network "
+                "policy for this task. Ask the person to allow this domain (or run piwork "
+                f"with --allow-net {host}).\n",
+            )
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), self._connect_timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            self._record(host, port, method, False, "dns")
+            raise _Refusal(
+                502, "Bad Gateway", f"piwork egress proxy: cannot resolve {host}: {exc}\n"
+            ) from exc
+        addrs = [str(info[4][0]) for info in infos]
+        if not self._allow_private:
+            private = [a for a in addrs if not _is_public(a)]
+            if private:
+                self._record(host, port, method, False, "private address")
+                raise _Refusal(
+                    403,
+                    f"Forbidden by piwork: {host} is a local address",
+                    f"piwork: {host} resolves to a local or private address ({private[0]}); "
+                    "the sandbox may only reach public internet hosts.\n",
+                )
+        last: Exception | None = None
+        for addr in dict.fromkeys(addrs):  # connect to what was vetted, not a re-resolve
+            try:
+                conn = await asyncio.wait_for(
+                    asyncio.open_connection(addr, port, limit=_BUF), self._connect_timeout
+                )
+            except (OSError, TimeoutError) as exc:
+                last = exc
+                continue
+            self._record(host, port, method, True, "policy")
+            return conn
+        self._record(host, port, method, False, "connect failed")
+        raise _Refusal(
+            504 if isinstance(last, TimeoutError) else 502,
+            "Bad Gateway",
+            f"piwork egress proxy: cannot connect to {host}:{port}: {last or 'no address'}\n",
+        )
+
+    # --- connections ----------------------------------------------------------
+
+    def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.create_task(self._serve(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._header_timeout)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
+                return
+            try:
+                await self._dispatch(head, reader, writer)
+            except _Refusal as refusal:
+                await self._refuse(writer, refusal)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("egress proxy connection failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _dispatch(
+        self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        try:
+            text = head.decode("latin-1")
+            request_line, *header_lines = text.split("\r\n")
+            method, target, version = request_line.split(" ")
+        except ValueError as exc:
+            raise _Refusal(400, "Bad Request", "piwork egress proxy: malformed request\n") from exc
+        if not version.startswith("HTTP/1."):
+            raise _Refusal(400, "Bad Request", "piwork egress proxy: HTTP/1.x only\n")
+        headers: list[tuple[str, str]] = []
+        for line in header_lines:
+            if not line:
+                continue
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise _Refusal(400, "Bad Request", "piwork egress proxy: malformed header\n")
+            headers.append((name, value.strip()))
+
+        if method.upper() == "CONNECT":
+            try:
+                host, port = _split_host_port(target, 443)
+            except ValueError as exc:
+                raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
+            up_reader, up_writer = await self._open(host, port, "CONNECT")
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await writer.drain()
+            await self._pipe_both(reader, writer, up_reader, up_writer)
+            return
+
+        if not target.lower().startswith("http://"):
+            hint = (
+                "use CONNECT for https"
+                if target.lower().startswith("https://")
+                else ("this is a proxy; send absolute URLs (http://host/path)")
+            )
+            raise _Refusal(400, "Bad Request", f"piwork egress proxy: {hint}\n")
+        rest = target[7:]
+        slash = rest.find("/")
+        authority, path = (rest, "/") if slash < 0 else (rest[:slash], rest[slash:])
+        if "@" in authority:
+            raise _Refusal(400, "Bad Request", "piwork egress proxy: credentials in URL refused\n")
+        try:
+            host, port = _split_host_port(authority, 80)
+        except ValueError as exc:
+            raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
+        up_reader, up_writer = await self._open(host, port, method)
+        out = [f"{method} {path} {version}"]
+        has_host = False
+        for name, value in headers:
+            lname = name.lower()
+            if lname in _REQUEST_DROP:
+                continue
+            if lname == "host":
+                has_host = True
+            out.append(f"{name}: {value}")
+        if not has_host:
+            out.append(f"Host: {authority}")
+        out.append("Connection: close")
+        up_writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
+        await up_writer.drain()
+        await self._pipe_both(reader, writer, up_reader, up_writer, close_response=True)
+
+    async def _refuse(self, writer: asyncio.StreamWriter, refusal: _Refusal) -> None:
+        body = refusal.message.encode("utf-8")
+        reason = refusal.reason.encode("ascii", "replace").decode("ascii")
+        head = (
+            f"HTTP/1.1 {refusal.status} {reason}\r\n"
+            "Content-Type: text/plain; charset=utf-8\r\n"
+            f"Content-Length: {len(body)}\r\n"
+            "X-Piwork-Egress: refused\r\n"
+            "Connection: close\r\n\r\n"
+        ).encode("ascii")
+        with contextlib.suppress(ConnectionError):
+            writer.write(head + body)
+            await writer.drain()
+
+    async def _pipe_both(
+        self,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+        u_reader: asyncio.StreamReader,
+        u_writer: asyncio.StreamWriter,
+        *,
+        close_response: bool = False,
+    ) -> None:
+        """Copy both ways until both sides are done, honouring half-closes."""
+        try:
+            down = (
+                self._pipe_response_closing(u_reader, c_writer)
+                if close_response
+                else self._pipe(u_reader, c_writer)
+            )
+            up = asyncio.create_task(self._pipe(c_reader, u_writer))
+            try:
+                await down
+            finally:
+                # The origin finished (or failed): nothing more to send it.
+                up.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError):
+                    await up
+        finally:
+            u_writer.close()
+            with contextlib.suppress(Exception):
+                await u_writer.wait_closed()
+
+    @staticmethod
+    async def _pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while chunk := await src.read(_BUF):
+                dst.write(chunk)
+                await dst.drain()
+            if dst.can_write_eof():
+                dst.write_eof()
+
+    @staticmethod
+    async def _pipe_response_closing(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        """Relay an origin's response, forcing ``Connection: close`` in its head."""
+        with contextlib.suppress(ConnectionError):
+            try:
+                head = await src.readuntil(b"\r\n\r\n")
+            except asyncio.IncompleteReadError as exc:
+                dst.write(exc.partial)
+                await dst.drain()
+                return
+            except asyncio.LimitOverrunError:
+                head = b""
+            if head:
+                lines = head.decode("latin-1").split("\r\n")
+                kept = [
+                    ln
+                    for ln in lines[1:]
+                    if ln
+                    and ln.split(":", 1)[0].strip().lower()
+                    not in ("connection", "keep-alive", "proxy-connection")
+                ]
+                dst.write(
+                    ("\r\n".join([lines[0], *kept, "Connection: close"]) + "\r\n\r\n").encode(
+                        "latin-1"
+                    )
+                )
+            while chunk := await src.read(_BUF):
+                dst.write(chunk)
+                await dst.drain()
+
+
+__all__ = ["DomainPolicy", "EgressDecision", "EgressProxy", "guest_proxy_env", "normalize_host"]

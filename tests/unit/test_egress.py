@@ -1,0 +1,233 @@
+"""The egress proxy: per-domain allow/deny for plain HTTP and CONNECT tunnels."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from piwork.proxy.egress import EgressDecision, EgressProxy, guest_proxy_env, normalize_host
+
+
+@dataclass
+class Policy:
+    allowed: set[str] = field(default_factory=set)
+    asked: list[tuple[str, int]] = field(default_factory=list)
+    delay: float = 0.0
+
+    async def __call__(self, host: str, port: int) -> bool:
+        self.asked.append((host, port))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        return host in self.allowed
+
+
+@dataclass
+class Origin:
+    """A plain HTTP server and a TCP echo server on loopback."""
+
+    http_port: int
+    echo_port: int
+    requests: list[tuple[str, str, dict[str, str]]]
+    echo_connections: list[int]
+
+
+@pytest.fixture
+async def origin() -> AsyncIterator[Origin]:
+    requests: list[tuple[str, str, dict[str, str]]] = []
+    echo_connections: list[int] = []
+
+    async def hello(request: web.Request) -> web.Response:
+        requests.append((request.method, request.path_qs, dict(request.headers)))
+        body = await request.read()
+        return web.Response(text=f"hello from origin; got {len(body)} bytes")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hello)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        echo_connections.append(1)
+        while data := await reader.read(1024):
+            writer.write(data.upper())
+            await writer.drain()
+        writer.close()
+
+    echo_server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    echo_port = echo_server.sockets[0].getsockname()[1]
+    yield Origin(http_port, echo_port, requests, echo_connections)
+    echo_server.close()
+    await runner.cleanup()
+
+
+async def connect_via(
+    proxy: EgressProxy, target: str
+) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+    writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    await writer.drain()
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    return head, reader, writer
+
+
+# --- plain HTTP ------------------------------------------------------------------
+
+
+async def test_allowed_plain_http_is_relayed_in_origin_form(origin: Origin) -> None:
+    policy = Policy(allowed={"localhost"})
+    async with (
+        EgressProxy(policy, allow_private_networks=True) as proxy,
+        aiohttp.ClientSession() as client,
+        client.post(
+            f"http://localhost:{origin.http_port}/path?q=1",
+            data=b"x" * 10,
+            proxy=proxy.url,
+            headers={"Proxy-Authorization": "Basic c2VjcmV0"},
+        ) as resp,
+    ):
+        assert resp.status == 200
+        assert await resp.text() == "hello from origin; got 10 bytes"
+        assert resp.headers["Connection"] == "close"
+    [(method, path, headers)] = origin.requests
+    assert (method, path) == ("POST", "/path?q=1")
+    assert headers["Host"] == f"localhost:{origin.http_port}"
+    assert "Proxy-Authorization" not in headers
+    assert policy.asked == [("localhost", origin.http_port)]
+
+
+async def test_denied_plain_http_is_403_with_a_readable_reason(origin: Origin) -> None:
+    policy = Policy()
+    decisions: list[EgressDecision] = []
+    async with (
+        EgressProxy(policy, allow_private_networks=True, on_decision=decisions.append) as proxy,
+        aiohttp.ClientSession() as client,
+        client.get(f"http://localhost:{origin.http_port}/", proxy=proxy.url) as resp,
+    ):
+        assert resp.status == 403
+        text = await resp.text()
+    assert "network access to localhost" in text
+    assert "not allowed by the network policy" in text
+    assert "--allow-net localhost" in text
+    assert origin.requests == []
+    assert [(d.host, d.allowed, d.reason) for d in decisions] == [("localhost", False, "policy")]
+
+
+async def test_https_absolute_form_and_origin_form_are_bad_requests() -> None:
+    async with EgressProxy(Policy(allowed={"example.com"})) as proxy:
+        for target in ("https://example.com/", "/just/a/path"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+            writer.write(f"GET {target} HTTP/1.1\r\nHost: example.com\r\n\r\n".encode())
+            response = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            assert response.startswith(b"HTTP/1.1 400 "), response
+
+
+# --- CONNECT -----------------------------------------------------------------------
+
+
+async def test_allowed_connect_tunnels_bytes_both_ways(origin: Origin) -> None:
+    policy = Policy(allowed={"localhost"})
+    async with EgressProxy(policy, allow_private_networks=True) as proxy:
+        head, reader, writer = await connect_via(proxy, f"localhost:{origin.echo_port}")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        writer.write(b"ping")
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readexactly(4), 5) == b"PING"
+        writer.write_eof()  # half-close: the echo server finishes, tunnel ends
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+    assert policy.asked == [("localhost", origin.echo_port)]
+
+
+async def test_denied_connect_is_403_and_never_connects(origin: Origin) -> None:
+    async with EgressProxy(Policy(), allow_private_networks=True) as proxy:
+        head, reader, writer = await connect_via(proxy, f"localhost:{origin.echo_port}")
+        body = await asyncio.wait_for(reader.read(), 5)
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 403 Forbidden by piwork network policy: localhost")
+    assert b"not allowed by the network policy" in body
+    assert origin.echo_connections == []
+
+
+async def test_loopback_is_refused_by_default_even_when_policy_allows(origin: Origin) -> None:
+    async with EgressProxy(Policy(allowed={"localhost", "127.0.0.1"})) as proxy:
+        for target in (f"localhost:{origin.echo_port}", f"127.0.0.1:{origin.echo_port}"):
+            head, reader, writer = await connect_via(proxy, target)
+            body = await asyncio.wait_for(reader.read(), 5)
+            writer.close()
+            assert head.startswith(b"HTTP/1.1 403 "), head
+            assert b"local or private address" in body
+    assert origin.echo_connections == []
+
+
+async def test_decision_is_asked_once_even_for_concurrent_connections(origin: Origin) -> None:
+    policy = Policy(allowed={"localhost"}, delay=0.2)
+    async with EgressProxy(policy, allow_private_networks=True) as proxy:
+        results = await asyncio.gather(
+            *(connect_via(proxy, f"localhost:{origin.echo_port}") for _ in range(3))
+        )
+        for head, _, writer in results:
+            assert head.startswith(b"HTTP/1.1 200 ")
+            writer.close()
+        head, _, writer = await connect_via(proxy, f"localhost:{origin.echo_port}")
+        assert head.startswith(b"HTTP/1.1 200 ")
+        writer.close()
+    assert policy.asked == [("localhost", origin.echo_port)]
+
+
+async def test_without_cache_every_connection_asks(origin: Origin) -> None:
+    policy = Policy(allowed={"localhost"})
+    async with EgressProxy(policy, allow_private_networks=True, cache_decisions=False) as proxy:
+        for _ in range(2):
+            head, _, writer = await connect_via(proxy, f"localhost:{origin.echo_port}")
+            assert head.startswith(b"HTTP/1.1 200 ")
+            writer.close()
+    assert len(policy.asked) == 2
+
+
+async def test_failing_policy_denies(origin: Origin) -> None:
+    async def broken(host: str, port: int) -> bool:
+        raise RuntimeError("policy store unavailable")
+
+    async with EgressProxy(broken, allow_private_networks=True) as proxy:
+        head, _, writer = await connect_via(proxy, f"localhost:{origin.echo_port}")
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 403 ")
+    assert origin.echo_connections == []
+
+
+async def test_junk_host_is_refused_without_asking() -> None:
+    policy = Policy(allowed={"good.com"})
+    async with EgressProxy(policy) as proxy:
+        head, _, writer = await connect_via(proxy, "evil.com@good.com:443")
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 400 ")
+    assert policy.asked == []
+
+
+# --- helpers -------------------------------------------------------------------------
+
+
+def test_normalize_host() -> None:
+    assert normalize_host("Example.COM.") == "example.com"
+    assert normalize_host("bücher.de") == "xn--bcher-kva.de"
+    assert normalize_host("[::1]") == "::1"
+    assert normalize_host("10.0.0.1") == "10.0.0.1"
+    for junk in ("a b.com", "evil.com/x", "", "-bad.com"):
+        with pytest.raises(ValueError):
+            normalize_host(junk)
+
+
+def test_guest_env_keeps_the_model_gateway_off_the_proxy() -> None:
+    env = guest_proxy_env()
+    assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://10.0.2.101:3128"
+    assert "10.0.2.100" in env["NO_PROXY"].split(",")
+    assert env["no_proxy"] == env["NO_PROXY"]

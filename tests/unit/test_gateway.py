@@ -1,0 +1,860 @@
+"""The model gateway, against fake providers on loopback.
+
+Each fake upstream records exactly what reached it, so the tests can check
+that the real key was added, the guest's placeholder removed, and that a
+streamed answer passes through as it is produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from yarl import URL
+
+from piwork.config import repo_root
+from piwork.models.providers import (
+    GUEST_PLACEHOLDER_KEY,
+    ModelCost,
+    ModelSpec,
+    Provider,
+    demo_provider,
+    render_guest_models_json,
+)
+from piwork.proxy.gateway import ModelGateway, UsageRecord
+
+OPENAI_KEY = "sk-test-openai-REAL-0123456789abcdef"
+ANTHROPIC_KEY = "sk-ant-api03-REAL-fedcba9876543210"
+GOOGLE_KEY = "AIzaSy-REAL-google-key-000111"
+KEYS = {"openai-test": OPENAI_KEY, "anthropic-test": ANTHROPIC_KEY, "google-test": GOOGLE_KEY}
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class FakeUpstream:
+    """An aiohttp server playing a provider. ``gate`` holds the second chunk back."""
+
+    url: str = ""
+    seen: list[Seen] = field(default_factory=list)
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    gate_timed_out: bool = False
+
+    async def record(self, request: web.Request) -> Seen:
+        seen = Seen(
+            request.method,
+            request.path,
+            dict(request.query),
+            {k.lower(): v for k, v in request.headers.items()},
+            await request.read(),
+        )
+        self.seen.append(seen)
+        return seen
+
+    async def wait_gate(self) -> None:
+        try:
+            await asyncio.wait_for(self.gate.wait(), 10)
+        except TimeoutError:
+            self.gate_timed_out = True
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    payload = data if isinstance(data, str) else json.dumps(data)
+    return f"{head}data: {payload}\n\n".encode()
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def _openai_error(status: int, message: str, code: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": code, "code": code}}, status=status
+    )
+
+
+async def openai_app(fake: FakeUpstream) -> web.Application:
+    async def chat(request: web.Request) -> web.StreamResponse:
+        seen = await fake.record(request)
+        body = json.loads(seen.body)
+        model = body["model"]
+        presented = seen.headers.get("authorization", "")[len("Bearer ") :]
+        if model == "bad-key":  # real providers echo (part of) the key back
+            return _openai_error(
+                401, f"Incorrect API key provided: {presented}.", "invalid_api_key"
+            )
+        if model == "rate-limited":
+            limited = _openai_error(429, "Rate limit reached for requests", "rate_limit_exceeded")
+            limited.headers["Retry-After"] = "7"
+            return limited
+        if model == "no-such-model":
+            return _openai_error(404, f"The model `{model}` does not exist", "model_not_found")
+        if model == "slow":
+            await asyncio.sleep(5)
+        if not body.get("stream"):
+            return web.json_response(
+                {
+                    "choices": [{"message": {"role": "assistant", "content": "hi"}}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 2},
+                }
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        delta = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": model}
+        await resp.write(sse({**delta, "choices": [{"index": 0, "delta": {"content": "Hello"}}]}))
+        await fake.wait_gate()
+        await resp.write(sse({**delta, "choices": [{"index": 0, "delta": {"content": " world"}}]}))
+        await resp.write(
+            sse({**delta, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            + sse(
+                {
+                    **delta,
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 1000,
+                        "completion_tokens": 20,
+                        "prompt_tokens_details": {"cached_tokens": 400},
+                    },
+                }
+            )
+            + sse("[DONE]")
+        )
+        await resp.write_eof()
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        await fake.record(request)
+        return web.json_response({"data": [{"id": "gpt-test"}]})
+
+    async def responses(request: web.Request) -> web.StreamResponse:
+        await fake.record(request)
+        item = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed"}
+        events: list[dict[str, Any]] = [
+            {"type": "response.created", "response": {"id": "resp_1"}},
+            {"type": "response.output_item.added", "item": {**item, "content": []}},
+            {"type": "response.content_part.added", "part": {"type": "output_text", "text": ""}},
+            {"type": "response.output_text.delta", "delta": "Hi"},
+            {"type": "response.output_text.delta", "delta": " there"},
+            {
+                "type": "response.output_item.done",
+                "item": {**item, "content": [{"type": "output_text", "text": "Hi there"}]},
+            },
+            {
+                "type": "response.completed",
+                "response": {
+                    "id": "resp_1",
+                    "status": "completed",
+                    "usage": {
+                        "input_tokens": 50,
+                        "output_tokens": 5,
+                        "total_tokens": 55,
+                        "input_tokens_details": {"cached_tokens": 10},
+                    },
+                },
+            },
+        ]
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for event in events:
+            await resp.write(sse(event, event["type"]))
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_route("*", "/{tail:.*}", models)
+    return app
+
+
+async def anthropic_app(fake: FakeUpstream) -> web.Application:
+    async def messages(request: web.Request) -> web.StreamResponse:
+        seen = await fake.record(request)
+        if seen.headers.get("x-api-key") != ANTHROPIC_KEY:
+            return web.json_response(
+                {
+                    "type": "error",
+                    "error": {"type": "authentication_error", "message": "invalid x-api-key"},
+                },
+                status=401,
+            )
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(
+            sse(
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": "msg_1",
+                        "type": "message",
+                        "role": "assistant",
+                        "model": "claude-test",
+                        "content": [],
+                        "stop_reason": None,
+                        "usage": {
+                            "input_tokens": 11,
+                            "cache_read_input_tokens": 3,
+                            "cache_creation_input_tokens": 2,
+                            "output_tokens": 1,
+                        },
+                    },
+                },
+                "message_start",
+            )
+            + sse(
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                },
+                "content_block_start",
+            )
+            + sse(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": "Bonjour"},
+                },
+                "content_block_delta",
+            )
+        )
+        await fake.wait_gate()
+        await resp.write(
+            sse(
+                {
+                    "type": "content_block_delta",
+                    "index": 0,
+                    "delta": {"type": "text_delta", "text": " monde"},
+                },
+                "content_block_delta",
+            )
+            + sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+            + sse(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": "end_turn"},
+                    "usage": {"output_tokens": 7},
+                },
+                "message_delta",
+            )
+            + sse({"type": "message_stop"}, "message_stop")
+        )
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", messages)
+    return app
+
+
+async def google_app(fake: FakeUpstream) -> web.Application:
+    async def generate(request: web.Request) -> web.StreamResponse:
+        await fake.record(request)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(
+            sse(
+                {
+                    "candidates": [
+                        {
+                            "content": {"role": "model", "parts": [{"text": "Hallo"}]},
+                            "finishReason": "STOP",
+                            "index": 0,
+                        }
+                    ],
+                    "usageMetadata": {"promptTokenCount": 9, "candidatesTokenCount": 4},
+                }
+            )
+        )
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1beta/models/{model}", generate)
+    return app
+
+
+@dataclass
+class World:
+    openai: FakeUpstream
+    anthropic: FakeUpstream
+    google: FakeUpstream
+    demo: FakeUpstream
+    providers: list[Provider]
+    gateway: ModelGateway
+    usage: list[UsageRecord]
+    client: aiohttp.ClientSession
+
+    def url(self, path: str) -> str:
+        return f"{self.gateway.url}{path}"
+
+
+async def _dict_keys(name: str) -> str | None:
+    return KEYS.get(name)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    fakes = [FakeUpstream() for _ in range(4)]
+    runners = []
+    for fake, make in zip(fakes, (openai_app, anthropic_app, google_app, openai_app), strict=True):
+        runner, fake.url = await _serve(await make(fake))
+        runners.append(runner)
+    oa, an, go, demo = fakes
+    providers = [
+        Provider(
+            name="openai-test",
+            api="openai-completions",
+            base_url=f"{oa.url}/v1",
+            auth="bearer",
+            models=(
+                ModelSpec(id="gpt-test", cost=ModelCost(input=2.0, output=8.0, cacheRead=0.5)),
+            ),
+        ),
+        Provider(
+            name="openai-resp-test",
+            api="openai-responses",
+            base_url=f"{oa.url}/v1",
+            auth="bearer",
+            key_name="openai-test",
+            models=(ModelSpec(id="gpt-resp"),),
+        ),
+        Provider(
+            name="anthropic-test",
+            api="anthropic-messages",
+            base_url=an.url,
+            auth="x-api-key",
+            models=(ModelSpec(id="claude-test"),),
+        ),
+        Provider(
+            name="google-test",
+            api="google-generative-ai",
+            base_url=f"{go.url}/v1beta",
+            auth="x-goog-api-key",
+            models=(ModelSpec(id="gemini-test"),),
+        ),
+        demo_provider(f"{demo.url}/v1"),
+    ]
+    usage: list[UsageRecord] = []
+    gateway = ModelGateway(
+        providers, _dict_keys, task_id="t-1", on_usage=usage.append, read_timeout=1.0
+    )
+    async with gateway, aiohttp.ClientSession() as client:
+        yield World(oa, an, go, demo, providers, gateway, usage, client)
+    for runner in runners:
+        await runner.cleanup()
+
+
+PLACEHOLDER_AUTH = {"Authorization": f"Bearer {GUEST_PLACEHOLDER_KEY}"}
+
+
+async def read_until(
+    content: aiohttp.StreamReader, marker: bytes, got: bytearray, timeout: float = 5.0
+) -> None:
+    async def _read() -> None:
+        while marker not in got:
+            chunk = await content.readany()
+            if not chunk:
+                raise AssertionError(f"stream ended before {marker!r}: {bytes(got)!r}")
+            got.extend(chunk)
+
+    await asyncio.wait_for(_read(), timeout)
+
+
+# --- the key goes in, the placeholder goes out -------------------------------
+
+
+async def test_openai_request_gets_real_key_and_loses_placeholder(world: World) -> None:
+    async with world.client.get(
+        world.url("/p/openai-test/v1/models?key=guest-sent-this&limit=5"),
+        headers={**PLACEHOLDER_AUTH, "x-api-key": GUEST_PLACEHOLDER_KEY, "X-Keep": "yes"},
+    ) as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"data": [{"id": "gpt-test"}]}
+    [seen] = world.openai.seen
+    assert seen.path == "/v1/models"
+    assert seen.headers["authorization"] == f"Bearer {OPENAI_KEY}"
+    assert "x-api-key" not in seen.headers
+    assert seen.query == {"limit": "5"}  # the guest's ?key= is gone
+    assert seen.headers["x-keep"] == "yes"  # ordinary headers pass
+    assert GUEST_PLACEHOLDER_KEY not in json.dumps(seen.headers)
+
+
+async def test_anthropic_request_uses_x_api_key_not_bearer(world: World) -> None:
+    async with world.client.post(
+        world.url("/p/anthropic-test/v1/messages"),
+        headers={
+            "x-api-key": GUEST_PLACEHOLDER_KEY,
+            "anthropic-version": "2023-06-01",
+            "Authorization": "Bearer something-else",
+        },
+        json={"model": "claude-test", "stream": True, "messages": []},
+    ) as resp:
+        world.anthropic.gate.set()
+        assert resp.status == 200
+        await resp.read()
+    [seen] = world.anthropic.seen
+    assert seen.headers["x-api-key"] == ANTHROPIC_KEY
+    assert "authorization" not in seen.headers
+    assert seen.headers["anthropic-version"] == "2023-06-01"
+    assert json.loads(seen.body)["model"] == "claude-test"
+
+
+async def test_google_uses_goog_header_and_keeps_alt_sse(world: World) -> None:
+    async with world.client.post(
+        world.url("/p/google-test/v1beta/models/gemini-test:streamGenerateContent?alt=sse"),
+        headers={"x-goog-api-key": GUEST_PLACEHOLDER_KEY},
+        json={"contents": []},
+    ) as resp:
+        assert resp.status == 200
+        assert b"Hallo" in await resp.read()
+    [seen] = world.google.seen
+    assert seen.path == "/v1beta/models/gemini-test:streamGenerateContent"
+    assert seen.query == {"alt": "sse"}
+    assert seen.headers["x-goog-api-key"] == GOOGLE_KEY
+    [rec] = world.usage
+    assert (rec.provider, rec.model, rec.input_tokens, rec.output_tokens) == (
+        "google-test",
+        "gemini-test",
+        9,
+        4,
+    )
+
+
+async def test_keyless_provider_sends_no_credential_at_all(world: World) -> None:
+    async with world.client.get(
+        world.url("/p/piwork-demo/v1/models"), headers=PLACEHOLDER_AUTH
+    ) as r:
+        assert r.status == 200
+    [seen] = world.demo.seen
+    assert "authorization" not in seen.headers
+    assert GUEST_PLACEHOLDER_KEY not in json.dumps(seen.headers)
+
+
+async def test_unknown_header_carrying_the_placeholder_is_dropped(world: World) -> None:
+    async with world.client.get(
+        world.url("/p/openai-test/v1/models"),
+        headers={"X-Portkey-Api-Key": GUEST_PLACEHOLDER_KEY, "Connection": "x-hop", "X-Hop": "1"},
+    ) as resp:
+        assert resp.status == 200
+    [seen] = world.openai.seen
+    assert "x-portkey-api-key" not in seen.headers
+    assert "x-hop" not in seen.headers  # named in Connection: hop-by-hop
+
+
+# --- nothing the guest can read holds a key ------------------------------------
+
+
+async def test_rendered_models_json_never_holds_a_key(world: World) -> None:
+    rendered = json.dumps(render_guest_models_json(world.providers))
+    for key in KEYS.values():
+        assert key not in rendered
+    assert GUEST_PLACEHOLDER_KEY in rendered
+
+
+async def test_upstream_error_echoing_the_key_is_scrubbed(world: World) -> None:
+    async with world.client.post(
+        world.url("/p/openai-test/v1/chat/completions"),
+        headers=PLACEHOLDER_AUTH,
+        json={"model": "bad-key", "stream": True, "messages": []},
+    ) as resp:
+        raw = await resp.read()
+        headers = json.dumps(dict(resp.headers))
+    assert resp.status == 401
+    assert OPENAI_KEY not in raw.decode() and OPENAI_KEY not in headers
+    message = json.loads(raw)["error"]["message"]
+    assert "rejected the API key" in message
+    assert "piwork auth set openai-test" in message
+    assert "Incorrect API key provided: [redacted]" in message
+
+
+async def test_streamed_responses_never_hold_a_key(world: World) -> None:
+    world.openai.gate.set()
+    async with world.client.post(
+        world.url("/p/openai-test/v1/chat/completions"),
+        headers=PLACEHOLDER_AUTH,
+        json={"model": "gpt-test", "stream": True, "messages": []},
+    ) as resp:
+        seen = (await resp.read()).decode() + json.dumps(dict(resp.headers))
+    for key in KEYS.values():
+        assert key not in seen
+
+
+# --- streaming -------------------------------------------------------------------------
+
+
+async def test_openai_sse_arrives_incrementally(world: World) -> None:
+    """The upstream holds chunk 2 back until chunk 1 came out of the gateway."""
+    got = bytearray()
+    async with world.client.post(
+        world.url("/p/openai-test/v1/chat/completions"),
+        headers=PLACEHOLDER_AUTH,
+        json={"model": "gpt-test", "stream": True, "messages": []},
+    ) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        await read_until(resp.content, b"Hello", got)
+        assert b" world" not in got
+        world.openai.gate.set()
+        await read_until(resp.content, b"[DONE]", got)
+    assert not world.openai.gate_timed_out
+    assert b" world" in got
+
+
+async def test_anthropic_sse_arrives_incrementally_and_usage_is_recorded(world: World) -> None:
+    got = bytearray()
+    async with world.client.post(
+        world.url("/p/anthropic-test/v1/messages"),
+        headers={"x-api-key": GUEST_PLACEHOLDER_KEY},
+        json={"model": "claude-test", "stream": True, "messages": []},
+    ) as resp:
+        await read_until(resp.content, b"Bonjour", got)
+        assert b"monde" not in got
+        world.anthropic.gate.set()
+        await read_until(resp.content, b"message_stop", got)
+        await resp.read()
+    assert not world.anthropic.gate_timed_out
+    [rec] = world.usage
+    assert rec.task_id == "t-1"
+    assert (rec.provider, rec.model) == ("anthropic-test", "claude-test")
+    assert (rec.input_tokens, rec.output_tokens) == (11, 7)
+    assert (rec.cache_read_tokens, rec.cache_write_tokens) == (3, 2)
+    assert rec.cost_usd is None  # no prices known for this model
+
+
+async def test_openai_usage_chunk_is_recorded_with_cost(world: World) -> None:
+    world.openai.gate.set()
+    async with world.client.post(
+        world.url("/p/openai-test/v1/chat/completions"),
+        headers=PLACEHOLDER_AUTH,
+        json={"model": "gpt-test", "stream": True, "messages": []},
+    ) as resp:
+        await resp.read()
+    [rec] = world.usage
+    assert (rec.input_tokens, rec.cache_read_tokens, rec.output_tokens) == (600, 400, 20)
+    assert rec.cost_usd == pytest.approx((600 * 2.0 + 20 * 8.0 + 400 * 0.5) / 1e6)
+    assert world.gateway.totals.requests == 1
+    assert world.gateway.totals.output_tokens == 20
+
+
+async def test_non_streamed_json_usage_is_recorded(world: World) -> None:
+    async with world.client.post(
+        world.url("/p/openai-test/v1/chat/completions"),
+        headers=PLACEHOLDER_AUTH,
+        json={"model": "gpt-test", "messages": []},
+    ) as resp:
+        assert (await resp.json())["choices"][0]["message"]["content"] == "hi"
+    [rec] = world.usage
+    assert (rec.input_tokens, rec.output_tokens) == (5, 2)
+
+
+async def test_chunked_request_body_is_relayed(world: World) -> None:
+    async def body() -> AsyncIterator[bytes]:
+        yield b'{"model": "gpt-test", '
+        await asyncio.sleep(0.01)
+        yield b'"messages": [], "stream": false}'
+
+    async with world.client.post(
+        world.url("/p/openai-test/v1/chat/completions"), headers=PLACEHOLDER_AUTH, data=body()
+    ) as resp:
+        assert resp.status == 200
+    assert json.loads(world.openai.seen[0].body) == {
+        "model": "gpt-test",
+        "messages": [],
+        "stream": False,
+    }
+
+
+# --- readable errors -------------------------------------------------------------
+
+
+async def _post_error(world: World, model: str) -> tuple[int, dict[str, Any], str]:
+    async with world.client.post(
+        world.url("/p/openai-test/v1/chat/completions"),
+        headers=PLACEHOLDER_AUTH,
+        json={"model": model, "stream": True, "messages": []},
+    ) as resp:
+        return resp.status, await resp.json(), resp.headers.get("Retry-After", "")
+
+
+async def test_rate_limit_becomes_readable_and_keeps_retry_after(world: World) -> None:
+    status, body, retry = await _post_error(world, "rate-limited")
+    assert (status, retry) == (429, "7")
+    assert body["error"]["message"].startswith("openai-test rate limit or quota exceeded")
+    assert "retry after 7 s" in body["error"]["message"]
+
+
+async def test_unknown_model_becomes_readable(world: World) -> None:
+    status, body, _ = await _post_error(world, "no-such-model")
+    assert status == 404
+    assert "no-such-model" in body["error"]["message"]
+    assert "does not exist" in body["error"]["message"]
+
+
+async def test_anthropic_errors_use_anthropic_shape_with_top_level_message(world: World) -> None:
+    bad = dict(KEYS, **{"anthropic-test": "sk-ant-wrong"})
+
+    async def keys(name: str) -> str | None:
+        return bad.get(name)
+
+    async with (
+        ModelGateway(world.providers, keys) as gw,
+        world.client.post(
+            f"{gw.url}/p/anthropic-test/v1/messages",
+            headers={"x-api-key": GUEST_PLACEHOLDER_KEY},
+            json={"model": "claude-test", "messages": []},
+        ) as resp,
+    ):
+        body = await resp.json()
+    assert resp.status == 401
+    assert body["type"] == "error" and body["error"]["type"] == "authentication_error"
+    assert "invalid x-api-key" in body["message"]
+    assert "piwork auth set anthropic-test" in body["message"]
+
+
+async def test_missing_key_is_refused_before_contacting_provider(world: World) -> None:
+    async def no_keys(name: str) -> str | None:
+        return None
+
+    async with (
+        ModelGateway(world.providers, no_keys) as gw,
+        world.client.post(
+            f"{gw.url}/p/openai-test/v1/chat/completions",
+            headers=PLACEHOLDER_AUTH,
+            json={"model": "gpt-test", "messages": []},
+        ) as resp,
+    ):
+        body = await resp.json()
+    assert resp.status == 401
+    assert "piwork auth set openai-test" in body["error"]["message"]
+    assert world.openai.seen == []
+
+
+async def test_unreachable_provider_is_a_readable_502(world: World) -> None:
+    dead = Provider(
+        name="dead",
+        api="openai-completions",
+        base_url="http://127.0.0.1:9/v1",
+        auth="none",
+        key_required=False,
+    )
+    async with (
+        ModelGateway([dead], _dict_keys, connect_timeout=2.0) as gw,
+        world.client.post(f"{gw.url}/p/dead/v1/chat/completions", json={}) as resp,
+    ):
+        body = await resp.json()
+    assert resp.status == 502
+    assert "could not reach dead at http://127.0.0.1:9" in body["error"]["message"]
+
+
+async def test_slow_provider_is_a_readable_504(world: World) -> None:
+    status, body, _ = await _post_error(world, "slow")
+    assert status == 504
+    assert "did not answer in time" in body["error"]["message"]
+
+
+async def test_upstream_stalling_mid_stream_cuts_the_guest_connection(world: World) -> None:
+    """After the status line is sent, a stall can only be reported by closing."""
+    got = bytearray()
+    async with world.client.post(
+        world.url("/p/openai-test/v1/chat/completions"),
+        headers=PLACEHOLDER_AUTH,
+        json={"model": "gpt-test", "stream": True},
+    ) as resp:
+        assert resp.status == 200
+        await read_until(resp.content, b"Hello", got)
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await asyncio.wait_for(resp.read(), 5)  # read_timeout is 1 s; gate never opens
+
+
+async def test_unknown_provider_is_404_naming_the_known_ones(world: World) -> None:
+    async with world.client.get(world.url("/p/nope/v1/models")) as resp:
+        body = await resp.json()
+    assert resp.status == 404
+    assert "unknown provider 'nope'" in body["error"]["message"]
+    assert "openai-test" in body["error"]["message"]
+
+
+async def test_paths_outside_the_provider_prefix_are_refused(world: World) -> None:
+    async with world.client.get(world.url("/p/openai-test/admin")) as resp:
+        assert resp.status == 404
+    async with world.client.get(
+        URL(world.url("/p/openai-test/v1/%2e%2e/admin"), encoded=True)
+    ) as resp:
+        assert resp.status == 400
+    assert world.openai.seen == []
+
+
+# --- the task token ---------------------------------------------------------------
+
+
+async def test_guest_token_is_required_when_configured_and_never_forwarded(world: World) -> None:
+    token = "piwork-task-token-abc123"
+    async with ModelGateway(world.providers, _dict_keys, guest_token=token) as gw:
+        async with world.client.get(f"{gw.url}/p/openai-test/v1/models") as resp:
+            assert resp.status == 401
+        async with world.client.get(
+            f"{gw.url}/p/openai-test/v1/models", headers={"Authorization": f"Bearer {token}"}
+        ) as resp:
+            assert resp.status == 200
+    [seen] = world.openai.seen
+    assert seen.headers["authorization"] == f"Bearer {OPENAI_KEY}"
+    assert token not in json.dumps(seen.headers)
+
+
+async def test_sync_key_provider_is_supported(world: World) -> None:
+    calls: list[str] = []
+
+    def sync_keys(name: str) -> str | None:
+        calls.append(name)
+        return KEYS.get(name)
+
+    async with (
+        ModelGateway(world.providers, sync_keys) as gw,
+        world.client.get(f"{gw.url}/p/openai-test/v1/models") as resp,
+    ):
+        assert resp.status == 200
+    assert calls == ["openai-test"]
+
+
+# --- models.json and the gateway agree --------------------------------------------
+
+
+async def test_rendered_base_urls_route_to_the_paths_pi_would_have_used(world: World) -> None:
+    """pi appends its API path to ``baseUrl``; the upstream must see the real one."""
+    rendered = render_guest_models_json(world.providers, gateway_base=world.gateway.url)
+    base = {name: entry["baseUrl"] for name, entry in rendered["providers"].items()}
+    for fake in (world.openai, world.anthropic, world.demo):
+        fake.gate.set()
+    calls = [
+        (f"{base['openai-test']}/chat/completions", world.openai, "/v1/chat/completions"),
+        (f"{base['anthropic-test']}/v1/messages", world.anthropic, "/v1/messages"),
+        (
+            f"{base['google-test']}/models/g:streamGenerateContent?alt=sse",
+            world.google,
+            "/v1beta/models/g:streamGenerateContent",
+        ),
+        (f"{base['piwork-demo']}/chat/completions", world.demo, "/v1/chat/completions"),
+    ]
+    for url, fake, upstream_path in calls:
+        async with world.client.post(
+            url, headers=PLACEHOLDER_AUTH, json={"model": "gpt-test", "stream": True}
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+            await resp.read()
+        assert fake.seen[-1].path == upstream_path
+
+
+PI_AI = repo_root() / "runtime-pack/pi/node_modules/@mariozechner/pi-ai/dist/index.js"
+PROBE = """
+const [piAi, specJson] = process.argv.slice(2);
+const { complete } = await import(piAi);
+const out = [];
+for (const s of JSON.parse(specJson)) {
+  const model = { id: s.model, name: s.model, api: s.api, provider: s.provider,
+    baseUrl: s.baseUrl, reasoning: false, input: ["text"], contextWindow: 100000,
+    maxTokens: 1000, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 } };
+  const context = { messages: [{ role: "user", content: "hi", timestamp: Date.now() }] };
+  const msg = await complete(model, context, { apiKey: s.apiKey, maxRetries: 0 });
+  out.push({ provider: s.provider, stopReason: msg.stopReason,
+    errorMessage: msg.errorMessage ?? null,
+    text: msg.content.filter((c) => c.type === "text").map((c) => c.text).join("") });
+}
+console.log(JSON.stringify(out));
+"""
+
+
+needs_pi = pytest.mark.skipif(
+    shutil.which("node") is None or not PI_AI.exists(), reason="needs node and the pi runtime"
+)
+SDK_PROVIDERS = ("openai-test", "openai-resp-test", "anthropic-test", "google-test")
+
+
+async def run_pi_sdks(gateway: ModelGateway, providers: list[Provider], tmp_path: Any) -> Any:
+    """Ask each provider once through pi-ai's own clients, as configured for the guest."""
+    rendered = render_guest_models_json(providers, gateway_base=gateway.url)
+    specs = [
+        {
+            "provider": name,
+            "api": entry["api"],
+            "baseUrl": entry["baseUrl"],
+            "model": entry["models"][0]["id"],
+            "apiKey": entry["apiKey"],
+        }
+        for name, entry in rendered["providers"].items()
+        if name in SDK_PROVIDERS
+    ]
+    probe = tmp_path / "probe.mjs"
+    probe.write_text(PROBE)
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        str(probe),
+        PI_AI.as_uri(),
+        json.dumps(specs),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return {r["provider"]: r for r in json.loads(out)}
+
+
+@needs_pi
+async def test_pis_own_sdks_talk_through_the_gateway(world: World, tmp_path: Any) -> None:
+    """pi-ai's real clients, given the rendered baseUrl and the placeholder."""
+    for fake in (world.openai, world.anthropic, world.google):
+        fake.gate.set()
+    results = await run_pi_sdks(world.gateway, world.providers, tmp_path)
+    assert results["openai-test"]["text"] == "Hello world", results
+    assert results["anthropic-test"]["text"] == "Bonjour monde", results
+    assert results["google-test"]["text"] == "Hallo", results
+    assert results["openai-resp-test"]["text"] == "Hi there", results
+    resp_usage = next(u for u in world.usage if u.provider == "openai-resp-test")
+    assert (resp_usage.model, resp_usage.input_tokens, resp_usage.cache_read_tokens) == (
+        "gpt-resp",
+        40,
+        10,
+    )
+    assert resp_usage.output_tokens == 5
+    assert {r["errorMessage"] for r in results.values()} == {None}
+    assert world.openai.seen[-1].headers["authorization"] == f"Bearer {OPENAI_KEY}"
+    assert world.anthropic.seen[-1].headers["x-api-key"] == ANTHROPIC_KEY
+    assert world.google.seen[-1].headers["x-goog-api-key"] == GOOGLE_KEY
+    for fake in (world.openai, world.anthropic, world.google):
+        assert GUEST_PLACEHOLDER_KEY not in json.dumps(fake.seen[-1].headers)
+
+
+@needs_pi
+async def test_pi_shows_gateway_errors_as_sentences(world: World, tmp_path: Any) -> None:
+    async def no_keys(name: str) -> str | None:
+        return None
+
+    async with ModelGateway(world.providers, no_keys) as gateway:
+        results = await run_pi_sdks(gateway, world.providers, tmp_path)
+    assert set(results) == set(SDK_PROVIDERS)
+    for name, result in results.items():
+        assert result["stopReason"] == "error", result
+        assert f"No API key for provider '{name}'" in result["errorMessage"], result
+        assert "piwork auth set" in result["errorMessage"], result

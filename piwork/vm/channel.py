@@ -226,6 +226,8 @@ class GuestChannel:
 
     async def send_pi_line(self, line: bytes) -> None:
         """Send one line to pi's stdin (waits through a reconnect, never drops it)."""
+        if line.endswith(b"\n"):
+            line = line[:-1]
         if line.startswith(b"!") or b"\n" in line:
             raise ValueError("a pi line must be one JSON object without newlines")
         await self._send_raw(line + b"\n")

@@ -1,0 +1,293 @@
+"""A booted VM with pi running in it, reachable over RPC.
+
+``AgentVm`` composes the VM (``piwork.vm``), the supervisor channel and the pi
+RPC client (``piwork.rpc``) for one set of task directories. It knows how to
+start pi with stable guest paths and how to stop everything, but nothing about
+tasks, policy or front ends: the runner adds those.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from piwork.pack.manifest import Manifest
+from piwork.proxy import guestfwd_relay
+from piwork.rpc.client import RpcClient
+from piwork.rpc.models import SessionState
+from piwork.vm.accel import AccelChoice
+from piwork.vm.channel import Endpoint, GuestChannel
+from piwork.vm.command import (
+    EGRESS_GUEST_ADDR,
+    GATEWAY_GUEST_ADDR,
+    GuestForward,
+    Share,
+    Transport,
+    VmSpec,
+)
+from piwork.vm.machine import VirtualMachine, VmError
+
+log = logging.getLogger(__name__)
+
+GUEST_STATE = "/mnt/state"
+GUEST_WORK = "/mnt/work"
+GUEST_OUTPUTS = "/mnt/outputs"
+GUEST_UPLOADS = "/mnt/uploads"
+GUEST_SESSION = f"{GUEST_STATE}/session.jsonl"
+GUEST_AGENT_DIR = f"{GUEST_STATE}/agent"
+GUEST_EXTENSIONS = "/opt/piwork/extensions"
+GATE_EXTENSION = f"{GUEST_EXTENSIONS}/permission-gate.ts"
+PI_TOOLS = ("read", "bash", "edit", "write")
+
+
+@dataclass(frozen=True)
+class TaskDirs:
+    """Host directories of one task, shared into the guest at fixed paths."""
+
+    state: Path
+    outputs: Path
+    uploads: Path
+    work: Path | None = None
+
+    def shares(self) -> list[Share]:
+        shares = [
+            Share("pwstate", self.state),
+            Share("pwout", self.outputs),
+            Share("pwup", self.uploads, readonly=True),
+        ]
+        if self.work is not None:
+            shares.append(Share("pwwork", self.work))
+        return shares
+
+    @property
+    def guest_cwd(self) -> str:
+        return GUEST_WORK if self.work is not None else GUEST_OUTPUTS
+
+
+@dataclass
+class AgentVmConfig:
+    pack_dir: Path
+    manifest: Manifest
+    accel: AccelChoice
+    dirs: TaskDirs
+    log_dir: Path
+    gateway_port: int
+    egress_port: int | None = None
+    transport: Transport = Transport.VIRTIO
+    memory_mb: int = 1024
+    cpus: int = 2
+    boot_stall_timeout: float = 90.0
+    task_id: str = "adhoc"
+    provider: str = "piwork-demo"
+    model: str = "demo"
+    extra_env: dict[str, str] = field(default_factory=dict)
+    extensions: list[str] = field(default_factory=list)
+
+
+def _free_tcp_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _socket_dir(preferred: Path) -> Path:
+    """AF_UNIX paths are limited to ~104 bytes; fall back to a short temp dir."""
+    if len(str(preferred / "rpc.sock")) < 100:
+        preferred.mkdir(parents=True, exist_ok=True)
+        return preferred
+    return Path(tempfile.mkdtemp(prefix="piwork-"))
+
+
+def relay_command(port: int) -> str:
+    """The per-connection command slirp runs for a guestfwd (no piwork import: fast)."""
+    # libslirp splits this with GLib's shell-style parser: quote paths with spaces.
+    relay = shlex.quote(str(Path(guestfwd_relay.__file__)))
+    return f"{shlex.quote(sys.executable)} -I -S {relay} 127.0.0.1 {port}"
+
+
+StageCallback = Callable[[str, float], None]
+LineCallback = Callable[[dict[str, Any]], None]
+
+
+class AgentVm:
+    """``async with AgentVm(cfg) as agent:`` boots the VM and starts pi in it."""
+
+    def __init__(
+        self,
+        cfg: AgentVmConfig,
+        *,
+        on_stage: StageCallback | None = None,
+        on_supervisor_event: LineCallback | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.on_stage = on_stage
+        self.on_supervisor_event = on_supervisor_event
+        sock_dir = _socket_dir(cfg.log_dir.parent / "run")
+        self.rpc = RpcClient(send_line=self._send_line)
+        host_port = _free_tcp_port() if cfg.transport is Transport.TCP else None
+        forwards = [GuestForward(*GATEWAY_GUEST_ADDR, relay_command(cfg.gateway_port))]
+        if cfg.egress_port is not None:
+            forwards.append(GuestForward(*EGRESS_GUEST_ADDR, relay_command(cfg.egress_port)))
+        self.spec = VmSpec(
+            pack_dir=cfg.pack_dir,
+            manifest=cfg.manifest,
+            accel=cfg.accel,
+            qmp_socket=sock_dir / f"qmp-{os.getpid()}-{id(self):x}.sock",
+            console_log=cfg.log_dir / "console.log",
+            transport=cfg.transport,
+            rpc_socket=(
+                sock_dir / f"rpc-{os.getpid()}-{id(self):x}.sock"
+                if cfg.transport is Transport.VIRTIO
+                else None
+            ),
+            host_tcp_port=host_port,
+            memory_mb=cfg.memory_mb,
+            cpus=cfg.cpus,
+            shares=cfg.dirs.shares(),
+            forwards=forwards,
+            name=f"piwork-{cfg.task_id}",
+        )
+        self.vm = VirtualMachine(self.spec, on_stage=on_stage)
+        endpoint = Endpoint(unix_path=self.spec.rpc_socket, tcp_port=host_port)
+        self.channel = GuestChannel(
+            endpoint, self.rpc.feed_line, self._on_supervisor_event, alive=lambda: self.vm.running
+        )
+        self.pi_exit: asyncio.Future[dict[str, Any]] | None = None
+        self._pi_started: asyncio.Future[int] | None = None
+        self.timings: dict[str, float] = {}
+        self.stderr_tail: list[str] = []
+
+    # ------------------------------------------------------------ plumbing
+    async def _send_line(self, line: bytes) -> None:
+        await self.channel.send_pi_line(line)
+
+    def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
+        ev = msg.get("ev")
+        if ev == "started" and self._pi_started is not None and not self._pi_started.done():
+            self._pi_started.set_result(int(msg.get("pid") or 0))
+        elif ev == "exit":
+            if self.pi_exit is not None and not self.pi_exit.done():
+                self.pi_exit.set_result(msg)
+            self.rpc.connection_lost(RuntimeError(f"pi exited: {msg}"))
+        elif ev == "error" and self._pi_started is not None and not self._pi_started.done():
+            self._pi_started.set_exception(RuntimeError(str(msg.get("message"))))
+        elif ev == "stderr":
+            self.stderr_tail = [*self.stderr_tail[-49:], str(msg.get("text", ""))]
+        if self.on_supervisor_event is not None:
+            self.on_supervisor_event(msg)
+
+    def pi_argv(self) -> list[str]:
+        argv = [
+            "--mode", "rpc",
+            "--offline",
+            "--session", GUEST_SESSION,
+            "--provider", self.cfg.provider,
+            "--model", self.cfg.model,
+            "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
+            "--tools", ",".join(PI_TOOLS),
+        ]  # fmt: skip
+        for ext in self.cfg.extensions:
+            argv += ["-e", ext]
+        return argv
+
+    def pi_env(self) -> dict[str, str]:
+        scope = [self.cfg.dirs.guest_cwd, GUEST_OUTPUTS]
+        env = {
+            "PI_CODING_AGENT_DIR": GUEST_AGENT_DIR,
+            "PI_OFFLINE": "1",
+            "HOME": f"{GUEST_STATE}/home",
+            "PIWORK_TASK_ID": self.cfg.task_id,
+            "PIWORK_SCOPE_DIRS": ":".join(dict.fromkeys(scope)),
+            "PIWORK_READONLY_DIRS": GUEST_UPLOADS,
+            "TERM": "dumb",
+        }
+        if self.cfg.egress_port is not None:
+            proxy = f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}"
+            env |= {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy}
+            env |= {"https_proxy": proxy, "NO_PROXY": GATEWAY_GUEST_ADDR[0]}
+        env.update(self.cfg.extra_env)
+        return env
+
+    # ------------------------------------------------------------ lifecycle
+    async def __aenter__(self) -> AgentVm:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop(graceful=False)
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop(graceful=et is None)
+
+    async def start(self) -> None:
+        t0 = time.monotonic()
+        (self.cfg.dirs.state / "home").mkdir(parents=True, exist_ok=True)
+        await self.vm.launch()
+        self.timings["qemu_started"] = time.monotonic() - t0
+        boot = asyncio.create_task(self.vm.wait_booted(self.cfg.boot_stall_timeout))
+        chan = asyncio.create_task(self.channel.start(timeout=600))
+        done, _ = await asyncio.wait({boot, chan}, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                for t in (boot, chan):
+                    t.cancel()
+                exc = task.exception()
+                assert exc is not None
+                if not isinstance(exc, VmError):
+                    raise self.vm._error(f"the guest did not come up: {exc}") from exc
+                raise exc
+        await asyncio.gather(boot, chan)
+        self.timings["supervisor_ready"] = time.monotonic() - t0
+        await self.start_pi()
+        self.timings["pi_started"] = time.monotonic() - t0
+
+    async def start_pi(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._pi_started = loop.create_future()
+        self.pi_exit = loop.create_future()
+        self.rpc.reset()
+        await self.channel.send_op(
+            "start", argv=self.pi_argv(), env=self.pi_env(), cwd=self.cfg.dirs.guest_cwd
+        )
+        try:
+            await asyncio.wait_for(self._pi_started, 30)
+        except TimeoutError:
+            raise self.vm._error("the supervisor did not start pi within 30s") from None
+
+    async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
+        """The first ``get_state`` reply: pi has loaded and speaks RPC."""
+        assert self.pi_exit is not None
+        state = asyncio.ensure_future(self.rpc.get_state(timeout=timeout))
+        exited: asyncio.Future[Any] = self.pi_exit
+        done, _ = await asyncio.wait({state, exited}, return_when=asyncio.FIRST_COMPLETED)
+        if state not in done:
+            state.cancel()
+            tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
+            raise RuntimeError(f"pi exited before answering: {self.pi_exit.result()}\n{tail}")
+        return state.result()
+
+    async def stop(self, *, graceful: bool = True) -> None:
+        """Power the guest off (flushing pi's session), or kill it if that fails."""
+        try:
+            if graceful and self.vm.running and self.channel.boot_id is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.channel.send_op("poweroff"), 3)
+                    await self.vm.wait_exit(15)
+        finally:
+            await self.channel.close()
+            await self.vm.shutdown(grace=0 if not graceful else 2)

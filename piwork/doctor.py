@@ -1,0 +1,118 @@
+"""What piwork needs on this host, what is missing, and the command that fixes it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from piwork.config import Paths
+from piwork.vm.accel import Accel, probe
+from piwork.vm.command import find_qemu
+
+MIN_FREE_BYTES = 2 * 1024**3
+APT_FIX = "apt-get update && apt-get install -y qemu-system-x86 busybox-static cpio kmod"
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    # A warning does not stop piwork from working (e.g. slow TCG).
+    warning: bool = False
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _version(cmd: list[str]) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else ""
+
+
+def check_qemu() -> Check:
+    qemu = find_qemu()
+    if qemu is None:
+        return Check("qemu", False, "qemu-system-x86_64 not found", APT_FIX)
+    return Check("qemu", True, f"{qemu}: {_version([qemu, '--version'])}")
+
+
+def check_accel() -> Check:
+    choice = probe()
+    if choice.accel is Accel.TCG:
+        return Check(
+            "accelerator",
+            True,
+            f"tcg: {choice.reason}",
+            "On a machine with working KVM: add your user to the kvm group; "
+            "override with --accel",
+            warning=True,
+        )
+    return Check("accelerator", True, f"{choice.accel.value}: {choice.reason}")
+
+
+def check_build_tools() -> list[Check]:
+    checks = []
+    for tool, pkg in (
+        ("apt-get", "(a Debian/Ubuntu host is needed to build packs)"),
+        ("dpkg-deb", "dpkg"),
+        ("depmod", "kmod"),
+        ("npm", "nodejs npm"),
+    ):
+        path = shutil.which(tool)
+        checks.append(
+            Check(
+                f"build tool {tool}",
+                path is not None,
+                path or f"{tool} not found (needed by `piwork pack build`)",
+                "" if path else f"apt-get install -y {pkg}",
+            )
+        )
+    return checks
+
+
+def check_pack() -> Check:
+    try:
+        from piwork.pack import find_pack
+    except ImportError as exc:  # pragma: no cover - packaging error
+        return Check("runtime pack", False, f"pack module unavailable: {exc}")
+    try:
+        found = find_pack()
+    except Exception as exc:
+        return Check("runtime pack", False, f"cannot look for packs: {exc}", "piwork pack build")
+    if found is None:
+        return Check(
+            "runtime pack", False, "no pack built for this source tree", "piwork pack build"
+        )
+    return Check("runtime pack", True, str(found))
+
+
+def check_disk(paths: Paths) -> Check:
+    target = paths.cache
+    probe_dir: Path = target
+    while not probe_dir.exists():
+        probe_dir = probe_dir.parent
+    free = shutil.disk_usage(probe_dir).free
+    ok = free >= MIN_FREE_BYTES
+    return Check(
+        "disk space",
+        ok,
+        f"{free / 1024**3:.1f} GiB free under {probe_dir}",
+        "" if ok else "free at least 2 GiB (packs are ~300 MB each; `piwork pack list`)",
+    )
+
+
+def run_checks(paths: Paths) -> list[Check]:
+    return [
+        check_qemu(),
+        check_accel(),
+        *check_build_tools(),
+        check_pack(),
+        check_disk(paths),
+    ]

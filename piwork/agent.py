@@ -49,7 +49,7 @@ GUEST_SESSION = f"{GUEST_STATE}/session.jsonl"
 GUEST_AGENT_DIR = f"{GUEST_STATE}/agent"
 GUEST_EXTENSIONS = "/opt/piwork/extensions"
 GATE_EXTENSION = f"{GUEST_EXTENSIONS}/permission-gate.ts"
-PI_TOOLS = ("read", "bash", "edit", "write")
+PI_TOOLS = ("read", "bash", "edit", "write", "ask_user")
 
 
 @dataclass(frozen=True)
@@ -130,8 +130,10 @@ class AgentVm:
         *,
         on_stage: StageCallback | None = None,
         on_supervisor_event: LineCallback | None = None,
+        on_pi_line: Callable[[bytes], None] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.on_pi_line = on_pi_line
         self.on_stage = on_stage
         self.on_supervisor_event = on_supervisor_event
         sock_dir = _socket_dir(cfg.log_dir.parent / "run")
@@ -162,7 +164,7 @@ class AgentVm:
         self.vm = VirtualMachine(self.spec, on_stage=on_stage)
         endpoint = Endpoint(unix_path=self.spec.rpc_socket, tcp_port=host_port)
         self.channel = GuestChannel(
-            endpoint, self.rpc.feed_line, self._on_supervisor_event, alive=lambda: self.vm.running
+            endpoint, self._on_pi_line, self._on_supervisor_event, alive=lambda: self.vm.running
         )
         self.pi_exit: asyncio.Future[dict[str, Any]] | None = None
         self._pi_started: asyncio.Future[int] | None = None
@@ -172,6 +174,11 @@ class AgentVm:
     # ------------------------------------------------------------ plumbing
     async def _send_line(self, line: bytes) -> None:
         await self.channel.send_pi_line(line)
+
+    def _on_pi_line(self, line: bytes) -> None:
+        if self.on_pi_line is not None:
+            self.on_pi_line(line)  # the transcript first: it must not miss what pi said
+        self.rpc.feed_line(line)
 
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")

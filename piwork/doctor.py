@@ -50,8 +50,7 @@ def check_accel() -> Check:
             "accelerator",
             True,
             f"tcg: {choice.reason}",
-            "On a machine with working KVM: add your user to the kvm group; "
-            "override with --accel",
+            "On a machine with working KVM: add your user to the kvm group; override with --accel",
             warning=True,
         )
     return Check("accelerator", True, f"{choice.accel.value}: {choice.reason}")

@@ -1,0 +1,308 @@
+"""`piwork run` and `piwork resume`: a task, headless, in the terminal.
+
+While a task runs in an interactive terminal, each line typed is sent to the
+agent as a steer; `/follow TEXT` queues a follow-up, `/pause` and `/continue`
+freeze and thaw the VM, `/stop` (or Ctrl-C) stops the task; a second Ctrl-C
+forces. Questions from the agent and permission prompts are asked here too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from piwork.cli.render import renderer_for
+from piwork.policy import Choice
+from piwork.policy.request import PermissionRequest
+from piwork.runner import (
+    DEFAULT_RESUME_PROMPT,
+    AllowAsker,
+    Asker,
+    DenyAsker,
+    RunError,
+    RunRequest,
+    TaskSession,
+)
+from piwork.tasks import Limits
+from piwork.vm.command import Transport
+
+PERMISSION_KEYS = {
+    "y": Choice.ALLOW_ONCE,
+    "a": Choice.ALWAYS_FOLDER,
+    "e": Choice.ALWAYS_EVERYWHERE,
+    "n": Choice.DENY,
+}
+
+
+class TerminalConsole:
+    """The one reader of stdin: answers pending questions, else steers the agent."""
+
+    def __init__(self) -> None:
+        self.session: TaskSession | None = None
+        self._pending: asyncio.Future[str | None] | None = None
+        self._lines: asyncio.Queue[str | None] = asyncio.Queue()
+        self._reader_installed = False
+        self._dispatcher: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_reader(sys.stdin.fileno(), self._on_readable)
+        self._reader_installed = True
+        self._dispatcher = asyncio.create_task(self._dispatch())
+
+    def close(self) -> None:
+        if self._reader_installed:
+            asyncio.get_running_loop().remove_reader(sys.stdin.fileno())
+            self._reader_installed = False
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+
+    def _on_readable(self) -> None:
+        line = sys.stdin.readline()
+        if not line:  # EOF on the terminal: stop listening, keep the task going
+            asyncio.get_running_loop().remove_reader(sys.stdin.fileno())
+            self._reader_installed = False
+            self._lines.put_nowait(None)
+            return
+        self._lines.put_nowait(line.rstrip("\n"))
+
+    async def _dispatch(self) -> None:
+        while True:
+            line = await self._lines.get()
+            if self._pending is not None and not self._pending.done():
+                self._pending.set_result(line)
+                continue
+            if line is None or not line.strip() or self.session is None:
+                continue
+            await self._command(line.strip())
+
+    async def _command(self, line: str) -> None:
+        session = self.session
+        assert session is not None
+        try:
+            if line == "/stop":
+                await session.stop()
+            elif line == "/pause":
+                await session.pause_vm()
+                print("piwork: paused (the VM is frozen); /continue to resume", file=sys.stderr)
+            elif line == "/continue":
+                await session.resume_vm()
+            elif line.startswith("/follow "):
+                await session.follow_up(line.removeprefix("/follow ").strip())
+            elif line.startswith("/"):
+                print("piwork: commands: /stop /pause /continue /follow TEXT; "
+                      "any other line steers the agent", file=sys.stderr)  # fmt: skip
+            else:
+                await session.steer(line)
+        except Exception as exc:
+            print(f"piwork: {line.split()[0]} failed: {exc}", file=sys.stderr)
+
+    async def ask(self, prompt: str) -> str | None:
+        loop = asyncio.get_running_loop()
+        self._pending = loop.create_future()
+        sys.stderr.write(prompt)
+        sys.stderr.flush()
+        try:
+            return await self._pending
+        finally:
+            self._pending = None
+
+
+class TerminalAsker:
+    def __init__(self, console: TerminalConsole) -> None:
+        self.console = console
+
+    async def permission(self, request: PermissionRequest) -> Choice | None:
+        print(f"\n\x1b[1m{request.question}\x1b[0m", file=sys.stderr)
+        while True:
+            answer = await self.console.ask(
+                "  [y] allow once  [a] always in this folder  [e] always everywhere  [n] deny > "
+            )
+            if answer is None:
+                return None
+            choice = PERMISSION_KEYS.get(answer.strip().lower()[:1])
+            if choice is not None:
+                return choice
+
+    async def question(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> str | bool | None:
+        print(f"\n\x1b[1mThe agent asks:\x1b[0m {title}", file=sys.stderr)
+        if message:
+            print(f"  {message}", file=sys.stderr)
+        if method == "confirm":
+            answer = await self.console.ask("  [y/n] > ")
+            return None if answer is None else answer.strip().lower().startswith("y")
+        if options:
+            for i, opt in enumerate(options, 1):
+                print(f"  {i}. {opt}", file=sys.stderr)
+            while True:
+                answer = await self.console.ask("  number > ")
+                if answer is None:
+                    return None
+                if answer.strip().isdigit() and 1 <= int(answer) <= len(options):
+                    return options[int(answer) - 1]
+        return await self.console.ask("  answer > ")
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def _limits(args: argparse.Namespace) -> Limits | None:
+    fields: dict[str, Any] = {}
+    if args.max_turns is not None:
+        fields["max_turns"] = args.max_turns
+    if args.max_minutes is not None:
+        fields["max_wall_time_seconds"] = int(args.max_minutes * 60)
+    if args.max_tokens is not None:
+        fields["max_tokens"] = args.max_tokens
+    return Limits(**fields) if fields else None
+
+
+async def _run(args: argparse.Namespace, req: RunRequest, prompt: str) -> int:
+    sink = renderer_for(args.json)
+    console: TerminalConsole | None = None
+    asker: Asker
+    if args.yes:
+        asker = AllowAsker()
+    elif _interactive() and not args.json:
+        console = TerminalConsole()
+        asker = TerminalAsker(console)
+    else:
+        asker = DenyAsker()
+        if not args.policy:
+            print(
+                "piwork: no terminal to ask on: permission prompts the policy does not "
+                "answer will be denied (use --yes or --policy FILE)",
+                file=sys.stderr,
+            )
+
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    interrupts = 0
+    session_box: dict[str, TaskSession] = {}
+    background: set[asyncio.Task[None]] = set()
+
+    def on_interrupt() -> None:
+        nonlocal interrupts
+        interrupts += 1
+        session = session_box.get("s")
+        if interrupts == 1 and session is not None and session.agent is not None:
+            print("\npiwork: stopping the task… (Ctrl-C again to force)", file=sys.stderr)
+            stopping = loop.create_task(session.stop())
+            background.add(stopping)
+            stopping.add_done_callback(background.discard)
+        else:
+            main.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_interrupt)
+    try:
+        async with TaskSession(req, sink, asker, policy_file=args.policy) as session:
+            session_box["s"] = session
+            if console is not None:
+                console.session = session
+                console.start()
+                print("piwork: type to steer the agent; /follow TEXT, /pause, /continue, "
+                      "/stop (or Ctrl-C)", file=sys.stderr)  # fmt: skip
+            outcome = await session.run_prompt(prompt)
+            return outcome.exit_code
+    except asyncio.CancelledError:
+        print("piwork: forced stop; the VM was killed", file=sys.stderr)
+        return 130
+    except RunError as exc:
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if console is not None:
+            console.close()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def _common_request(args: argparse.Namespace) -> RunRequest:
+    return RunRequest(
+        prompt=None,
+        folder=Path(args.folder).expanduser() if getattr(args, "folder", None) else None,
+        model=args.model,
+        accel=args.accel,
+        transport=Transport(args.transport),
+        memory_mb=args.memory,
+        cpus=args.cpus,
+        allow_net=tuple(args.allow_net or ()),
+        limits=_limits(args),
+        assume_yes=args.yes,
+    )
+
+
+def _handle_errors(coro_factory: Any) -> int:
+    try:
+        return int(asyncio.run(coro_factory()))
+    except RunError as exc:
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # Every failure below the runner carries its own context (command line,
+        # console tail, file paths); show it whole, but not as a traceback.
+        print(f"piwork: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    req = _common_request(args)
+    req.prompt = args.prompt
+    req.title = args.title
+    if req.model is None:
+        req.model = "demo"
+    return _handle_errors(lambda: _run(args, req, args.prompt))
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    req = _common_request(args)
+    req.task_id = args.task
+    prompt = args.prompt or DEFAULT_RESUME_PROMPT
+    req.prompt = prompt
+    return _handle_errors(lambda: _run(args, req, prompt))
+
+
+def _add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="PROVIDER/MODEL, or 'demo' for the offline demo model")
+    p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
+    p.add_argument("--accel", choices=["kvm", "hvf", "tcg"], help="override the accelerator probe")
+    p.add_argument("--transport", choices=[t.value for t in Transport], default="virtio",
+                   help="host<->guest channel (default: virtio-serial)")  # fmt: skip
+    p.add_argument("--memory", type=int, default=1024, help="guest memory in MiB (default 1024)")
+    p.add_argument("--cpus", type=int, default=2, help="guest CPUs (default 2)")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="allow every action the policy does not deny, without asking")  # fmt: skip
+    p.add_argument("--policy", type=Path, metavar="FILE",
+                   help="decide permissions from this policy file instead of yours")  # fmt: skip
+    p.add_argument("--allow-net", nargs="+", metavar="DOMAIN",
+                   help="let the agent reach these domains (and their subdomains)")  # fmt: skip
+    p.add_argument("--max-turns", type=int, help="stop the task after this many turns")
+    p.add_argument("--max-minutes", type=float, help="stop the task after this much running time")
+    p.add_argument("--max-tokens", type=int, help="stop the task after this many tokens")
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a task in a fresh VM", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p.add_argument("prompt", help="what the agent should do")
+    p.add_argument("--folder", "-f", help="the working folder (shared into the VM read-write)")
+    p.add_argument("--title", help="task title (default: the prompt's first line)")
+    _add_common(p)
+    p.set_defaults(func=cmd_run)
+
+    r = sub.add_parser("resume", help="resume a task after any interruption", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    r.add_argument("task", help="task id (a unique prefix is enough)")
+    r.add_argument("prompt", nargs="?", help="a new message (default: continue where it stopped)")
+    r.add_argument("--folder", "-f", help="bind a working folder (only if the task has none)")
+    _add_common(r)
+    r.set_defaults(func=cmd_resume)

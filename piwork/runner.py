@@ -1,0 +1,709 @@
+"""One task's life: task store + model gateway + VM + pi + policy + limits.
+
+This is the single API the CLI and the GUI drive. It emits :class:`RunEvent`
+objects (already digested for people: text deltas, one record per tool step,
+boot progress, questions) and asks the front end through an :class:`Asker`
+when the policy cannot decide. Nothing here prints or reads a terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Protocol
+
+import orjson
+
+from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVm, AgentVmConfig, TaskDirs
+from piwork.auth import KeyStore
+from piwork.config import Paths, get_paths
+from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
+from piwork.models.providers import (
+    Provider,
+    demo_provider,
+    load_providers,
+    parse_model_ref,
+    render_guest_models_json,
+)
+from piwork.models.scripted import ScriptedModelServer
+from piwork.pack import ensure_pack, load_manifest
+from piwork.policy import AuditLog, Choice, Decider, PolicyStore
+from piwork.policy.request import PermissionPayloadError, PermissionRequest, parse_request
+from piwork.policy.rules import Action, Target, TaskContext, Verdict
+from piwork.proxy.egress import EgressProxy
+from piwork.proxy.gateway import ModelGateway, UsageRecord
+from piwork.rpc import models as m
+from piwork.rpc.client import ClientItem
+from piwork.rpc.framing import MalformedLine, OversizedLine
+from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
+from piwork.tasks.model import LimitKind
+from piwork.tasks.model import Usage as TaskUsage
+from piwork.vm.accel import probe
+from piwork.vm.command import Transport
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESUME_PROMPT = (
+    "piwork resumed this task after an interruption. Continue where you left off; "
+    "if the work is already finished, say so briefly."
+)
+
+
+class EventKind(StrEnum):
+    NOTICE = "notice"  # something the person should know (TCG, pack build, retry)
+    TASK = "task"  # the task record was created or loaded
+    BOOT = "boot"  # a boot stage reached
+    READY = "ready"  # pi answered its first request
+    STATUS = "status"  # task status changed
+    PROMPT = "prompt"  # a message was sent to the agent
+    TEXT = "text"  # assistant text delta
+    TEXT_END = "text_end"  # an assistant message finished
+    TOOL_START = "tool_start"
+    TOOL_END = "tool_end"
+    PERMISSION = "permission"  # a permission request and how it was decided
+    QUESTION = "question"  # the agent asked the person something
+    USAGE = "usage"
+    ERROR = "error"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    kind: EventKind
+    data: dict[str, Any]
+    elapsed: float
+    task_id: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "event": self.kind.value,
+            "t": round(self.elapsed, 3),
+            "task": self.task_id,
+            **self.data,
+        }
+
+
+EventSink = Callable[[RunEvent], None]
+
+
+class Asker(Protocol):
+    """How the runner asks the person. Front ends implement it."""
+
+    async def permission(self, request: PermissionRequest) -> Choice | None:
+        """The person's choice; ``None`` means no one can answer (deny and say so)."""
+
+    async def question(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> str | bool | None:
+        """Answer an input/confirm/select/editor dialog; ``None`` cancels it."""
+
+
+class DenyAsker:
+    """For runs with no person to ask: every undecided permission is denied."""
+
+    def __init__(self, reason: str = "no terminal to ask on") -> None:
+        self.reason = reason
+
+    async def permission(self, request: PermissionRequest) -> Choice | None:
+        return None
+
+    async def question(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> str | bool | None:
+        return None
+
+
+class AllowAsker(DenyAsker):
+    """``--yes``: allow everything the policy did not deny, once."""
+
+    async def permission(self, request: PermissionRequest) -> Choice | None:
+        return Choice.ALLOW_ONCE
+
+
+@dataclass
+class RunRequest:
+    prompt: str | None
+    folder: Path | None = None
+    model: str | None = None  # PROVIDER/MODEL, or "demo"; default: the task's, else demo
+    task_id: str | None = None  # resume this task instead of creating one
+    title: str | None = None
+    accel: str | None = None
+    transport: Transport = Transport.VIRTIO
+    memory_mb: int = 1024
+    cpus: int = 2
+    allow_net: tuple[str, ...] = ()
+    limits: Limits | None = None
+    extra_providers: tuple[Provider, ...] = ()
+    boot_stall_timeout: float = 90.0
+    assume_yes: bool = False
+
+
+@dataclass
+class Outcome:
+    task_id: str
+    status: str
+    reason: str | None
+    message: str | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == TaskStatus.STOPPED.value and self.reason == StopReason.COMPLETED.value
+
+    @property
+    def exit_code(self) -> int:
+        if self.ok:
+            return 0
+        return {"cancelled": 130, "limit": 3}.get(self.reason or "", 1)
+
+
+class RunError(RuntimeError):
+    """A failure the person can act on; ``str()`` says what to do."""
+
+
+def _resolve_model(ref: str, catalog: dict[str, Provider]) -> tuple[Provider, str]:
+    if ref in ("demo", DEMO_PROVIDER, f"{DEMO_PROVIDER}/{DEMO_MODEL_ID}"):
+        return catalog[DEMO_PROVIDER], DEMO_MODEL_ID
+    return parse_model_ref(ref, catalog)
+
+
+class TaskSession:
+    """A live task: ``async with TaskSession(req, sink, asker) as s: await s.run_prompt(...)``."""
+
+    def __init__(
+        self,
+        req: RunRequest,
+        sink: EventSink | None = None,
+        asker: Asker | None = None,
+        *,
+        paths: Paths | None = None,
+        policy_file: Path | None = None,
+    ) -> None:
+        self.req = req
+        self.sink = sink or (lambda ev: None)
+        self.asker: Asker = asker or (AllowAsker() if req.assume_yes else DenyAsker())
+        self.paths = paths or get_paths()
+        self.t0 = time.monotonic()
+        self.store = TaskStore(self.paths.tasks, fsync_delay=0.05)
+        self.task: Task | None = None
+        self.agent: AgentVm | None = None
+        if policy_file is not None and not policy_file.is_file():
+            raise RunError(f"policy file {policy_file} does not exist (see `piwork policy list`)")
+        self.decider = Decider(
+            PolicyStore(policy_file or self.paths.policy_file), AuditLog(self.paths.audit_log)
+        )
+        self.timings: dict[str, float] = {}
+        self._stack = contextlib.AsyncExitStack()
+        self._last_assistant: m.AssistantOutcome | None = None
+        self._stop_reason: tuple[StopReason, str | None, LimitKind | None] | None = None
+        self._limit_hit = asyncio.Event()
+        self._run_lock = asyncio.Lock()
+        self._paused = False
+        self._closing = False
+        self._ctx = TaskContext()
+
+    # ------------------------------------------------------------ events
+    def emit(self, kind: EventKind, **data: Any) -> None:
+        ev = RunEvent(kind, data, time.monotonic() - self.t0, self.task.id if self.task else None)
+        try:
+            self.sink(ev)
+        except Exception:  # a broken front end must not break the task
+            log.exception("event sink failed")
+
+    def _note(self, kind: str, data: Any) -> None:
+        """Append to the task transcript; a disk error becomes a task error, not a crash."""
+        if self.task is None:
+            return
+        try:
+            self.store.append_event(self.task.id, kind, data)
+        except Exception as exc:
+            self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
+
+    def _set_status(
+        self,
+        status: TaskStatus,
+        *,
+        reason: StopReason | None = None,
+        message: str | None = None,
+        limit: LimitKind | None = None,
+    ) -> None:
+        assert self.task is not None
+        current = self.store.get(self.task.id).record.status
+        if current == status and status is not TaskStatus.STOPPED:
+            return
+        self.task = self.store.transition(
+            self.task.id, status, reason=reason, message=message, limit=limit
+        )
+        self.emit(
+            EventKind.STATUS,
+            status=status.value,
+            reason=reason.value if reason else None,
+            message=message,
+        )
+
+    # ------------------------------------------------------------ setup
+    async def __aenter__(self) -> TaskSession:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close(graceful=False)
+            raise
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close(graceful=et is None)
+
+    def _open_task(self) -> Task:
+        self.store.mark_interrupted()
+        req = self.req
+        if req.task_id:
+            task = self.store.get(req.task_id)
+            if req.folder is not None:
+                task = self.store.bind_folder(task.id, req.folder)
+            if req.model and req.model != task.record.model:
+                task = self.store.update(task.id, model=req.model)
+        else:
+            title = req.title or (req.prompt or "untitled task").strip().splitlines()[0][:80]
+            task = self.store.create(
+                title, req.folder, model=req.model or "demo", limits=req.limits
+            )
+        return task
+
+    async def start(self) -> None:
+        self.task = self._open_task()
+        task = self.task
+        self._stack.enter_context(self.store.claim(task.id))
+        record = task.record
+        folder = Path(record.working_folder) if record.working_folder else None
+        self._ctx = TaskContext(task_id=task.id, working_folder=folder)
+        self.emit(
+            EventKind.TASK,
+            id=task.id,
+            title=record.title,
+            folder=str(folder) if folder else None,
+            model=record.model,
+            resumed=bool(self.req.task_id),
+        )
+        # Model access: the guest only ever sees the gateway and a per-run token.
+        catalog = load_providers(extra=self.req.extra_providers)
+        model_ref = record.model or "demo"
+        if model_ref in ("demo", DEMO_PROVIDER) or model_ref.startswith(f"{DEMO_PROVIDER}/"):
+            server: ScriptedModelServer = demo_server()
+            await self._stack.enter_async_context(server)
+            catalog[DEMO_PROVIDER] = demo_provider(server.base_url)
+            self.emit(
+                EventKind.NOTICE,
+                message="using the offline demo model (scripted, not a real LLM); "
+                "choose a real one with --model PROVIDER/MODEL",
+            )
+        try:
+            provider, model_id = _resolve_model(model_ref, catalog)
+        except Exception as exc:
+            raise RunError(f"unknown model {model_ref!r}: {exc}. See `piwork models`.") from exc
+        token = secrets.token_urlsafe(24)
+        gateway = ModelGateway(
+            catalog,
+            KeyStore(paths=self.paths),
+            task_id=task.id,
+            on_usage=self._on_gateway_usage,
+            guest_token=token,
+        )
+        await self._stack.enter_async_context(gateway)
+        egress = EgressProxy(self._domain_policy, on_decision=self._on_egress_decision)
+        await self._stack.enter_async_context(egress)
+        agent_dir = task.state_dir / "agent"
+        agent_dir.mkdir(parents=True, exist_ok=True)
+        models_json = render_guest_models_json(list(catalog.values()), placeholder=token)
+        (agent_dir / "models.json").write_bytes(
+            orjson.dumps(models_json, option=orjson.OPT_INDENT_2)
+        )
+
+        # The pack and the accelerator.
+        t = time.monotonic()
+        pack_dir = await asyncio.to_thread(
+            ensure_pack, log=lambda msg: self.emit(EventKind.NOTICE, message=msg)
+        )
+        manifest = load_manifest(pack_dir)
+        self.timings["pack"] = time.monotonic() - t
+        accel = probe(self.req.accel)
+        self.emit(
+            EventKind.NOTICE,
+            message=f"accelerator: {accel.accel.value} ({accel.reason})",
+            accel=accel.accel.value,
+        )
+
+        self._set_status(TaskStatus.RUNNING)
+        cfg = AgentVmConfig(
+            pack_dir=pack_dir,
+            manifest=manifest,
+            accel=accel,
+            dirs=TaskDirs(task.state_dir, task.outputs_dir, task.uploads_dir, folder),
+            log_dir=task.dir / "logs",
+            gateway_port=gateway.port,
+            egress_port=egress.port,
+            transport=self.req.transport,
+            memory_mb=self.req.memory_mb,
+            cpus=self.req.cpus,
+            boot_stall_timeout=self.req.boot_stall_timeout,
+            task_id=task.id,
+            provider=provider.name,
+            model=model_id,
+            extensions=[GATE_EXTENSION, f"{GUEST_EXTENSIONS}/ask-user.ts"],
+            extra_env={"PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork"},
+        )
+        agent = AgentVm(
+            cfg,
+            on_stage=lambda name, secs: self.emit(EventKind.BOOT, stage=name, seconds=secs),
+            on_supervisor_event=self._on_supervisor_event,
+            on_pi_line=self._on_pi_line,
+        )
+        self.agent = agent
+        agent.rpc.set_ui_handler(self._on_ui_request)
+        agent.rpc.add_listener(self._on_item)
+        t = time.monotonic()
+        await agent.start()
+        state = await agent.wait_pi_ready()
+        self.timings["boot_to_pi_ready"] = time.monotonic() - t
+        self.timings["start_to_pi_ready"] = time.monotonic() - self.t0
+        self.timings.update({f"vm_{k}": v for k, v in agent.timings.items()})
+        self.emit(
+            EventKind.READY,
+            seconds=self.timings["start_to_pi_ready"],
+            session=state.session_file,
+            messages=state.message_count,
+        )
+
+    async def close(self, *, graceful: bool = True) -> None:
+        self._closing = True
+        try:
+            if self.agent is not None:
+                await self.agent.stop(graceful=graceful)
+        finally:
+            self.agent = None
+            if self.task is not None:
+                current = self.store.get(self.task.id).record.status
+                if current not in (TaskStatus.STOPPED, TaskStatus.IDLE, TaskStatus.INTERRUPTED):
+                    # Leaving while the task is live (crash, Ctrl-C twice): say so.
+                    with contextlib.suppress(Exception):
+                        self._set_status(
+                            TaskStatus.STOPPED,
+                            reason=StopReason.ERROR,
+                            message="piwork stopped before the task finished",
+                        )
+            await self._stack.aclose()
+            self.store.close()
+
+    # ------------------------------------------------------------ hooks from below
+    def _on_pi_line(self, raw: bytes) -> None:
+        try:
+            data: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            data = {"malformed": raw[:2000].decode("utf-8", "replace")}
+        self._note("pi", data)
+
+    def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
+        self._note("supervisor", msg)
+        if msg.get("ev") == "exit" and self._stop_reason is None and not self._closing:
+            self.emit(EventKind.ERROR, message=f"pi exited unexpectedly: {msg}")
+
+    def _on_gateway_usage(self, rec: UsageRecord) -> None:
+        self._note("model_call", {
+            "provider": rec.provider, "model": rec.model, "status": rec.status,
+            "inputTokens": rec.input_tokens, "outputTokens": rec.output_tokens,
+            "seconds": round(rec.duration_s, 3),
+        })  # fmt: skip
+
+    def _on_item(self, item: ClientItem) -> None:
+        if isinstance(item, m.MessageUpdate):
+            delta = m.text_delta(item)
+            if delta:
+                self.emit(EventKind.TEXT, delta=delta)
+        elif isinstance(item, m.MessageEnd):
+            outcome = m.assistant_outcome(item)
+            if outcome is not None:
+                self._last_assistant = outcome
+                self.emit(
+                    EventKind.TEXT_END,
+                    stop_reason=outcome.stop_reason,
+                    error=outcome.error_message,
+                )
+                self._account(outcome.usage)
+        elif isinstance(item, m.ToolExecutionStart):
+            s = m.tool_call_summary(item)
+            self.emit(EventKind.TOOL_START, id=s.tool_call_id, name=s.tool_name, arg=s.key_arg)
+        elif isinstance(item, m.ToolExecutionEnd):
+            o = m.tool_outcome(item)
+            self.emit(EventKind.TOOL_END, id=o.tool_call_id, name=o.tool_name, ok=o.ok, text=o.text)
+        elif isinstance(item, m.TurnEnd):
+            self._account(None, turns=1)
+        elif isinstance(item, m.AutoRetryStart):
+            self.emit(
+                EventKind.NOTICE,
+                message=f"model call failed ({item.error_message}); retrying in "
+                f"{item.delay_ms / 1000:.0f}s (attempt {item.attempt}/{item.max_attempts})",
+            )
+        elif isinstance(item, m.ExtensionError):
+            self.emit(EventKind.NOTICE, message=f"extension error: {item.error}")
+        elif isinstance(item, m.NotifyRequest):
+            self.emit(EventKind.NOTICE, message=f"agent: {item.message}")
+        elif isinstance(item, (MalformedLine, OversizedLine)):
+            self.emit(EventKind.NOTICE, message=f"unreadable line from pi: {item}")
+
+    def _account(self, usage: m.Usage | None, *, turns: int = 0) -> None:
+        if self.task is None:
+            return
+        delta = TaskUsage(turns=turns)
+        if usage is not None:
+            delta = TaskUsage(
+                input_tokens=usage.input,
+                output_tokens=usage.output,
+                cache_read_tokens=usage.cache_read,
+                cache_write_tokens=usage.cache_write,
+                cost_usd=usage.cost.total,
+            )
+        try:
+            self.task = self.store.add_usage(self.task.id, delta)
+        except Exception as exc:
+            self.emit(EventKind.ERROR, message=f"cannot record usage: {exc}")
+            return
+        if usage is not None:
+            u = self.task.record.usage
+            self.emit(EventKind.USAGE, tokens=u.total_tokens, cost=u.cost_usd, turns=u.turns)
+        limit = self.task.record.limit_reached()
+        if limit is not None and self._stop_reason is None:
+            self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
+            self._limit_hit.set()
+
+    # ------------------------------------------------------------ dialogs
+    async def _on_ui_request(self, req: m.UiRequest) -> m.UiResponse | None:
+        """Answer a dialog pi opened: a permission from policy or the person, else a question."""
+        if isinstance(req, m.SelectRequest):
+            try:
+                perm = parse_request(req)
+            except PermissionPayloadError as exc:
+                self.emit(EventKind.ERROR, message=f"unreadable permission request, denied: {exc}")
+                return m.ui_value(req.id, Choice.DENY.value)
+            if perm is not None:
+                return m.ui_value(req.id, (await self._answer_permission(perm)).value)
+        return await self._answer_question(req)
+
+    async def _answer_permission(self, perm: PermissionRequest) -> Choice:
+        decision = self.decider.decide(perm, self._ctx)
+        base = dict(
+            action=perm.action.value, tool=perm.tool, target=perm.summary, question=perm.question
+        )
+        if decision.verdict is not Verdict.ASK:
+            choice = decision.reply_choice
+            self.emit(EventKind.PERMISSION, **base, decision=choice.value, by="rule",
+                      rule=decision.rule.describe() if decision.rule else None)  # fmt: skip
+            self._note("permission", {**base, "decision": choice.value, "by": "rule"})
+            return choice
+        self._set_status(TaskStatus.WAITING_PERMISSION)
+        self.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
+        try:
+            answer = await self.asker.permission(perm)
+        finally:
+            if self._stop_reason is None and self.task is not None:
+                self._set_status(TaskStatus.RUNNING)
+        if answer is None:
+            by = "assume-yes" if self.req.assume_yes else "no-terminal"
+            answer = Choice.ALLOW_ONCE if self.req.assume_yes else Choice.DENY
+        else:
+            by = "person"
+        recorded = self.decider.record_answer(perm, answer, self._ctx, decided_by=by)
+        self.emit(EventKind.PERMISSION, **base, decision=answer.value, by=by,
+                  rules=[r.describe() for r in recorded.created_rules])  # fmt: skip
+        self._note("permission", {**base, "decision": answer.value, "by": by})
+        return answer
+
+    async def _answer_question(self, req: m.UiRequest) -> m.UiResponse:
+        title = str(getattr(req, "title", ""))
+        message = getattr(req, "message", None) or getattr(req, "placeholder", None)
+        options = getattr(req, "options", None)
+        self._set_status(TaskStatus.WAITING_INPUT)
+        self.emit(EventKind.QUESTION, method=req.method, title=title, options=options)
+        try:
+            answer = await self.asker.question(req.method, title, message, options)
+        finally:
+            if self._stop_reason is None and self.task is not None:
+                self._set_status(TaskStatus.RUNNING)
+        self._note("question", {"method": req.method, "title": title, "answer": answer})
+        if answer is None:
+            return m.ui_cancelled(req.id)
+        if req.method == "confirm":
+            return m.ui_confirmed(req.id, bool(answer))
+        return m.ui_value(req.id, str(answer))
+
+    async def _domain_policy(self, host: str, port: int) -> bool:
+        """The egress proxy asks here before the guest reaches a new host."""
+        if any(host == d or host.endswith("." + d) for d in self.req.allow_net):
+            self._note(
+                "egress", {"host": host, "port": port, "decision": "allow", "by": "--allow-net"}
+            )
+            return True
+        target = Target(Action.NETWORK, op="network", domain=host,
+                        reason=f"connects to {host}:{port} through the egress proxy")  # fmt: skip
+        perm = PermissionRequest(
+            request_id=f"egress-{secrets.token_hex(4)}",
+            question=f"The agent wants to connect to {host} (port {port}). Allow?",
+            options=tuple(c.value for c in Choice),
+            action=Action.NETWORK,
+            tool="network",
+            tool_call_id=None,
+            task_id=self.task.id if self.task else None,
+            cwd=None,
+            command=None,
+            paths=(),
+            targets=(target,),
+            payload={},
+        )
+        return (await self._answer_permission(perm)).allows
+
+    def _on_egress_decision(self, decision: Any) -> None:
+        self._note("egress", {"host": decision.host, "port": decision.port,
+                              "allowed": decision.allowed, "reason": decision.reason})  # fmt: skip
+
+    # ------------------------------------------------------------ controls
+    @property
+    def rpc(self) -> Any:
+        assert self.agent is not None
+        return self.agent.rpc
+
+    async def run_prompt(self, text: str) -> Outcome:
+        """Send ``text`` and wait until the agent is really finished (or stopped)."""
+        assert self.task is not None and self.agent is not None
+        async with self._run_lock:
+            self._last_assistant = None
+            self._note("prompt", {"message": text})
+            self.emit(EventKind.PROMPT, message=text)
+            if self.store.get(self.task.id).record.status is not TaskStatus.RUNNING:
+                self._set_status(TaskStatus.RUNNING)
+            t = time.monotonic()
+            work = asyncio.ensure_future(self._prompt_and_wait(text))
+            limit = asyncio.ensure_future(self._limit_hit.wait())
+            assert self.agent.pi_exit is not None
+            pi_gone: asyncio.Future[Any] = self.agent.pi_exit
+            done, _ = await asyncio.wait(
+                {work, limit, pi_gone}, return_when=asyncio.FIRST_COMPLETED
+            )
+            limit.cancel()
+            if work not in done:
+                if pi_gone in done and self._stop_reason is None:
+                    tail = "\n".join(self.agent.stderr_tail[-10:])
+                    self._stop_reason = (
+                        StopReason.ERROR,
+                        f"pi exited: {pi_gone.result()}\n{tail}",
+                        None,
+                    )
+                with contextlib.suppress(Exception):
+                    await self._abort_run()
+                work.cancel()
+                with contextlib.suppress(BaseException):
+                    await work
+            else:
+                exc = work.exception()
+                if exc is not None and self._stop_reason is None:
+                    self._stop_reason = (StopReason.ERROR, f"{type(exc).__name__}: {exc}", None)
+            self.timings["prompt_to_idle"] = time.monotonic() - t
+            return self._finish()
+
+    async def _prompt_and_wait(self, text: str) -> None:
+        await self.rpc.prompt(text)
+        await self.rpc.wait_idle()
+
+    def _finish(self) -> Outcome:
+        assert self.task is not None
+        if self._stop_reason is not None:
+            reason, message, limit = self._stop_reason
+        else:
+            last = self._last_assistant
+            if last is not None and last.stop_reason == "error":
+                reason, message, limit = (
+                    StopReason.ERROR,
+                    f"model error: {last.error_message}",
+                    None,
+                )
+            elif last is not None and last.stop_reason == "aborted":
+                reason, message, limit = StopReason.CANCELLED, "aborted", None
+            else:
+                reason, message, limit = StopReason.COMPLETED, None, None
+        self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
+        self._stop_reason = None
+        self._limit_hit.clear()
+        record = self.store.get(self.task.id).record
+        outcome = Outcome(
+            self.task.id, record.status.value, reason.value, message, dict(self.timings)
+        )
+        self.emit(
+            EventKind.DONE,
+            status=outcome.status,
+            reason=outcome.reason,
+            message=message,
+            tokens=record.usage.total_tokens,
+            turns=record.usage.turns,
+            timings={k: round(v, 2) for k, v in self.timings.items()},
+        )
+        return outcome
+
+    async def _abort_run(self) -> None:
+        """Answer every open dialog (pi would hang on them), then abort the run."""
+        opened = list(self.rpc.open_dialogs.values())
+        await self.rpc.cancel_open_dialogs()
+        for dialog in opened:
+            with contextlib.suppress(Exception):
+                perm = parse_request(dialog) if isinstance(dialog, m.SelectRequest) else None
+                if perm is not None:
+                    self.decider.record_cancelled(perm, self._ctx)
+        if self._paused:
+            await self.resume_vm()
+        await self.rpc.abort(timeout=30)
+
+    async def stop(self, message: str = "stopped by the person") -> None:
+        """Cancel the task's current run: it ends ``cancelled`` within seconds."""
+        if self._stop_reason is None:
+            self._stop_reason = (StopReason.CANCELLED, message, None)
+        self._limit_hit.set()  # wakes run_prompt, which aborts and finishes
+
+    async def steer(self, text: str) -> None:
+        self._note("steer", {"message": text})
+        self.emit(EventKind.PROMPT, message=text, mode="steer")
+        await self.rpc.steer(text)
+
+    async def follow_up(self, text: str) -> None:
+        self._note("follow_up", {"message": text})
+        self.emit(EventKind.PROMPT, message=text, mode="follow_up")
+        await self.rpc.follow_up(text)
+
+    async def pause_vm(self) -> None:
+        """Freeze the whole guest (QMP stop): no CPU, no events, until resumed."""
+        assert self.agent is not None
+        await self.agent.vm.pause()
+        self._paused = True
+        self._set_status(TaskStatus.PAUSED)
+
+    async def resume_vm(self) -> None:
+        assert self.agent is not None
+        await self.agent.vm.resume()
+        self._paused = False
+        self._set_status(TaskStatus.RUNNING)
+
+
+async def run_task(
+    req: RunRequest, sink: EventSink | None = None, asker: Asker | None = None
+) -> Outcome:
+    """Start (or resume) a task, run its prompt to the end, power the VM off."""
+    async with TaskSession(req, sink, asker) as session:
+        prompt = req.prompt
+        if prompt is None:
+            prompt = DEFAULT_RESUME_PROMPT
+        return await session.run_prompt(prompt)

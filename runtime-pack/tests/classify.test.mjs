@@ -109,6 +109,18 @@ describe("pi tools", () => {
     assert.equal(r.action, "connector");
     assert.equal(r.needsDecision, true);
   });
+  test("ask_user has no effects and needs no decision; only that exact name", () => {
+    const r = tool("ask_user", { question: "Which format?", options: ["csv", "json"] });
+    assert.equal(r.action, "read");
+    assert.deepEqual(r.effects, []);
+    assert.deepEqual(r.paths, []);
+    assert.equal(r.needsDecision, false);
+    for (const name of ["Ask_User", "ask_user_x", "ask", "mcp_ask_user"]) {
+      const o = tool(name, { question: "x" });
+      assert.equal(o.action, "connector", name);
+      assert.equal(o.needsDecision, true, name);
+    }
+  });
 });
 
 describe("shell: reads", () => {

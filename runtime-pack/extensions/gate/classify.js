@@ -1407,6 +1407,11 @@ function dedupe(effects) {
 
 const READ_TOOLS = new Set(["read", "ls", "grep", "find"]);
 const WRITE_TOOLS = new Set(["write", "edit"]);
+// Tools with no effect outside the conversation: `ask_user` (../ask-user.ts)
+// only asks the person a question, so asking permission first would be a
+// second dialog for nothing. Exact names only; other extension tools stay
+// `connector`.
+const NO_EFFECT_TOOLS = new Set(["ask_user"]);
 
 /**
  * Classify one pi tool call.
@@ -1426,6 +1431,8 @@ export function classifyToolCall(toolName, input, { cwd, config }) {
     command = typeof args.command === "string" ? args.command : "";
     raw = classifyCommandEffects(command, { cwd, home: config.home, depth: 0 });
     if (raw.length === 0) raw.push(effect("read", { raw: ".", cwd, command, reason: "no side effects found" }));
+  } else if (NO_EFFECT_TOOLS.has(toolName)) {
+    // no effects: action "read", no decision needed
   } else {
     raw.push(effect("connector", { reason: `tool ${toolName}` }));
   }

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs (scripts/setup.sh), then lint,
+# types, the guest-side node tests, and pytest (unit, native pi, and VM tests
+# that boot the real QEMU with the real pi). Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
+echo "== mypy" && .venv/bin/mypy
+echo "== node --test (guest side)" && node --test runtime-pack/tests/
+echo "== pytest" && exec .venv/bin/pytest -p no:cacheprovider "$@"

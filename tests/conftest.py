@@ -1,0 +1,16 @@
+"""Suite-wide isolation: no test touches the person's real tasks, policy or keys.
+
+Every test session gets a private ``PIWORK_HOME``. Runtime packs are large and
+content-addressed, so they stay in the real user cache (``PIWORK_PACK_CACHE``)
+where a second run finds them; a pack is only reused when its inputs match.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import platformdirs
+
+os.environ.setdefault("PIWORK_PACK_CACHE", platformdirs.user_cache_dir("piwork"))
+os.environ["PIWORK_HOME"] = tempfile.mkdtemp(prefix="piwork-test-home-")

@@ -1,0 +1,125 @@
+"""VM fixtures: the real pack, real QEMU (TCG here), the real pi.
+
+One booted VM is shared by the tests of a module where the tests allow it;
+the scripted model server (the test double for the remote LLM only) can be
+given a new script per test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
+from piwork.models.scripted import ScriptedModelServer, Text, pi_provider_config
+from piwork.pack import ensure_pack, load_manifest
+from piwork.pack.manifest import Manifest
+from piwork.vm.accel import probe
+from piwork.vm.command import GATEWAY_GUEST_ADDR, Transport
+
+SCRIPTED_PROVIDER = "scripted"
+
+
+@pytest.fixture(scope="session")
+def pack() -> tuple[Path, Manifest]:
+    pack_dir = ensure_pack()
+    return pack_dir, load_manifest(pack_dir)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def make_task_dirs(root: Path, *, with_work: bool = True) -> TaskDirs:
+    dirs = TaskDirs(
+        state=root / "state",
+        outputs=root / "outputs",
+        uploads=root / "uploads",
+        work=root / "work" if with_work else None,
+    )
+    for d in (dirs.state / "agent", dirs.outputs, dirs.uploads):
+        d.mkdir(parents=True, exist_ok=True)
+    if dirs.work is not None:
+        dirs.work.mkdir(parents=True, exist_ok=True)
+    return dirs
+
+
+def write_models_json(dirs: TaskDirs, model_id: str = "scripted") -> None:
+    """pi's models.json pointing at the guestfwd address (here straight to the server)."""
+    base = f"http://{GATEWAY_GUEST_ADDR[0]}/v1"
+    providers = {SCRIPTED_PROVIDER: pi_provider_config(base, model_id, "scripted test model")}
+    (dirs.state / "agent" / "models.json").write_text(json.dumps({"providers": providers}))
+
+
+def agent_config(
+    pack: tuple[Path, Manifest],
+    dirs: TaskDirs,
+    server: ScriptedModelServer,
+    log_dir: Path,
+    *,
+    transport: Transport = Transport.VIRTIO,
+) -> AgentVmConfig:
+    return AgentVmConfig(
+        pack_dir=pack[0],
+        manifest=pack[1],
+        accel=probe(),
+        dirs=dirs,
+        log_dir=log_dir,
+        gateway_port=server.port,
+        transport=transport,
+        provider=SCRIPTED_PROVIDER,
+        model="scripted",
+    )
+
+
+@pytest.fixture(scope="module")
+async def model_server() -> AsyncIterator[ScriptedModelServer]:
+    server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
+    async with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def vm_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("vm")
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+async def shared_agent(
+    pack: tuple[Path, Manifest], model_server: ScriptedModelServer, vm_root: Path
+) -> AsyncIterator[AgentVm]:
+    """One booted VM with pi ready, shared by a module's tests."""
+    dirs = make_task_dirs(vm_root / "task")
+    write_models_json(dirs)
+    agent = AgentVm(agent_config(pack, dirs, model_server, vm_root / "logs"))
+    async with agent:
+        await agent.wait_pi_ready()
+        yield agent
+    assert not agent.vm.running
+
+
+def per_prompt(*steps: object) -> object:
+    """A script that restarts at every user message (the shared VM's session grows)."""
+    from piwork.models.scripted import ChatRequest
+
+    def choose(req: ChatRequest) -> object:
+        i = req.assistant_turns_since_user
+        return steps[i] if i < len(steps) else Text("(script finished)")
+
+    return choose

@@ -123,3 +123,48 @@ def per_prompt(*steps: object) -> object:
         return steps[i] if i < len(steps) else Text("(script finished)")
 
     return choose
+
+
+def scripted_provider(server: ScriptedModelServer, name: str = SCRIPTED_PROVIDER) -> object:
+    """The scripted server as a custom provider, so runner tests go through the gateway."""
+    from piwork.models.providers import ModelSpec, Provider
+
+    return Provider(
+        name=name,
+        api="openai-completions",
+        base_url=server.base_url,
+        auth="none",
+        key_required=False,
+        default_model="scripted",
+        models=(
+            ModelSpec(
+                id="scripted",
+                name="scripted test model",
+                contextWindow=128_000,
+                maxTokens=4096,
+                reasoning=False,
+                input=("text",),
+            ),
+        ),
+    )
+
+
+class ScriptedAsker:
+    """An Asker whose answers the test decides; it records every question."""
+
+    def __init__(self, permission: object = None, answer: object = None) -> None:
+        self.permission_answer = permission
+        self.answer = answer
+        self.permissions: list[object] = []
+        self.questions: list[tuple[str, str]] = []
+
+    async def permission(self, request: object) -> object:
+        self.permissions.append(request)
+        answer = self.permission_answer
+        return answer(request) if callable(answer) else answer
+
+    async def question(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> object:
+        self.questions.append((method, title))
+        return self.answer(title) if callable(self.answer) else self.answer

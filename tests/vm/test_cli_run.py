@@ -1,0 +1,64 @@
+"""`piwork run` as a person or a script runs it: a real VM, the real pi, the demo model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vm
+
+PIWORK = [sys.executable, "-m", "piwork.cli.main"]
+
+
+def run_cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PIWORK, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ},
+    )
+
+
+def test_headless_run_over_tcp_transport_writes_into_the_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "README.md").write_text("# A small project\n")
+    proc = run_cli(
+        "run", "Summarise this folder", "--folder", str(folder), "--model", "demo",
+        "--json", "--transport", "tcp",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "task" and kinds[-1] == "done"
+    assert events[-1]["reason"] == "completed"
+    assert "ready" in kinds and kinds.count("tool_end") == 4
+    assert all(e["ok"] for e in events if e["event"] == "tool_end")
+    notices = " ".join(e.get("message", "") for e in events if e["event"] == "notice")
+    assert "demo model" in notices and "accelerator: " in notices
+    demo = (folder / "PIWORK_DEMO.md").read_text()
+    assert "README.md" in demo and "demo model" in demo
+
+    task_id = events[0]["task"]
+    shown = run_cli("tasks", "show", task_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    record = json.loads(shown.stdout)
+    record = record.get("task", record)
+    assert record["status"] == "stopped" and record["stop"]["reason"] == "completed"
+    transcript = Path(os.environ["PIWORK_HOME"], "data", "tasks", task_id, "transcript.jsonl")
+    kinds_logged = {json.loads(line)["kind"] for line in transcript.read_text().splitlines()}
+    assert {"task_created", "status", "prompt", "pi", "supervisor"} <= kinds_logged
+
+
+def test_a_missing_folder_is_refused_before_anything_boots(tmp_path: Path) -> None:
+    proc = run_cli("run", "hello", "--folder", str(tmp_path / "nope"), "--model", "demo")
+    assert proc.returncode != 0
+    assert "does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -417,11 +417,17 @@ class TaskSession:
             self.emit(EventKind.ERROR, message=f"pi exited unexpectedly: {msg}")
 
     def _on_gateway_usage(self, rec: UsageRecord) -> None:
-        self._note("model_call", {
-            "provider": rec.provider, "model": rec.model, "status": rec.status,
-            "inputTokens": rec.input_tokens, "outputTokens": rec.output_tokens,
-            "seconds": round(rec.duration_s, 3),
-        })  # fmt: skip
+        self._note(
+            "model_call",
+            {
+                "provider": rec.provider,
+                "model": rec.model,
+                "status": rec.status,
+                "inputTokens": rec.input_tokens,
+                "outputTokens": rec.output_tokens,
+                "seconds": round(rec.duration_s, 3),
+            },
+        )
 
     def _on_item(self, item: ClientItem) -> None:
         if isinstance(item, m.MessageUpdate):
@@ -504,8 +510,13 @@ class TaskSession:
         )
         if decision.verdict is not Verdict.ASK:
             choice = decision.reply_choice
-            self.emit(EventKind.PERMISSION, **base, decision=choice.value, by="rule",
-                      rule=decision.rule.describe() if decision.rule else None)  # fmt: skip
+            self.emit(
+                EventKind.PERMISSION,
+                **base,
+                decision=choice.value,
+                by="rule",
+                rule=decision.rule.describe() if decision.rule else None,
+            )
             self._note("permission", {**base, "decision": choice.value, "by": "rule"})
             return choice
         self._set_status(TaskStatus.WAITING_PERMISSION)
@@ -521,8 +532,13 @@ class TaskSession:
         else:
             by = "person"
         recorded = self.decider.record_answer(perm, answer, self._ctx, decided_by=by)
-        self.emit(EventKind.PERMISSION, **base, decision=answer.value, by=by,
-                  rules=[r.describe() for r in recorded.created_rules])  # fmt: skip
+        self.emit(
+            EventKind.PERMISSION,
+            **base,
+            decision=answer.value,
+            by=by,
+            rules=[r.describe() for r in recorded.created_rules],
+        )
         self._note("permission", {**base, "decision": answer.value, "by": by})
         return answer
 
@@ -551,8 +567,12 @@ class TaskSession:
                 "egress", {"host": host, "port": port, "decision": "allow", "by": "--allow-net"}
             )
             return True
-        target = Target(Action.NETWORK, op="network", domain=host,
-                        reason=f"connects to {host}:{port} through the egress proxy")  # fmt: skip
+        target = Target(
+            Action.NETWORK,
+            op="network",
+            domain=host,
+            reason=f"connects to {host}:{port} through the egress proxy",
+        )
         perm = PermissionRequest(
             request_id=f"egress-{secrets.token_hex(4)}",
             question=f"The agent wants to connect to {host} (port {port}). Allow?",
@@ -570,8 +590,15 @@ class TaskSession:
         return (await self._answer_permission(perm)).allows
 
     def _on_egress_decision(self, decision: Any) -> None:
-        self._note("egress", {"host": decision.host, "port": decision.port,
-                              "allowed": decision.allowed, "reason": decision.reason})  # fmt: skip
+        self._note(
+            "egress",
+            {
+                "host": decision.host,
+                "port": decision.port,
+                "allowed": decision.allowed,
+                "reason": decision.reason,
+            },
+        )
 
     # ------------------------------------------------------------ controls
     @property

@@ -94,8 +94,11 @@ class TerminalConsole:
             elif line.startswith("/follow "):
                 await session.follow_up(line.removeprefix("/follow ").strip())
             elif line.startswith("/"):
-                print("piwork: commands: /stop /pause /continue /follow TEXT; "
-                      "any other line steers the agent", file=sys.stderr)  # fmt: skip
+                print(
+                    "piwork: commands: /stop /pause /continue /follow TEXT; "
+                    "any other line steers the agent",
+                    file=sys.stderr,
+                )
             else:
                 await session.steer(line)
         except Exception as exc:
@@ -209,8 +212,11 @@ async def _run(args: argparse.Namespace, req: RunRequest, prompt: str) -> int:
             if console is not None:
                 console.session = session
                 console.start()
-                print("piwork: type to steer the agent; /follow TEXT, /pause, /continue, "
-                      "/stop (or Ctrl-C)", file=sys.stderr)  # fmt: skip
+                print(
+                    "piwork: type to steer the agent; /follow TEXT, /pause, /continue, "
+                    "/stop (or Ctrl-C)",
+                    file=sys.stderr,
+                )
             outcome = await session.run_prompt(prompt)
             return outcome.exit_code
     except asyncio.CancelledError:
@@ -275,32 +281,56 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="PROVIDER/MODEL, or 'demo' for the offline demo model")
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument("--accel", choices=["kvm", "hvf", "tcg"], help="override the accelerator probe")
-    p.add_argument("--transport", choices=[t.value for t in Transport], default="virtio",
-                   help="host<->guest channel (default: virtio-serial)")  # fmt: skip
+    p.add_argument(
+        "--transport",
+        choices=[t.value for t in Transport],
+        default="virtio",
+        help="host<->guest channel (default: virtio-serial)",
+    )
     p.add_argument("--memory", type=int, default=1024, help="guest memory in MiB (default 1024)")
     p.add_argument("--cpus", type=int, default=2, help="guest CPUs (default 2)")
-    p.add_argument("--yes", "-y", action="store_true",
-                   help="allow every action the policy does not deny, without asking")  # fmt: skip
-    p.add_argument("--policy", type=Path, metavar="FILE",
-                   help="decide permissions from this policy file instead of yours")  # fmt: skip
-    p.add_argument("--allow-net", nargs="+", metavar="DOMAIN",
-                   help="let the agent reach these domains (and their subdomains)")  # fmt: skip
+    p.add_argument(
+        "--yes",
+        "-y",
+        action="store_true",
+        help="allow every action the policy does not deny, without asking",
+    )
+    p.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="decide permissions from this policy file instead of yours",
+    )
+    p.add_argument(
+        "--allow-net",
+        nargs="+",
+        metavar="DOMAIN",
+        help="let the agent reach these domains (and their subdomains)",
+    )
     p.add_argument("--max-turns", type=int, help="stop the task after this many turns")
     p.add_argument("--max-minutes", type=float, help="stop the task after this much running time")
     p.add_argument("--max-tokens", type=int, help="stop the task after this many tokens")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a task in a fresh VM", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = sub.add_parser(
+        "run",
+        help="run a task in a fresh VM",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("prompt", help="what the agent should do")
     p.add_argument("--folder", "-f", help="the working folder (shared into the VM read-write)")
     p.add_argument("--title", help="task title (default: the prompt's first line)")
     _add_common(p)
     p.set_defaults(func=cmd_run)
 
-    r = sub.add_parser("resume", help="resume a task after any interruption", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    r = sub.add_parser(
+        "resume",
+        help="resume a task after any interruption",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     r.add_argument("task", help="task id (a unique prefix is enough)")
     r.add_argument("prompt", nargs="?", help="a new message (default: continue where it stopped)")
     r.add_argument("--folder", "-f", help="bind a working folder (only if the task has none)")

@@ -786,9 +786,19 @@ console.log(JSON.stringify(out));
 """
 
 
-needs_pi = pytest.mark.skipif(
-    shutil.which("node") is None or not PI_AI.exists(), reason="needs node and the pi runtime"
-)
+def _require_pi() -> None:
+    if shutil.which("node") is None or not PI_AI.exists():
+        pytest.fail("these tests need node and runtime-pack/pi/node_modules: run scripts/setup.sh")
+
+
+needs_pi = pytest.mark.usefixtures("_pi_runtime")
+
+
+@pytest.fixture
+def _pi_runtime() -> None:
+    _require_pi()
+
+
 SDK_PROVIDERS = ("openai-test", "openai-resp-test", "anthropic-test", "google-test")
 
 

@@ -231,12 +231,12 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "tiny"
     mnt.mkdir()
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        pytest.fail("this test mounts a 64 KiB tmpfs to fill a real disk: run the suite as root")
     res = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True
     )
     if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
+        pytest.fail(f"cannot mount a tmpfs: {res.stderr.decode().strip()}")
     try:
         yield mnt
     finally:

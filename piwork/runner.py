@@ -27,6 +27,7 @@ from piwork.auth import KeyStore
 from piwork.config import Paths, get_paths
 from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
 from piwork.models.providers import (
+    PROVIDERS_FILE_NAME,
     Provider,
     demo_provider,
     load_providers,
@@ -144,6 +145,10 @@ class RunRequest:
     extra_providers: tuple[Provider, ...] = ()
     boot_stall_timeout: float = 90.0
     assume_yes: bool = False
+    egress_allow_private_networks: bool = False
+    """For tests and local setups only: let allowed names that resolve to loopback or
+    private addresses through the egress proxy (it refuses them by default, so an
+    allowed name cannot lead the guest to the host's own services)."""
 
 
 @dataclass
@@ -295,7 +300,9 @@ class TaskSession:
             resumed=bool(self.req.task_id),
         )
         # Model access: the guest only ever sees the gateway and a per-run token.
-        catalog = load_providers(extra=self.req.extra_providers)
+        catalog = load_providers(
+            self.paths.config / PROVIDERS_FILE_NAME, extra=self.req.extra_providers
+        )
         model_ref = record.model or "demo"
         if model_ref in ("demo", DEMO_PROVIDER) or model_ref.startswith(f"{DEMO_PROVIDER}/"):
             server: ScriptedModelServer = demo_server()
@@ -319,7 +326,11 @@ class TaskSession:
             guest_token=token,
         )
         await self._stack.enter_async_context(gateway)
-        egress = EgressProxy(self._domain_policy, on_decision=self._on_egress_decision)
+        egress = EgressProxy(
+            self._domain_policy,
+            on_decision=self._on_egress_decision,
+            allow_private_networks=self.req.egress_allow_private_networks,
+        )
         await self._stack.enter_async_context(egress)
         agent_dir = task.state_dir / "agent"
         agent_dir.mkdir(parents=True, exist_ok=True)

@@ -170,6 +170,7 @@ class AgentVm:
         self._pi_started: asyncio.Future[int] | None = None
         self.timings: dict[str, float] = {}
         self.stderr_tail: list[str] = []
+        self._vm_watch: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------ plumbing
     async def _send_line(self, line: bytes) -> None:
@@ -245,6 +246,7 @@ class AgentVm:
         t0 = time.monotonic()
         (self.cfg.dirs.state / "home").mkdir(parents=True, exist_ok=True)
         await self.vm.launch()
+        self._vm_watch = asyncio.create_task(self._watch_vm(), name="agent-vm-watch")
         self.timings["qemu_started"] = time.monotonic() - t0
         boot = asyncio.create_task(self.vm.wait_booted(self.cfg.boot_stall_timeout))
         chan = asyncio.create_task(self.channel.start(timeout=600))
@@ -262,6 +264,26 @@ class AgentVm:
         self.timings["supervisor_ready"] = time.monotonic() - t0
         await self.start_pi()
         self.timings["pi_started"] = time.monotonic() - t0
+
+    async def _watch_vm(self) -> None:
+        """A VM that dies (kill -9, crash) takes pi with it: say so to every waiter.
+
+        Without this, nothing tells ``pi_exit`` or the RPC client, and a run
+        waits forever for a guest that no longer exists.
+        """
+        proc = self.vm.proc
+        assert proc is not None
+        code = await proc.wait()
+        msg: dict[str, Any] = {
+            "ev": "vm_exit",
+            "code": code,
+            "message": f"the VM stopped unexpectedly (QEMU exit status {code})",
+        }
+        if self._pi_started is not None and not self._pi_started.done():
+            self._pi_started.set_exception(RuntimeError(msg["message"]))
+        if self.pi_exit is not None and not self.pi_exit.done():
+            self.pi_exit.set_result(msg)
+        self.rpc.connection_lost(RuntimeError(msg["message"]))
 
     async def start_pi(self) -> None:
         loop = asyncio.get_running_loop()
@@ -298,3 +320,7 @@ class AgentVm:
         finally:
             await self.channel.close()
             await self.vm.shutdown(grace=0 if not graceful else 2)
+            if self._vm_watch is not None:
+                self._vm_watch.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._vm_watch

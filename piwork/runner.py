@@ -637,12 +637,7 @@ class TaskSession:
             limit.cancel()
             if work not in done:
                 if pi_gone in done and self._stop_reason is None:
-                    tail = "\n".join(self.agent.stderr_tail[-10:])
-                    self._stop_reason = (
-                        StopReason.ERROR,
-                        f"pi exited: {pi_gone.result()}\n{tail}",
-                        None,
-                    )
+                    self._stop_reason = self._pi_gone_reason(pi_gone.result())
                 with contextlib.suppress(Exception):
                     await self._abort_run()
                 work.cancel()
@@ -651,9 +646,21 @@ class TaskSession:
             else:
                 exc = work.exception()
                 if exc is not None and self._stop_reason is None:
-                    self._stop_reason = (StopReason.ERROR, f"{type(exc).__name__}: {exc}", None)
+                    # pi or its VM died: that (not the lost connection it caused) is the error.
+                    self._stop_reason = (
+                        self._pi_gone_reason(pi_gone.result())
+                        if pi_gone.done()
+                        else (StopReason.ERROR, f"{type(exc).__name__}: {exc}", None)
+                    )
             self.timings["prompt_to_idle"] = time.monotonic() - t
             return self._finish()
+
+    def _pi_gone_reason(self, gone: dict[str, Any]) -> tuple[StopReason, str, None]:
+        assert self.task is not None and self.agent is not None
+        what = gone.get("message") or f"pi exited: {gone}"
+        tail = "\n".join(self.agent.stderr_tail[-10:])
+        resume = f"; `piwork resume {self.task.id}` continues the task"
+        return StopReason.ERROR, f"{what}{resume}\n{tail}".rstrip(), None
 
     async def _prompt_and_wait(self, text: str) -> None:
         await self.rpc.prompt(text)

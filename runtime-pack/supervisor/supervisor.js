@@ -232,7 +232,10 @@ async function powerOff() {
   await new Promise((r) => setTimeout(r, 200)); // let the event reach the host
   spawnSync("/bin/sync");
   if (process.env.PIWORK_NO_POWEROFF) process.exit(0); // host-side tests
-  spawnSync("/bin/poweroff", ["-f"]);
+  // busybox links poweroff in /sbin, not /bin; calling it through busybox
+  // works whatever the links. If this fails the host waits ~15 s, then quits QEMU.
+  const off = spawnSync("/bin/busybox", ["poweroff", "-f"]);
+  if (off.error || off.status !== 0) process.stderr.write(`piwork-supervisor: poweroff failed: ${off.error ?? off.status}\n`);
 }
 
 function readUptime() {

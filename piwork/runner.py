@@ -36,7 +36,7 @@ from piwork.models.providers import (
 )
 from piwork.models.scripted import ScriptedModelServer
 from piwork.pack import ensure_pack, load_manifest
-from piwork.policy import AuditLog, Choice, Decider, PolicyStore
+from piwork.policy import AuditLog, Choice, DecidedBy, Decider, PolicyStore
 from piwork.policy.request import PermissionPayloadError, PermissionRequest, parse_request
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
 from piwork.proxy.egress import EgressProxy
@@ -538,10 +538,12 @@ class TaskSession:
             if self._stop_reason is None and self.task is not None:
                 self._set_status(TaskStatus.RUNNING)
         if answer is None:
-            by = "assume-yes" if self.req.assume_yes else "no-terminal"
+            by = DecidedBy.ASSUME_YES if self.req.assume_yes else DecidedBy.NO_TERMINAL
             answer = Choice.ALLOW_ONCE if self.req.assume_yes else Choice.DENY
+        elif isinstance(self.asker, AllowAsker):
+            by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
         else:
-            by = "person"
+            by = DecidedBy.PERSON
         recorded = self.decider.record_answer(perm, answer, self._ctx, decided_by=by)
         self.emit(
             EventKind.PERMISSION,
@@ -709,6 +711,16 @@ class TaskSession:
                 perm = parse_request(dialog) if isinstance(dialog, m.SelectRequest) else None
                 if perm is not None:
                     self.decider.record_cancelled(perm, self._ctx)
+                    # Tell front ends (and the transcript) the open question is gone.
+                    fields = dict(
+                        action=perm.action.value,
+                        tool=perm.tool,
+                        target=perm.summary,
+                        decision="cancelled",
+                        by=DecidedBy.CANCELLED,
+                    )
+                    self.emit(EventKind.PERMISSION, **fields, question=perm.question)
+                    self._note("permission", fields)
         if self._paused:
             await self.resume_vm()
         await self.rpc.abort(timeout=30)

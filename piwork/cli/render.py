@@ -110,10 +110,14 @@ class TerminalRenderer:
     def _on_permission(self, d: dict[str, Any], ev: RunEvent) -> None:
         if d["decision"] == "ask":
             return  # the asker shows the question itself
-        who = {"rule": "by policy", "person": "by you", "no-terminal": "no terminal to ask"}.get(
-            d.get("by") or "", d.get("by") or ""
-        )
-        color = "32" if d["decision"] != "Deny" else "33"
+        who = {
+            "rule": "by policy",
+            "person": "by you",
+            "no-terminal": "no terminal to ask",
+            "assume-yes": "--yes",
+            "cancelled": "the task stopped first",
+        }.get(d.get("by") or "", d.get("by") or "")
+        color = "32" if d["decision"] not in ("Deny", "cancelled") else "33"
         text = f"  ⚑ {d['action']}: {_one_line(d['target'], 60)} — {d['decision']} ({who})"
         self._line(self._style(text, color), err=True)
 

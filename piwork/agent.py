@@ -25,6 +25,7 @@ from typing import Any
 
 from piwork.pack.manifest import Manifest
 from piwork.proxy import guestfwd_relay
+from piwork.proxy.egress import guest_proxy_env
 from piwork.rpc.client import RpcClient
 from piwork.rpc.models import SessionState
 from piwork.vm.accel import AccelChoice
@@ -222,9 +223,11 @@ class AgentVm:
             "TERM": "dumb",
         }
         if self.cfg.egress_port is not None:
+            # Both spellings of no_proxy (curl reads only the lowercase one), and the
+            # guest's own loopback: a server the agent starts in the VM is not the
+            # host's "localhost", which the egress proxy would resolve and refuse.
             proxy = f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}"
-            env |= {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy}
-            env |= {"https_proxy": proxy, "NO_PROXY": GATEWAY_GUEST_ADDR[0]}
+            env |= guest_proxy_env(proxy, (GATEWAY_GUEST_ADDR[0],))
         env.update(self.cfg.extra_env)
         return env
 

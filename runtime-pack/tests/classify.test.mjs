@@ -99,6 +99,18 @@ describe("pi tools", () => {
     assert.equal(tool("write", { path: path.join(up, "x") }).action, "outside-scope", "uploads are read-only");
     assert.equal(tool("edit", { path: "~/.bashrc" }).action, "outside-scope");
   });
+  test("ln -s: a relative link target is judged from the link's directory, not the cwd", () => {
+    fs.mkdirSync(path.join(work, "a", "b"), { recursive: true });
+    // the link lands in the folder and points at its parent: a write through it escapes
+    assert.equal(bash("cd a/b && ln -s .. ../../up").action, "outside-scope");
+    assert.equal(bash("ln -s .. ../../up", path.join(work, "a", "b")).action, "outside-scope");
+    assert.equal(bash("ln -sf ../elsewhere here").action, "outside-scope");
+    assert.equal(bash("ln -s ../../etc src/l").action, "outside-scope");
+    assert.equal(bash("ln -s ../a.txt src/l").action, "write");
+    assert.equal(bash("ln -s -t src ../a.txt").action, "write");
+    assert.equal(bash("ln -sr a.txt src/l").action, "write", "-r: the target is relative to the cwd");
+    assert.equal(bash("ln -s a.txt l").action, "write");
+  });
   test("PIWORK_GATE_AUTO_ALLOW=read,write lets in-scope writes through locally", () => {
     const cfg = { ...config, autoAllow: ["write"] };
     assert.equal(C.classifyToolCall("write", { path: "a.txt" }, { cwd: work, config: cfg }).needsDecision, false);

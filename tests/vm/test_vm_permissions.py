@@ -43,6 +43,7 @@ pytestmark = pytest.mark.vm
 
 PIWORK = [sys.executable, "-m", "piwork.cli.main"]
 GUEST_WORK = "/mnt/work"
+LN_TRICK = "ln -s .. ../../up && echo pwned > ../../up/state/pwned.txt"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -259,12 +260,14 @@ async def test_an_outside_scope_write_through_a_symlink_in_the_folder_is_caught(
         "configure the system",
         ToolCalls([write("etc-link/piwork-evil.conf", "pwned\n", id="call_write_etc")]),
         ToolCalls([bash("echo pwned > etc-link/piwork-evil2.conf", id="call_bash_etc")]),
+        # A link made and written through in one command: up -> /mnt, the host's task state.
+        ToolCalls([bash(f"mkdir -p a/b && cd a/b && {LN_TRICK}", id="call_ln_trick")]),
         ToolCalls([bash("ls /etc/piwork-evil.conf /etc/piwork-evil2.conf", id="call_ls")]),
         Text("could not"),
         answer=answer,
     )
     assert outcome.ok, outcome
-    write_req, bash_req, ls_req = live.person.requests
+    write_req, bash_req, ln_req, ls_req = live.person.requests
     for req, op in ((write_req, "write"), (bash_req, "write")):
         assert req.action is Action.OUTSIDE_SCOPE, req.payload
         assert any(
@@ -274,11 +277,17 @@ async def test_an_outside_scope_write_through_a_symlink_in_the_folder_is_caught(
         ), req.targets  # fmt: skip
     assert write_req.tool == "write" and write_req.paths == ("/etc/piwork-evil.conf",)
     assert "/etc/piwork-evil2.conf" in bash_req.paths
+    assert ln_req.action is Action.OUTSIDE_SCOPE, ln_req.targets
+    assert any(t.action is Action.OUTSIDE_SCOPE and t.path == "/mnt" for t in ln_req.targets)
     assert ls_req.action is Action.OUTSIDE_SCOPE
 
     by_id = {x.id: x.result or "" for x in last_exchanges(live.server)}
     assert "Permission denied by the user" in by_id["call_write_etc"]
     assert "Permission denied by the user" in by_id["call_bash_etc"]
+    assert "Permission denied by the user" in by_id["call_ln_trick"]
+    assert live.session.task is not None
+    assert not (live.session.task.state_dir / "pwned.txt").exists()
+    assert not (live.folder / "up").is_symlink()
     # Nothing reached the guest's /etc.
     assert "No such file" in by_id["call_ls"], by_id["call_ls"]
     assert by_id["call_ls"].count("No such file") == 2
@@ -288,7 +297,7 @@ async def test_an_outside_scope_write_through_a_symlink_in_the_folder_is_caught(
         for e in audit_entries(live.paths, live.task_id)
         if e["action"] == "outside-scope" and e["decision"] == "deny"
     ]
-    assert {e["toolCallId"] for e in denied} >= {"call_write_etc", "call_bash_etc"}
+    assert {e["toolCallId"] for e in denied} >= {"call_write_etc", "call_bash_etc", "call_ln_trick"}
 
 
 async def test_always_allow_in_the_folder_persists_so_a_second_run_does_not_ask(

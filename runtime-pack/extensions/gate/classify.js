@@ -976,7 +976,21 @@ function classifySimple(cmd, ctx, effects) {
     }
     const dest = tIdx >= 0 ? words[tIdx + 1] : pos[pos.length - 1];
     const sources = tIdx >= 0 ? pos : pos.slice(0, -1);
-    for (const s of sources) effects.push(pathEffect("read", s, ctx, command, "reads"));
+    // `ln -s`: a relative target is relative to the link's directory, not the cwd
+    // (`cd a/b && ln -s .. ../../up` makes /mnt/work/up -> /mnt). Judge where the
+    // link will point; the link dir is DEST when it is a directory, else its parent.
+    const symbolic = name === "ln" && hasFlag(words, "-s", "--symbolic") && !hasFlag(words, "-r", "--relative");
+    for (const s of sources) {
+      if (!symbolic || !dest || s.text.startsWith("/") || s.glob) {
+        effects.push(pathEffect("read", s, ctx, command, "reads"));
+        continue;
+      }
+      const dirs = tIdx >= 0 || sources.length > 1 ? [dest.text] : [dest.text, path.posix.dirname(dest.text)];
+      for (const d of unique(dirs)) {
+        const w = { ...s, text: `${d}/${s.text}`, dynamic: s.dynamic || dest.dynamic };
+        effects.push(pathEffect("read", w, ctx, command, "the link points here"));
+      }
+    }
     if (dest) effects.push(pathEffect("write", dest, ctx, command, name === "ln" ? "creates a link" : "copies into"));
     return;
   }

@@ -30,7 +30,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 
 # --- Node (pack builds run npm; pi needs node >= 20.6) ---------------------
-if ! command -v npm >/dev/null || ! node -e 'process.exit(+process.versions.node.split(".")[0] < 20)'; then
+if ! command -v npm >/dev/null || ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'; then
     say "Node.js >= 20 with npm is required: apt-get install nodejs npm (or nodesource)"
     exit 1
 fi

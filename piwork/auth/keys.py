@@ -17,10 +17,8 @@ for ``piwork auth list``.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +29,7 @@ import orjson
 from keyring.backend import KeyringBackend
 
 from piwork.config import Paths, get_paths
+from piwork.fsutil import atomic_write_bytes
 
 SERVICE_NAME = "piwork"
 KEYS_FILE_NAME = "keys.json"
@@ -80,24 +79,6 @@ def _backend_name(backend: KeyringBackend) -> str:
 
 def _read_json(path: Path) -> Any:
     return orjson.loads(path.read_bytes())
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    """Atomically replace ``path`` with a file that is 0600 from its first byte."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            if os.name != "nt":
-                os.fchmod(fh.fileno(), 0o600)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def file_backend_enabled_in_settings(paths: Paths) -> bool:
@@ -186,7 +167,7 @@ class KeyStore:
         return {str(k): str(v) for k, v in keys.items() if isinstance(v, str) and v}
 
     def _save_file(self, keys: dict[str, str]) -> None:
-        _write_private(self.keys_file, orjson.dumps({"keys": keys}, option=orjson.OPT_INDENT_2))
+        atomic_write_bytes(self.keys_file, orjson.dumps({"keys": keys}, option=orjson.OPT_INDENT_2))
 
     # --- the keyring name index -------------------------------------------
 
@@ -200,7 +181,7 @@ class KeyStore:
 
     def _save_index(self, names: list[str]) -> None:
         payload = {"providers": sorted(set(names)), "note": "names only; values are in the keyring"}
-        _write_private(self.index_file, orjson.dumps(payload, option=orjson.OPT_INDENT_2))
+        atomic_write_bytes(self.index_file, orjson.dumps(payload, option=orjson.OPT_INDENT_2))
 
     # --- keyring calls, with readable errors --------------------------------
 

@@ -47,6 +47,7 @@ from pathlib import Path
 
 from piwork import __version__
 from piwork.config import get_paths, repo_root
+from piwork.fsutil import fsync_dir
 from piwork.pack import cpio, ingredients, node
 from piwork.pack.cache import (
     TMP_PREFIX,
@@ -192,7 +193,7 @@ def build_pack(
             if force:
                 remove_pack(final)
             os.rename(tmp, final)
-            _fsync_dir(w.packs)
+            fsync_dir(w.packs)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -440,11 +441,3 @@ def _write_durably(path: Path, text: str) -> None:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import orjson
 
 from piwork.config import get_paths
+from piwork.fsutil import atomic_write_bytes, fsync_dir
 from piwork.policy.rules import DEFAULT_RULES, Rule
 
 log = logging.getLogger(__name__)
@@ -45,33 +45,6 @@ class PolicyCorruptError(PolicyError):
             f"and piwork is using the default rules. Inspect that file and re-add your rules "
             f"with `piwork policy allow|deny|ask`."
         )
-
-
-def _fsync_dir(path: Path) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves the old or the new content."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
 
 
 @contextlib.contextmanager
@@ -117,7 +90,7 @@ class PolicyStore:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
         moved = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
         os.replace(self.path, moved)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
         err = PolicyCorruptError(self.path, moved, detail)
         log.warning("%s", err)
         return err

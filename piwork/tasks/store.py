@@ -50,6 +50,7 @@ import orjson
 from pydantic import ValidationError
 
 from piwork.config import get_paths
+from piwork.fsutil import fsync_dir, fsync_fd
 from piwork.tasks.folders import validate_working_folder
 from piwork.tasks.model import (
     ACTIVE_STATUSES,
@@ -71,8 +72,6 @@ from piwork.tasks.transcript import (
     TranscriptError,
     TranscriptWriteError,
     TranscriptWriter,
-    fsync_dir,
-    fsync_fd,
 )
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,6 @@ import errno
 import fcntl
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -46,6 +45,7 @@ from typing import Any
 
 import orjson
 
+from piwork.fsutil import fsync_dir, fsync_fd
 from piwork.tasks.model import iso_z, utc_now
 
 log = logging.getLogger(__name__)
@@ -56,32 +56,6 @@ _CHUNK = 1 << 16
 
 
 # --------------------------------------------------------------------------- durable I/O
-
-
-def fsync_fd(fd: int) -> None:
-    """Flush a file to stable storage (``F_FULLFSYNC`` on macOS, where fsync is not enough)."""
-    if sys.platform == "darwin":
-        try:
-            fcntl.fcntl(fd, getattr(fcntl, "F_FULLFSYNC", 51))
-            return
-        except OSError:
-            pass
-    os.fsync(fd)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new entry in ``path`` durable. A no-op where dirs cannot be opened."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError as exc:  # some filesystems refuse fsync on a directory
-        if exc.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP):
-            raise
-    finally:
-        os.close(fd)
 
 
 def _os_write(fd: int, data: memoryview) -> int:

@@ -631,12 +631,14 @@ class TaskSession:
             t = time.monotonic()
             work = asyncio.ensure_future(self._prompt_and_wait(text))
             limit = asyncio.ensure_future(self._limit_hit.wait())
+            clock = asyncio.ensure_future(self._watch_wall_time())
             assert self.agent.pi_exit is not None
             pi_gone: asyncio.Future[Any] = self.agent.pi_exit
             done, _ = await asyncio.wait(
                 {work, limit, pi_gone}, return_when=asyncio.FIRST_COMPLETED
             )
             limit.cancel()
+            clock.cancel()
             if work not in done:
                 if pi_gone in done and self._stop_reason is None:
                     self._stop_reason = self._pi_gone_reason(pi_gone.result())
@@ -656,6 +658,17 @@ class TaskSession:
                     )
             self.timings["prompt_to_idle"] = time.monotonic() - t
             return self._finish()
+
+    async def _watch_wall_time(self, every: float = 2.0) -> None:
+        """Usage events cannot catch a wall-time limit during a long tool call: poll it."""
+        assert self.task is not None
+        while True:
+            await asyncio.sleep(every)
+            limit = self.store.get(self.task.id).record.limit_reached()
+            if limit is not None and self._stop_reason is None:
+                self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
+                self._limit_hit.set()
+                return
 
     def _pi_gone_reason(self, gone: dict[str, Any]) -> tuple[StopReason, str, None]:
         assert self.task is not None and self.agent is not None

@@ -284,3 +284,28 @@ async def test_the_max_turns_limit_stops_a_looping_model(h: Harness) -> None:
     assert 3 <= len(h.chats_since(chats)) <= 4
     done = h.since(start, EventKind.DONE)[-1]
     assert done.data["reason"] == "limit" and "turns" in str(done.data["message"])
+
+
+async def test_the_wall_time_limit_stops_a_long_tool_call(h: Harness) -> None:
+    """No usage event arrives while a tool runs; the limit must still be enforced."""
+    assert h.session.task is not None
+    rec = h.record
+    budget = rec.wall_seconds() + 6
+    h.session.store.update(
+        h.session.task.id,
+        limits=rec.limits.model_copy(update={"max_turns": None, "max_wall_time_seconds": budget}),
+    )
+    h.server.script = lambda req: (
+        ToolCalls([bash("sleep 300")]) if req.assistant_turns_since_user == 0 else Text("woke")
+    )
+    start = h.mark()
+    t0 = time.monotonic()
+    outcome: Outcome = await asyncio.wait_for(h.session.run_prompt("Sleep for a while"), 120)
+    took = time.monotonic() - t0
+
+    assert outcome.reason == "limit", outcome
+    rec = h.record
+    assert rec.stop.reason.value == "limit" and rec.stop.limit.value == "wall_time"
+    assert took < 60, f"the limit took {took:.0f}s to act on a 6s budget"
+    tool_ends = h.since(start, EventKind.TOOL_END)
+    assert tool_ends and not tool_ends[-1].data["ok"]  # the sleep was cut short

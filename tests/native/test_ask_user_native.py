@@ -9,141 +9,44 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from piwork.models import ScriptedModelServer, Step, Text, ToolCall, ToolCalls
 
-REPO = Path(__file__).resolve().parents[2]
-PI_PACKAGE = REPO / "runtime-pack" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent"
-EXTENSIONS = REPO / "runtime-pack" / "extensions"
-TIMEOUT_S = 30
-DIALOGS = {"select", "confirm", "input", "editor"}
-
-JSON = dict[str, Any]
-Answer = Callable[[JSON], JSON]
-
-
-def pi_cli() -> Path:
-    package_json = PI_PACKAGE / "package.json"
-    assert package_json.is_file(), f"pi is not installed at {PI_PACKAGE}"
-    bin_entry: str = json.loads(package_json.read_text())["bin"]["pi"]
-    cli = PI_PACKAGE / bin_entry
-    assert cli.is_file(), f"{cli} missing"
-    return cli
-
-
-class Pi:
-    """pi --mode rpc on a subprocess; every dialog is answered by ``answer``."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, answer: Answer) -> None:
-        self.proc = proc
-        self.answer = answer
-        self.events: list[JSON] = []
-        self.dialogs: list[JSON] = []
-        self.stderr = ""
-
-    async def send(self, command: JSON) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
-        await self.proc.stdin.drain()
-
-    async def next_event(self) -> JSON:
-        assert self.proc.stdout is not None
-        line = await self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"pi exited early (code {await self.proc.wait()})")
-        event: JSON = json.loads(line)
-        self.events.append(event)
-        if event.get("type") == "extension_ui_request" and event.get("method") in DIALOGS:
-            self.dialogs.append(event)
-            reply = {"type": "extension_ui_response", "id": event["id"], **self.answer(event)}
-            if "hold" not in reply:
-                await self.send(reply)
-        return event
-
-    async def response(self, request_id: str) -> JSON:
-        while True:
-            event = await self.next_event()
-            if event.get("type") == "response" and event.get("id") == request_id:
-                return event
-
-    async def run_until_idle(self) -> None:
-        n = 0
-        while True:
-            if (await self.next_event()).get("type") != "agent_end":
-                continue
-            n += 1
-            await self.send({"id": f"state-{n}", "type": "get_state"})
-            if not (await self.response(f"state-{n}"))["data"]["isStreaming"]:
-                return
-
-    def of_type(self, kind: str) -> list[JSON]:
-        return [e for e in self.events if e.get("type") == kind]
+from .pi_native import (
+    EXTENSIONS,
+    JSON,
+    TIMEOUT_S,
+    Answer,
+    NativePi,
+    node_binary,
+    pi_cli,
+    running_native_pi,
+)
 
 
 @asynccontextmanager
 async def running_pi(
     tmp_path: Path, model: ScriptedModelServer, answer: Answer
-) -> AsyncIterator[Pi]:
+) -> AsyncIterator[NativePi]:
     """pi as piwork starts it in the guest (piwork.agent.pi_argv): both
     extensions with -e, discovery off, the same tool allowlist."""
-    node = shutil.which("node")
-    assert node, "node (>= 20.6) is needed on PATH to run pi natively"
-    agent_dir, home, work = tmp_path / "agent", tmp_path / "home", tmp_path / "work"
-    for folder in (agent_dir, home, work):
-        folder.mkdir(exist_ok=True)
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
     models = {"providers": {"scripted": model.pi_provider()}}
-    (agent_dir / "models.json").write_text(json.dumps(models))
-    env = {
-        **os.environ,
-        "PI_CODING_AGENT_DIR": str(agent_dir),
-        "HOME": str(home),
-        "PIWORK_SCOPE_DIRS": str(work),
-        "PIWORK_READONLY_DIRS": "",
-        "PIWORK_TASK_ID": "t-ask",
-    }
-    proc = await asyncio.create_subprocess_exec(
-        node,
-        str(pi_cli()),
-        "--mode",
-        "rpc",
-        "--offline",
-        "--no-session",
-        "--provider",
-        "scripted",
-        "--model",
-        model.model_id,
-        "--no-extensions",
-        "--no-skills",
-        "--no-prompt-templates",
-        "--no-themes",
-        "--tools",
-        "read,bash,edit,write,ask_user",
-        "-e",
-        str(EXTENSIONS / "permission-gate.ts"),
-        "-e",
-        str(EXTENSIONS / "ask-user.ts"),
-        cwd=work,
-        env=env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        limit=64 * 1024 * 1024,
-    )
-    pi = Pi(proc, answer)
-    try:
-        # stdin stays open until we are done: EOF makes pi exit at once.
-        async with asyncio.timeout(TIMEOUT_S):
-            yield pi
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        _, stderr = await proc.communicate()
-        pi.stderr = stderr.decode(errors="replace")
+    args = [
+        "--no-session", "--provider", "scripted", "--model", model.model_id,
+        "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
+        "--tools", "read,bash,edit,write,ask_user",
+        "-e", str(EXTENSIONS / "permission-gate.ts"),
+        "-e", str(EXTENSIONS / "ask-user.ts"),
+    ]  # fmt: skip
+    env = {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": "", "PIWORK_TASK_ID": "t-ask"}
+    async with running_native_pi(tmp_path, models, args, cwd=work, env=env, answer=answer) as pi:
+        yield pi
 
 
 def ask(call_id: str, question: str, **extra: Any) -> ToolCalls:
@@ -255,8 +158,7 @@ async def test_without_a_ui_the_call_is_an_error(tmp_path: Path) -> None:
     """In print mode (``ctx.hasUI`` false) ask_user fails with a clear error;
     the gate does not block it first."""
     script: list[Step] = [ask("q_noui", "Which folder?"), Text("ok")]
-    node = shutil.which("node")
-    assert node
+    node = node_binary()
     async with ScriptedModelServer(script, model_id="scripted") as model:
         (tmp_path / "models.json").write_text(
             json.dumps({"providers": {"scripted": model.pi_provider()}})

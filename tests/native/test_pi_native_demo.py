@@ -4,15 +4,10 @@ openai-completions wire protocol (no VM involved)."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import os
-import shutil
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 from piwork.models import (
     ChatRequest,
@@ -33,115 +28,19 @@ from piwork.models.demo import (
     demo_server,
 )
 
-REPO = Path(__file__).resolve().parents[2]
-PI_PACKAGE = REPO / "runtime-pack" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent"
-TIMEOUT_S = 30
-
-JSON = dict[str, Any]
-
-
-def pi_cli() -> Path:
-    package_json = PI_PACKAGE / "package.json"
-    assert package_json.is_file(), (
-        f"pi is not installed at {PI_PACKAGE}: run `npm ci` in {REPO / 'runtime-pack' / 'pi'}"
-    )
-    bin_entry: str = json.loads(package_json.read_text())["bin"]["pi"]
-    cli = PI_PACKAGE / bin_entry
-    assert cli.is_file(), f"{cli} missing: run `npm ci` in {REPO / 'runtime-pack' / 'pi'}"
-    return cli
-
-
-class PiProcess:
-    """pi --mode rpc on a subprocess: JSON lines in, JSON lines out."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.events: list[JSON] = []
-        self.stderr = ""
-
-    async def send(self, command: JSON) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
-        await self.proc.stdin.drain()
-
-    async def next_event(self) -> JSON:
-        assert self.proc.stdout is not None
-        line = await self.proc.stdout.readline()
-        if not line:
-            raise AssertionError(f"pi exited early (code {await self.proc.wait()})")
-        event: JSON = json.loads(line)
-        self.events.append(event)
-        return event
-
-    async def response(self, request_id: str) -> JSON:
-        while True:
-            event = await self.next_event()
-            if event.get("type") == "response" and event.get("id") == request_id:
-                return event
-
-    async def run_until_idle(self) -> None:
-        """Wait for agent_end, then confirm with get_state (auto-retry can
-        follow an agent_end with another attempt)."""
-        n = 0
-        while True:
-            event = await self.next_event()
-            if event.get("type") != "agent_end":
-                continue
-            n += 1
-            await self.send({"id": f"state-{n}", "type": "get_state"})
-            state = await self.response(f"state-{n}")
-            assert state["success"], state
-            if not state["data"]["isStreaming"]:
-                return
-
-    def of_type(self, kind: str) -> list[JSON]:
-        return [e for e in self.events if e.get("type") == kind]
+from .pi_native import JSON, NativePi, running_native_pi
 
 
 @asynccontextmanager
 async def running_pi(
     tmp_path: Path, models_json: JSON, provider: str, model_id: str, cwd: Path
-) -> AsyncIterator[PiProcess]:
+) -> AsyncIterator[NativePi]:
     """Start pi natively in RPC mode with its own agent dir and session file."""
-    node = shutil.which("node")
-    assert node, "node (>= 20.6) is needed on PATH to run pi natively"
-    cli = pi_cli()
-    agent_dir = tmp_path / "agent"
-    home = tmp_path / "home"
     state = tmp_path / "state"
-    for folder in (agent_dir, home, state):
-        folder.mkdir(exist_ok=True)
-    (agent_dir / "models.json").write_text(json.dumps(models_json))
-    env = {**os.environ, "PI_CODING_AGENT_DIR": str(agent_dir), "HOME": str(home)}
-    proc = await asyncio.create_subprocess_exec(
-        node,
-        str(cli),
-        "--mode",
-        "rpc",
-        "--offline",
-        "--session",
-        str(state / "session.jsonl"),
-        "--provider",
-        provider,
-        "--model",
-        model_id,
-        cwd=cwd,
-        env=env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        limit=64 * 1024 * 1024,  # every message_update carries the whole message
-    )
-    pi = PiProcess(proc)
-    try:
-        # stdin stays open until we are done: EOF makes pi exit at once.
-        async with asyncio.timeout(TIMEOUT_S):
-            yield pi
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        _, stderr = await proc.communicate()
-        pi.stderr = stderr.decode(errors="replace")
+    state.mkdir(exist_ok=True)
+    args = ["--session", str(state / "session.jsonl"), "--provider", provider, "--model", model_id]
+    async with running_native_pi(tmp_path, models_json, args, cwd=cwd) as pi:
+        yield pi
 
 
 async def test_real_pi_completes_the_demo_task(tmp_path: Path) -> None:

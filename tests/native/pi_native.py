@@ -1,0 +1,144 @@
+"""The real pi, run natively with the host's node, in RPC mode (no VM).
+
+Shared by the native tests: start pi with its own agent dir and arguments,
+send commands, read events, answer dialogs, wait until the agent is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PI_PACKAGE = REPO / "runtime-pack" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent"
+EXTENSIONS = REPO / "runtime-pack" / "extensions"
+TIMEOUT_S = 30
+DIALOGS = {"select", "confirm", "input", "editor"}
+
+JSON = dict[str, Any]
+Answer = Callable[[JSON], JSON]
+
+
+def node_binary() -> str:
+    node = shutil.which("node")
+    assert node, "node (>= 20.6) is needed on PATH to run pi natively: run scripts/setup.sh"
+    return node
+
+
+def pi_cli() -> Path:
+    package_json = PI_PACKAGE / "package.json"
+    assert package_json.is_file(), (
+        f"pi is not installed at {PI_PACKAGE}: run `npm ci` in {REPO / 'runtime-pack' / 'pi'}"
+    )
+    bin_entry: str = json.loads(package_json.read_text())["bin"]["pi"]
+    cli = PI_PACKAGE / bin_entry
+    assert cli.is_file(), f"{cli} missing: run `npm ci` in {REPO / 'runtime-pack' / 'pi'}"
+    return cli
+
+
+class NativePi:
+    """pi --mode rpc on a subprocess: JSON lines in, JSON lines out.
+
+    With ``answer``, every dialog (select/confirm/input/editor) is answered by
+    it as soon as it is read; an answer holding ``"hold"`` is not sent.
+    """
+
+    def __init__(self, proc: asyncio.subprocess.Process, answer: Answer | None = None) -> None:
+        self.proc = proc
+        self.answer = answer
+        self.events: list[JSON] = []
+        self.dialogs: list[JSON] = []
+        self.stderr = ""
+
+    async def send(self, command: JSON) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def next_event(self) -> JSON:
+        assert self.proc.stdout is not None
+        line = await self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"pi exited early (code {await self.proc.wait()})")
+        event: JSON = json.loads(line)
+        self.events.append(event)
+        if event.get("type") == "extension_ui_request" and event.get("method") in DIALOGS:
+            self.dialogs.append(event)
+            if self.answer is not None:
+                reply = {"type": "extension_ui_response", "id": event["id"], **self.answer(event)}
+                if "hold" not in reply:
+                    await self.send(reply)
+        return event
+
+    async def response(self, request_id: str) -> JSON:
+        while True:
+            event = await self.next_event()
+            if event.get("type") == "response" and event.get("id") == request_id:
+                return event
+
+    async def run_until_idle(self) -> None:
+        """Wait for agent_end, then confirm with get_state (auto-retry can
+        follow an agent_end with another attempt)."""
+        n = 0
+        while True:
+            event = await self.next_event()
+            if event.get("type") != "agent_end":
+                continue
+            n += 1
+            await self.send({"id": f"state-{n}", "type": "get_state"})
+            state = await self.response(f"state-{n}")
+            assert state["success"], state
+            if not state["data"]["isStreaming"]:
+                return
+
+    def of_type(self, kind: str) -> list[JSON]:
+        return [e for e in self.events if e.get("type") == kind]
+
+
+@asynccontextmanager
+async def running_native_pi(
+    tmp_path: Path,
+    models_json: JSON,
+    args: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str] | None = None,
+    answer: Answer | None = None,
+) -> AsyncIterator[NativePi]:
+    """Start ``pi --mode rpc --offline ARGS`` with its own agent dir and home."""
+    agent_dir, home = tmp_path / "agent", tmp_path / "home"
+    for folder in (agent_dir, home):
+        folder.mkdir(exist_ok=True)
+    (agent_dir / "models.json").write_text(json.dumps(models_json))
+    full_env = {**os.environ, "PI_CODING_AGENT_DIR": str(agent_dir), "HOME": str(home)}
+    full_env.update(env or {})
+    proc = await asyncio.create_subprocess_exec(
+        node_binary(),
+        str(pi_cli()),
+        "--mode",
+        "rpc",
+        "--offline",
+        *args,
+        cwd=cwd,
+        env=full_env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        limit=64 * 1024 * 1024,  # every message_update carries the whole message
+    )
+    pi = NativePi(proc, answer)
+    try:
+        # stdin stays open until we are done: EOF makes pi exit at once.
+        async with asyncio.timeout(TIMEOUT_S):
+            yield pi
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        _, stderr = await proc.communicate()
+        pi.stderr = stderr.decode(errors="replace")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -282,16 +283,26 @@ def report_resume(label: str, cli: Cli, wall: float) -> None:
 # --------------------------------------------------------------------------- tests
 
 
-async def test_kill_9_qemu_mid_task_then_resume_continues_the_same_session(
-    tmp_path: Path, model_server: ScriptedModelServer
-) -> None:
-    prompt = "Write one.txt, then wait (qemu crash test)"
+@dataclass
+class CrashRun:
+    """A `piwork run` whose scripted model has it sleeping in the guest, ready to crash."""
+
+    cli: Cli
+    task_id: str
+    env: dict[str, str]
+    folder: Path
+    chats_before: int
+    qemu_pid: int
+
+
+async def start_crash_run(
+    tmp_path: Path, model_server: ScriptedModelServer, prompt: str
+) -> CrashRun:
     model_server.script = crash_script(prompt)
     chats_before = len(model_server.chat_requests)
     env = make_home(tmp_path, model_server)
     folder = tmp_path / "project"
     folder.mkdir()
-
     cli = await Cli.start(
         env, tmp_path / "run.log", "run", prompt, "--folder", str(folder),
         "--model", "scripted/scripted", "--yes", "--json",
@@ -302,7 +313,21 @@ async def test_kill_9_qemu_mid_task_then_resume_continues_the_same_session(
         await asyncio.sleep(3.0)  # the gate lets `sleep` through: it runs now
         qemu = qemu_children(cli.proc.pid)
         assert len(qemu) == 1, f"expected one QEMU child of piwork, found {qemu}"
-        os.kill(qemu[0], signal.SIGKILL)
+    except BaseException:
+        cli.kill()
+        raise
+    return CrashRun(cli, task_id, env, folder, chats_before, qemu[0])
+
+
+async def test_kill_9_qemu_mid_task_then_resume_continues_the_same_session(
+    tmp_path: Path, model_server: ScriptedModelServer
+) -> None:
+    prompt = "Write one.txt, then wait (qemu crash test)"
+    run = await start_crash_run(tmp_path, model_server, prompt)
+    cli, task_id, env, folder = run.cli, run.task_id, run.env, run.folder
+    chats_before = run.chats_before
+    try:
+        os.kill(run.qemu_pid, signal.SIGKILL)
         killed_at = time.monotonic()
         code = await cli.finish(timeout=60)  # a runner that hangs here fails the test
         noticed = time.monotonic() - killed_at
@@ -342,27 +367,14 @@ async def test_kill_9_piwork_mid_task_shows_interrupted_and_resumes(
     tmp_path: Path, model_server: ScriptedModelServer
 ) -> None:
     prompt = "Write one.txt, then wait (host crash test)"
-    model_server.script = crash_script(prompt)
-    chats_before = len(model_server.chat_requests)
-    env = make_home(tmp_path, model_server)
-    folder = tmp_path / "project"
-    folder.mkdir()
-
-    cli = await Cli.start(
-        env, tmp_path / "run.log", "run", prompt, "--folder", str(folder),
-        "--model", "scripted/scripted", "--yes", "--json",
-    )  # fmt: skip
+    run = await start_crash_run(tmp_path, model_server, prompt)
+    cli, task_id, env, chats_before = run.cli, run.task_id, run.env, run.chats_before
     try:
-        task_id = (await cli.wait_event(lambda e: e["event"] == "task", 60))["id"]
-        await cli.wait_event(tool_started(SLEEP_CMD), 300)
-        await asyncio.sleep(3.0)  # the gate lets `sleep` through; now it runs in the guest
-        qemu = qemu_children(cli.proc.pid)
-        assert len(qemu) == 1, qemu
         os.kill(cli.proc.pid, signal.SIGKILL)
         await asyncio.wait_for(cli.proc.wait(), 10)
     finally:
         cli.kill()
-    assert await asyncio.to_thread(wait_gone, qemu[0], 15), "QEMU outlived the piwork process"
+    assert await asyncio.to_thread(wait_gone, run.qemu_pid, 15), "QEMU outlived the piwork process"
     raw = json.loads((task_dir(env, task_id) / "task.json").read_text())
     assert raw["status"] == "running"  # what the dead process left behind
 

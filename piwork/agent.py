@@ -23,6 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from piwork.aio import discard
 from piwork.pack.manifest import Manifest
 from piwork.proxy import guestfwd_relay
 from piwork.proxy.egress import guest_proxy_env
@@ -253,7 +254,11 @@ class AgentVm:
         self.timings["qemu_started"] = time.monotonic() - t0
         boot = asyncio.create_task(self.vm.wait_booted(self.cfg.boot_stall_timeout))
         chan = asyncio.create_task(self.channel.start(timeout=600))
-        done, _ = await asyncio.wait({boot, chan}, return_when=asyncio.FIRST_EXCEPTION)
+        try:
+            done, _ = await asyncio.wait({boot, chan}, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            discard(boot, chan)
+            raise
         for task in done:
             if task.exception() is not None:
                 for t in (boot, chan):
@@ -306,15 +311,20 @@ class AgentVm:
         assert self.pi_exit is not None
         state = asyncio.ensure_future(self.rpc.get_state(timeout=timeout))
         exited: asyncio.Future[Any] = self.pi_exit
-        done, _ = await asyncio.wait({state, exited}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({state, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not state.done():
+                discard(state)
         if state not in done:
-            state.cancel()
             tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
             raise RuntimeError(f"pi exited before answering: {self.pi_exit.result()}\n{tail}")
         return state.result()
 
     async def stop(self, *, graceful: bool = True) -> None:
         """Power the guest off (flushing pi's session), or kill it if that fails."""
+        if self._vm_watch is not None:
+            discard(self._vm_watch)  # from here on, the VM's exit is expected
         try:
             if graceful and self.vm.running and self.channel.boot_id is not None:
                 with contextlib.suppress(Exception):
@@ -323,7 +333,3 @@ class AgentVm:
         finally:
             await self.channel.close()
             await self.vm.shutdown(grace=0 if not graceful else 2)
-            if self._vm_watch is not None:
-                self._vm_watch.cancel()
-                with contextlib.suppress(BaseException):
-                    await self._vm_watch

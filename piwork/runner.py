@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import orjson
 
 from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVm, AgentVmConfig, TaskDirs
+from piwork.aio import discard
 from piwork.auth import KeyStore
 from piwork.config import Paths, get_paths
 from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
@@ -170,6 +171,10 @@ class Outcome:
         return {"cancelled": 130, "limit": 3}.get(self.reason or "", 1)
 
 
+def _is_interrupt(et: type[BaseException] | None) -> bool:
+    return et is not None and issubclass(et, (asyncio.CancelledError, KeyboardInterrupt))
+
+
 class RunError(RuntimeError):
     """A failure the person can act on; ``str()`` says what to do."""
 
@@ -258,15 +263,15 @@ class TaskSession:
     async def __aenter__(self) -> TaskSession:
         try:
             await self.start()
-        except BaseException:
-            await self.close(graceful=False)
+        except BaseException as exc:
+            await self.close(graceful=False, cancelled=_is_interrupt(type(exc)))
             raise
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self.close(graceful=et is None)
+        await self.close(graceful=et is None, cancelled=_is_interrupt(et))
 
     def _open_task(self) -> Task:
         self.store.mark_interrupted()
@@ -394,7 +399,7 @@ class TaskSession:
             messages=state.message_count,
         )
 
-    async def close(self, *, graceful: bool = True) -> None:
+    async def close(self, *, graceful: bool = True, cancelled: bool = False) -> None:
         self._closing = True
         try:
             if self.agent is not None:
@@ -406,11 +411,18 @@ class TaskSession:
                 if current not in (TaskStatus.STOPPED, TaskStatus.IDLE, TaskStatus.INTERRUPTED):
                     # Leaving while the task is live (crash, Ctrl-C twice): say so.
                     with contextlib.suppress(Exception):
-                        self._set_status(
-                            TaskStatus.STOPPED,
-                            reason=StopReason.ERROR,
-                            message="piwork stopped before the task finished",
-                        )
+                        if cancelled:
+                            self._set_status(
+                                TaskStatus.STOPPED,
+                                reason=StopReason.CANCELLED,
+                                message="stopped by the person before the task finished",
+                            )
+                        else:
+                            self._set_status(
+                                TaskStatus.STOPPED,
+                                reason=StopReason.ERROR,
+                                message="piwork stopped before the task finished",
+                            )
             await self._stack.aclose()
             self.store.close()
 
@@ -634,9 +646,13 @@ class TaskSession:
             clock = asyncio.ensure_future(self._watch_wall_time())
             assert self.agent.pi_exit is not None
             pi_gone: asyncio.Future[Any] = self.agent.pi_exit
-            done, _ = await asyncio.wait(
-                {work, limit, pi_gone}, return_when=asyncio.FIRST_COMPLETED
-            )
+            try:
+                done, _ = await asyncio.wait(
+                    {work, limit, pi_gone}, return_when=asyncio.FIRST_COMPLETED
+                )
+            except asyncio.CancelledError:
+                discard(work, limit, clock)
+                raise
             limit.cancel()
             clock.cancel()
             if work not in done:

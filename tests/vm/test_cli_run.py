@@ -62,3 +62,40 @@ def test_a_missing_folder_is_refused_before_anything_boots(tmp_path: Path) -> No
     assert proc.returncode != 0
     assert "does not exist" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_ctrl_c_during_boot_cancels_cleanly(tmp_path: Path) -> None:
+    """Interrupting start-up stops at once: no traceback, no QEMU left, task cancelled."""
+    import signal
+    import time
+
+    folder = tmp_path / "project"
+    folder.mkdir()
+    proc = subprocess.Popen(
+        [*PIWORK, "run", "hello", "--folder", str(folder), "--model", "demo", "--json"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    task_id = None
+    for line in proc.stdout:
+        event = json.loads(line)
+        task_id = task_id or event.get("task")
+        if event["event"] == "boot":
+            break
+    qemu = subprocess.run(
+        ["pgrep", "-P", str(proc.pid), "-f", "qemu-system"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(qemu) == 1, qemu
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "never retrieved" not in err, err[-2000:]
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{qemu[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{qemu[0]}").exists(), "QEMU outlived the interrupted run"
+    assert task_id is not None
+    shown = run_cli("tasks", "show", task_id, "--json")
+    record = json.loads(shown.stdout)
+    record = record.get("task", record)
+    assert record["status"] == "stopped" and record["stop"]["reason"] == "cancelled"

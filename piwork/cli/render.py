@@ -7,7 +7,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from piwork.runner import EventKind, RunEvent
+from piwork.runner import RunEvent
 
 BOOT_LABELS = {
     "init": "kernel up",
@@ -138,6 +138,3 @@ class TerminalRenderer:
 
 def renderer_for(json_mode: bool) -> JsonRenderer | TerminalRenderer:
     return JsonRenderer() if json_mode else TerminalRenderer()
-
-
-EVENT_KINDS = [k.value for k in EventKind]

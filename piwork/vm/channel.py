@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,6 @@ class GuestChannel:
         self.boot_id: str | None = None
         self.reconnects = 0
         self.gaps: list[tuple[int, int]] = []
-        self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._ready = asyncio.Event()  # connected and hello answered
         self._closed = False
@@ -129,7 +128,7 @@ class GuestChannel:
                     raise ChannelError("the VM is gone; the guest channel cannot connect") from None
                 await asyncio.sleep(0.1)
                 continue
-            self._reader, self._writer = reader, writer
+            self._writer = writer
             try:
                 await self._send_raw(
                     b"!" + orjson.dumps({"op": "hello", "after": self.last_seq}) + b"\n", force=True
@@ -248,6 +247,3 @@ class GuestChannel:
             self._pongs.pop(pid, None)
         msg["rtt"] = time.monotonic() - started
         return msg
-
-
-SendLine = Callable[[bytes], Awaitable[None]]

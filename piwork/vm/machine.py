@@ -33,7 +33,6 @@ from piwork.vm.command import VmSpec, build_command
 log = logging.getLogger(__name__)
 
 STAGE_RE = re.compile(rb"piwork: stage=(\w+) uptime=([\d.]+)")
-BOOT_STAGES = ("init", "modules", "mounts", "network", "supervisor")
 
 
 class VmError(RuntimeError):

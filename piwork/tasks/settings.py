@@ -33,6 +33,10 @@ DEFAULT_LIMITS = Limits(
     max_cost_usd=None,
 )
 
+#: Checkpoint defaults (``tasks.checkpointMaxFileBytes`` / ``tasks.checkpointMaxBytes``).
+DEFAULT_CHECKPOINT_MAX_FILE_BYTES = 50 * 1024 * 1024
+DEFAULT_CHECKPOINT_MAX_BYTES = 2 * 1024 * 1024 * 1024
+
 
 class SettingsError(ValueError):
     """settings.json cannot be used. ``str()`` names the file and what is wrong."""
@@ -42,6 +46,10 @@ class TaskSettings(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
     default_limits: Limits = Field(default_factory=lambda: DEFAULT_LIMITS.model_copy())
+    #: Checkpoints (piwork.checkpoints) skip files larger than this, with a note.
+    checkpoint_max_file_bytes: int = Field(default=DEFAULT_CHECKPOINT_MAX_FILE_BYTES, ge=0)
+    #: ``piwork tasks gc`` drops a task's oldest checkpoints beyond this many bytes.
+    checkpoint_max_bytes: int | None = Field(default=DEFAULT_CHECKPOINT_MAX_BYTES, ge=0)
 
 
 def _describe(exc: ValidationError) -> str:

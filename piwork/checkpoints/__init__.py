@@ -1,0 +1,40 @@
+"""Checkpoints: every change the agent makes to the working folder can be seen and undone.
+
+A per-task shadow git repository (``<task dir>/checkpoints``, outside every
+share the guest mounts) records the folder at task start, before each agent
+turn and at task end. Start here: :func:`list_checkpoints`,
+:func:`task_changes`, :func:`undo`; the runner uses :class:`RunRecorder`.
+"""
+
+from piwork.checkpoints.api import (
+    CHECKPOINTS_DIR,
+    Checkpoint,
+    FileChange,
+    RunRecorder,
+    TaskRunning,
+    UndoConflict,
+    UndoResult,
+    list_checkpoints,
+    repo_for,
+    summarise,
+    task_changes,
+    undo,
+)
+from piwork.checkpoints.shadow import CheckpointError, ShadowRepo
+
+__all__ = [
+    "CHECKPOINTS_DIR",
+    "Checkpoint",
+    "CheckpointError",
+    "FileChange",
+    "RunRecorder",
+    "ShadowRepo",
+    "TaskRunning",
+    "UndoConflict",
+    "UndoResult",
+    "list_checkpoints",
+    "repo_for",
+    "summarise",
+    "task_changes",
+    "undo",
+]

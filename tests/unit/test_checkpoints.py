@@ -1,0 +1,417 @@
+"""Checkpoints against real git on temp folders: record, review, undo, hostile folders."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from piwork.checkpoints import (
+    CHECKPOINTS_DIR,
+    CheckpointError,
+    RunRecorder,
+    TaskRunning,
+    UndoConflict,
+    list_checkpoints,
+    repo_for,
+    task_changes,
+    undo,
+)
+from piwork.config import get_paths
+from piwork.tasks.store import Task, TaskStore
+
+
+class Run:
+    """A task with a working folder and a recorder, driven turn by turn like the runner."""
+
+    def __init__(self, task: Task, folder: Path) -> None:
+        self.task = task
+        self.folder = folder
+        self.events: list[dict[str, Any]] = []
+        self.rec = RunRecorder(repo_for(task), self.events.append, turn_start_wait=0.01)
+
+    def start(self) -> None:
+        asyncio.run(self.rec.start())
+
+    def turn(self) -> None:
+        async def go() -> None:
+            self.rec.turn_started()
+            await self.rec.before_model_call()
+
+        asyncio.run(go())
+
+    def end(self) -> None:
+        asyncio.run(self.rec.end())
+
+    @property
+    def id(self) -> str:
+        return self.task.id
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    f = tmp_path / "work"
+    f.mkdir()
+    return f
+
+
+@pytest.fixture
+def make_run(folder: Path) -> Iterator[Any]:
+    store = TaskStore(get_paths().tasks)
+
+    def make() -> Run:
+        return Run(store.create("checkpoint test", folder), folder)
+
+    yield make
+    store.close()
+
+
+def changes(task_id: str, turn: int | None = None) -> dict[str, str]:
+    return {c.path: c.status for c in task_changes(task_id, turn=turn)}
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = "link:" + os.readlink(p)
+            elif p.is_file():
+                out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+            else:
+                out[rel] = "dir"
+    return out
+
+
+def three_turns(run: Run) -> None:
+    f = run.folder
+    (f / "a.txt").write_text("alpha\n")
+    (f / "b.txt").write_text("bravo\n")
+    (f / "c.txt").write_text("charlie\n")
+    run.start()
+    run.turn()  # turn 1: overwrite a, add d
+    (f / "a.txt").write_text("ALPHA overwritten\n")
+    (f / "d.txt").write_text("new file\n")
+    run.turn()  # turn 2: truncate b, delete c
+    (f / "b.txt").write_text("")
+    (f / "c.txt").unlink()
+    run.turn()  # turn 3: modify d, add e
+    (f / "d.txt").write_text("new file, edited\n")
+    (f / "e.bin").write_bytes(b"\x00\x01\x02binary")
+    run.end()
+
+
+def test_changes_per_turn_and_events(make_run: Any) -> None:
+    run = make_run()
+    three_turns(run)
+    assert changes(run.id, 1) == {"a.txt": "modified", "d.txt": "added"}
+    assert changes(run.id, 2) == {"b.txt": "modified", "c.txt": "deleted"}
+    assert changes(run.id, 3) == {"d.txt": "modified", "e.bin": "added"}
+    assert changes(run.id) == {
+        "a.txt": "modified",
+        "b.txt": "modified",
+        "c.txt": "deleted",
+        "d.txt": "added",
+        "e.bin": "added",
+    }
+    by_path = {c.path: c for c in task_changes(run.id, turn=2)}
+    assert by_path["b.txt"].diff is not None and "-bravo" in by_path["b.txt"].diff
+    bin_change = {c.path: c for c in task_changes(run.id, turn=3)}["e.bin"]
+    assert bin_change.binary and bin_change.diff is None
+    assert [e["turn"] for e in run.events] == [1, 2, 3]
+    ev2 = run.events[1]
+    assert (ev2["added"], ev2["modified"], ev2["deleted"]) == (0, 1, 1)
+    assert {x["path"]: x["status"] for x in ev2["files"]} == {
+        "b.txt": "modified",
+        "c.txt": "deleted",
+    }
+    labels = [c.label for c in list_checkpoints(run.id)]
+    assert labels == ["task start", "before turn 1", "before turn 2", "before turn 3", "task end"]
+    assert ev2["checkpoint"] == list_checkpoints(run.id)[2].id
+    # The shadow repository is in the task dir, not in the folder or a guest share.
+    assert (run.task.dir / CHECKPOINTS_DIR / "HEAD").is_file()
+    assert not (run.folder / ".git").exists()
+
+
+def test_undo_one_turn_only_and_undo_the_undo(make_run: Any) -> None:
+    run = make_run()
+    three_turns(run)
+    f = run.folder
+    after_task = tree_digest(f)
+    result = undo(run.id, turn=2)
+    assert result.restored == ["b.txt", "c.txt"] and result.removed == []
+    assert (f / "b.txt").read_text() == "bravo\n"
+    assert (f / "c.txt").read_text() == "charlie\n"
+    # Turns 1 and 3 are untouched.
+    assert (f / "a.txt").read_text() == "ALPHA overwritten\n"
+    assert (f / "d.txt").read_text() == "new file, edited\n"
+    assert (f / "e.bin").exists()
+    undo(run.id, to=result.checkpoint_before)
+    assert tree_digest(f) == after_task
+
+
+def test_undo_turn_removes_what_it_added(make_run: Any) -> None:
+    run = make_run()
+    three_turns(run)
+    result = undo(run.id, turn=3, files=["e.bin"])
+    assert result.removed == ["e.bin"] and result.restored == []
+    assert not (run.folder / "e.bin").exists()
+    assert (run.folder / "d.txt").read_text() == "new file, edited\n"
+
+
+def test_undo_whole_task(make_run: Any) -> None:
+    run = make_run()
+    f = run.folder
+    (f / "a.txt").write_text("alpha\n")
+    (f / "b.txt").write_text("bravo\n")
+    (f / "c.txt").write_text("charlie\n")
+    before = tree_digest(f)
+    run.folder = f
+    three_turns_after_start(run)
+    undo(run.id)
+    assert tree_digest(f) == before
+
+
+def three_turns_after_start(run: Run) -> None:
+    f = run.folder
+    run.start()
+    run.turn()
+    (f / "a.txt").write_text("x")
+    (f / "sub").mkdir()
+    (f / "sub" / "new.txt").write_text("n")
+    run.turn()
+    (f / "b.txt").unlink()
+    run.end()
+
+
+def test_conflicts_need_force(make_run: Any) -> None:
+    run = make_run()
+    three_turns(run)
+    f = run.folder
+    (f / "b.txt").write_text("the person edited this after the task\n")
+    with pytest.raises(UndoConflict) as info:
+        undo(run.id, turn=2)
+    assert info.value.conflicts == ["b.txt"]
+    assert "--force" in str(info.value)
+    assert (f / "b.txt").read_text() == "the person edited this after the task\n"
+    assert (f / "c.txt").exists() is False  # nothing was done
+    result = undo(run.id, turn=2, force=True)
+    assert (f / "b.txt").read_text() == "bravo\n"
+    # The person's edit is kept in the pre-undo checkpoint: undoing the undo brings it back.
+    undo(run.id, to=result.checkpoint_before)
+    assert (f / "b.txt").read_text() == "the person edited this after the task\n"
+
+
+def test_later_turn_touching_same_file_is_a_conflict(make_run: Any) -> None:
+    run = make_run()
+    three_turns(run)
+    with pytest.raises(UndoConflict) as info:
+        undo(run.id, turn=1)
+    assert info.value.conflicts == ["d.txt"]
+    assert "after that turn" in str(info.value)
+
+
+def test_undo_refuses_while_task_is_owned(make_run: Any) -> None:
+    run = make_run()
+    three_turns(run)
+    store = TaskStore(get_paths().tasks)
+    try:
+        with store.claim(run.id), pytest.raises(TaskRunning):
+            undo(run.id, turn=2)
+    finally:
+        store.close()
+    assert (run.folder / "b.txt").read_text() == ""
+
+
+def test_symlink_outside_recorded_as_link_never_followed(make_run: Any, tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "secret.txt"
+    secret.write_text("do not copy me\n")
+    run = make_run()
+    f = run.folder
+    (f / "keep.txt").write_text("k\n")
+    run.start()
+    run.turn()
+    os.symlink(secret, f / "link-to-file")
+    os.symlink(outside, f / "link-to-dir")
+    run.end()
+    assert changes(run.id, 1) == {"link-to-file": "added", "link-to-dir": "added"}
+    repo = repo_for(run.task)
+    listing = repo.run("ls-tree", "-r", "refs/heads/checkpoints").decode()
+    modes = {line.split("\t")[1]: line.split()[0] for line in listing.splitlines()}
+    assert modes["link-to-file"] == "120000" and modes["link-to-dir"] == "120000"
+    assert "link-to-dir/secret.txt" not in modes
+    blob = repo.run("cat-file", "-p", "refs/heads/checkpoints:link-to-file").decode()
+    assert blob == str(secret)
+    # No object in the shadow repository holds the secret's content.
+    objects = repo.run("cat-file", "--batch-all-objects", "--batch").decode("utf-8", "replace")
+    assert "do not copy me" not in objects
+    # Undo removes the links without touching their targets.
+    undo(run.id, turn=1)
+    assert not (f / "link-to-file").is_symlink() and not (f / "link-to-dir").is_symlink()
+    assert secret.read_text() == "do not copy me\n"
+
+
+def test_symlinked_dir_replacing_a_dir_is_not_written_through(
+    make_run: Any, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside2"
+    outside.mkdir()
+    run = make_run()
+    f = run.folder
+    (f / "d").mkdir()
+    (f / "d" / "x.txt").write_text("inside\n")
+    run.start()
+    run.turn()
+    (f / "d" / "x.txt").unlink()
+    (f / "d").rmdir()
+    os.symlink(outside, f / "d")
+    run.end()
+    undo(run.id, turn=1)
+    assert not (f / "d").is_symlink()
+    assert (f / "d" / "x.txt").read_text() == "inside\n"
+    assert list(outside.iterdir()) == []
+
+
+def test_folder_git_untouched(make_run: Any) -> None:
+    run = make_run()
+    f = run.folder
+    subprocess.run(["git", "init", "-q", str(f)], check=True)
+    (f / "tracked.txt").write_text("t\n")
+    subprocess.run(["git", "-C", str(f), "add", "tracked.txt"], check=True)
+    subprocess.run(
+        ["git", "-C", str(f), "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "x"],
+        check=True,
+    )
+    before = tree_digest(f / ".git")
+    three_turns_after_start_simple(run)
+    undo(run.id, turn=1)
+    assert tree_digest(f / ".git") == before
+    names = repo_for(run.task).run("ls-tree", "-r", "--name-only", "refs/heads/checkpoints")
+    assert not any(n.startswith(".git/") for n in names.decode().splitlines())
+
+
+def three_turns_after_start_simple(run: Run) -> None:
+    run.start()
+    run.turn()
+    (run.folder / "tracked.txt").write_text("changed\n")
+    run.end()
+
+
+def test_gitignore_honoured(make_run: Any) -> None:
+    run = make_run()
+    f = run.folder
+    (f / ".gitignore").write_text("*.log\nbuild/\n")
+    run.start()
+    run.turn()
+    (f / "x.log").write_text("noise")
+    (f / "build").mkdir()
+    (f / "build" / "out.o").write_text("obj")
+    (f / "src.c").write_text("int main;")
+    run.end()
+    assert changes(run.id, 1) == {"src.c": "added"}
+
+
+def test_size_cap_skips_with_note(make_run: Any) -> None:
+    settings = get_paths().settings_file
+    settings.parent.mkdir(parents=True, exist_ok=True)
+    settings.write_bytes(orjson.dumps({"tasks": {"checkpointMaxFileBytes": 1000}}))
+    try:
+        run = make_run()
+        f = run.folder
+        run.start()
+        run.turn()
+        (f / "big.bin").write_bytes(b"x" * 5000)
+        (f / "small.txt").write_text("s")
+        run.end()
+        assert changes(run.id, 1) == {"small.txt": "added"}
+        end = list_checkpoints(run.id)[-1]
+        assert any("big.bin" in n and "checkpointMaxFileBytes" in n for n in end.notes)
+        # Undo must not delete a file it never recorded.
+        undo(run.id, turn=1)
+        assert (f / "big.bin").exists() and not (f / "small.txt").exists()
+    finally:
+        settings.unlink()
+
+
+def test_nested_git_repository_skipped_with_note(make_run: Any) -> None:
+    run = make_run()
+    f = run.folder
+    run.start()
+    run.turn()
+    nested = f / "vendor" / "lib"
+    nested.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(nested)], check=True)
+    (nested / "code.py").write_text("x = 1\n")
+    (f / "main.py").write_text("import lib\n")
+    run.end()
+    assert changes(run.id, 1) == {"main.py": "added"}
+    listing = repo_for(run.task).run("ls-files", "-s").decode()
+    assert "160000" not in listing
+    end = list_checkpoints(run.id)[-1]
+    assert any(n.startswith("vendor/lib") and "git repository" in n for n in end.notes)
+
+
+def test_hostile_gitattributes_filter_does_not_run(make_run: Any, tmp_path: Path) -> None:
+    marker = tmp_path / "filter-ran"
+    run = make_run()
+    f = run.folder
+    # The agent writes attributes naming a filter, and (uselessly) a config with its
+    # command: piwork's git must neither read that config nor rewrite bytes.
+    (f / ".gitattributes").write_text("* filter=evil text eol=crlf ident\n")
+    (f / ".gitconfig").write_text(f'[filter "evil"]\n\tclean = touch {marker}\n')
+    (f / ".git").mkdir()
+    (f / ".git" / "config").write_text(
+        f'[filter "evil"]\n\tclean = touch {marker}\n\tsmudge = touch {marker}\n'
+        f"[core]\n\tfsmonitor = touch {marker}\n\thooksPath = /tmp\n"
+    )
+    (f / "doc.txt").write_text("line one\nline two $Id$\n")
+    run.start()
+    run.turn()
+    (f / "doc.txt").write_text("line one\nline 2 $Id$\n")
+    run.end()
+    undo(run.id, turn=1)
+    assert (f / "doc.txt").read_bytes() == b"line one\nline two $Id$\n"
+    assert not marker.exists()
+
+
+def test_unknown_checkpoint_and_turn(make_run: Any) -> None:
+    run = make_run()
+    three_turns(run)
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        undo(run.id, to="HEAD~1")
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        undo(run.id, to="deadbeef")
+    with pytest.raises(CheckpointError, match="turn 9"):
+        task_changes(run.id, turn=9)
+    with pytest.raises(CheckpointError, match="relative"):
+        undo(run.id, turn=2, files=["../etc/passwd"])
+
+
+def test_retry_of_a_model_call_keeps_the_turn(make_run: Any) -> None:
+    run = make_run()
+    f = run.folder
+    run.start()
+    run.turn()
+    (f / "x").write_text("1")
+
+    async def retry() -> None:  # a second model call without a new turn_start
+        await run.rec.before_model_call()
+
+    asyncio.run(retry())
+    run.turn()
+    run.end()
+    turns = [c.turn for c in list_checkpoints(run.id)]
+    assert turns == [None, 1, 1, 2, None]
+    assert changes(run.id, 1) == {"x": "added"}  # a turn starts at its first checkpoint
+    assert [e["turn"] for e in run.events] == [1, 2]

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "piwork.cli.auth_cmd",
     "piwork.cli.models_cmd",
     "piwork.cli.bench_cmd",
+    "piwork.cli.changes_cmd",
 )
 
 

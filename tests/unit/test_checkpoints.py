@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from piwork.checkpoints import (
     task_changes,
     undo,
 )
+from piwork.cli.main import main
 from piwork.config import get_paths
 from piwork.tasks.store import Task, TaskStore
 
@@ -415,3 +417,62 @@ def test_retry_of_a_model_call_keeps_the_turn(make_run: Any) -> None:
     assert turns == [None, 1, 1, 2, None]
     assert changes(run.id, 1) == {"x": "added"}  # a turn starts at its first checkpoint
     assert [e["turn"] for e in run.events] == [1, 2]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_changes_json_per_turn(make_run: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    run: Run = make_run()
+    three_turns(run)
+    code, out, _ = run_cli(capsys, "changes", run.id[:6], "--turn", "2", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert {c["path"]: c["status"] for c in doc["changes"]} == {
+        "b.txt": "modified",
+        "c.txt": "deleted",
+    }
+    assert doc["checkpoints"][0]["label"] == "task start"
+    code, out, _ = run_cli(capsys, "changes", run.id)
+    assert code == 0
+    assert "D c.txt" in out and "A e.bin  (binary)" in out and "+ALPHA overwritten" in out
+
+
+def test_undo_conflict_force_and_undo_of_undo(
+    make_run: Any,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run: Run = make_run()
+    three_turns(run)
+    f: Path = run.folder
+    (f / "c.txt").write_text("recreated by the person\n")
+    code, _, err = run_cli(capsys, "undo", run.id, "--turn", "2")
+    assert code == 4 and "c.txt" in err and "--force" in err
+    assert (f / "b.txt").read_text() == ""
+    code, out, _ = run_cli(capsys, "undo", run.id, "--turn", "2", "--force")
+    assert code == 0 and "restored b.txt" in out
+    assert (f / "c.txt").read_text() == "charlie\n"
+    before = out.split("--to ")[1].split("`")[0]
+    code, out, _ = run_cli(capsys, "undo", run.id, "--to", before)
+    assert code == 0
+    assert (f / "c.txt").read_text() == "recreated by the person\n"
+    assert (f / "b.txt").read_text() == ""
+
+
+def test_undo_refused_while_running(make_run: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    run: Run = make_run()
+    three_turns(run)
+    store = TaskStore(get_paths().tasks)
+    try:
+        with store.claim(run.id):
+            code, _, err = run_cli(capsys, "undo", run.id, "--turn", "1")
+    finally:
+        store.close()
+    assert code == 5 and "running" in err
+    assert (run.folder / "d.txt").exists()

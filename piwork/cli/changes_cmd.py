@@ -1,0 +1,146 @@
+"""``piwork changes TASK`` and ``piwork undo TASK``: review and roll back the agent's edits.
+
+Both read the task's checkpoints (see :mod:`piwork.checkpoints`). ``changes``
+lists what the agent added, modified or deleted in the whole task or in one
+turn, with diffs; ``--json`` prints ``{"task", "turn", "checkpoints",
+"changes": [{"path", "status", "binary", "diff"}]}``. ``undo`` restores the
+folder (or some files) and prints how to undo the undo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from piwork.checkpoints import (
+    CheckpointError,
+    TaskRunning,
+    UndoConflict,
+    list_checkpoints,
+    task_changes,
+    undo,
+)
+from piwork.tasks.store import TaskStore, TaskStoreError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "changes", help="show what the agent changed in a task's folder (per turn, with diffs)"
+    )
+    p.add_argument("task_id", metavar="TASK")
+    p.add_argument("--turn", type=int, metavar="N", help="only what turn N changed")
+    p.add_argument("--json", action="store_true", help="print checkpoints and changes as JSON")
+    p.add_argument("--stat", action="store_true", help="list files only, no diffs")
+    p.set_defaults(func=cmd_changes)
+
+    p = subparsers.add_parser(
+        "undo", help="restore a task's folder (or some files) to an earlier checkpoint"
+    )
+    p.add_argument("task_id", metavar="TASK")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--turn", type=int, metavar="N", help="undo only what turn N changed")
+    which.add_argument(
+        "--to", metavar="CHECKPOINT", help="go back to this checkpoint (default: task start)"
+    )
+    p.add_argument(
+        "--file", action="append", metavar="PATH", help="only this file or folder (repeatable)"
+    )
+    p.add_argument(
+        "--force", action="store_true", help="overwrite files changed since the agent's changes"
+    )
+    p.set_defaults(func=cmd_undo)
+
+
+def _full_id(task_id: str) -> str:
+    with TaskStore() as store:
+        return store.resolve_id(task_id)
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_changes(args: argparse.Namespace) -> int:
+    try:
+        task_id = _full_id(args.task_id)
+        checkpoints = list_checkpoints(task_id)
+        changes = task_changes(task_id, turn=args.turn) if checkpoints else []
+    except (TaskStoreError, CheckpointError) as exc:
+        print(f"piwork changes: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        out: dict[str, Any] = {
+            "task": task_id,
+            "turn": args.turn,
+            "checkpoints": [
+                {
+                    "id": c.id,
+                    "turn": c.turn,
+                    "label": c.label,
+                    "createdAt": c.created_at,
+                    "notes": list(c.notes),
+                }
+                for c in checkpoints
+            ],
+            "changes": [
+                {"path": c.path, "status": c.status, "binary": c.binary, "diff": c.diff}
+                for c in changes
+            ],
+        }
+        sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    if not checkpoints:
+        print(f"task {task_id} has no checkpoints (no working folder, or it never ran)")
+        return 0
+    print("checkpoints:")
+    for c in checkpoints:
+        print(f"  {c.id[:12]}  {_when(c.created_at)}  {c.label}")
+    notes = dict.fromkeys(n for c in checkpoints for n in c.notes)
+    if notes:
+        print("not recorded:")
+        for n in notes:
+            print(f"  {n}")
+    scope = f"turn {args.turn}" if args.turn is not None else "the task"
+    if not changes:
+        print(f"no changes in {scope}")
+        return 0
+    print(f"changes in {scope}:")
+    mark = {"added": "A", "modified": "M", "deleted": "D", "type_changed": "T"}
+    for ch in changes:
+        print(f"  {mark.get(ch.status, '?')} {ch.path}{'  (binary)' if ch.binary else ''}")
+    if not args.stat:
+        for ch in changes:
+            if ch.diff:
+                print()
+                sys.stdout.write(ch.diff if ch.diff.endswith("\n") else ch.diff + "\n")
+    return 0
+
+
+def cmd_undo(args: argparse.Namespace) -> int:
+    try:
+        task_id = _full_id(args.task_id)
+        result = undo(task_id, turn=args.turn, to=args.to, files=args.file, force=args.force)
+    except UndoConflict as exc:
+        print(f"piwork undo: {exc}", file=sys.stderr)
+        return 4
+    except TaskRunning as exc:
+        print(f"piwork undo: {exc}", file=sys.stderr)
+        return 5
+    except (TaskStoreError, CheckpointError) as exc:
+        print(f"piwork undo: {exc}", file=sys.stderr)
+        return 1
+    if not result.restored and not result.removed:
+        print("nothing to undo: those files are already as they were")
+    for p in result.restored:
+        print(f"restored {p}")
+    for p in result.removed:
+        print(f"removed  {p}")
+    print(
+        f"the folder as it was before this undo is checkpoint {result.checkpoint_before}; "
+        f"`piwork undo {task_id} --to {result.checkpoint_before}` brings it back"
+    )
+    return 0

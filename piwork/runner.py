@@ -13,7 +13,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -25,6 +25,7 @@ import orjson
 from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVm, AgentVmConfig, TaskDirs
 from piwork.aio import discard
 from piwork.auth import KeyStore
+from piwork.checkpoints import RunRecorder
 from piwork.config import Paths, get_paths
 from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
 from piwork.models.providers import (
@@ -75,6 +76,12 @@ class EventKind(StrEnum):
     USAGE = "usage"
     ERROR = "error"
     DONE = "done"
+    # What one agent turn changed in the working folder (piwork.checkpoints):
+    # {"turn", "checkpoint" (id of the checkpoint before the turn), "added",
+    # "modified", "deleted", "type_changed", "files": [{"path", "status"}] (at
+    # most 200), "truncated" (files left out)}. Sent when the next checkpoint is
+    # taken: at the next model call or at the end of the run.
+    CHANGES = "changes"
 
 
 @dataclass(frozen=True)
@@ -219,6 +226,7 @@ class TaskSession:
         self._paused = False
         self._closing = False
         self._ctx = TaskContext()
+        self._ckpt: RunRecorder | None = None
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -296,6 +304,7 @@ class TaskSession:
         record = task.record
         folder = Path(record.working_folder) if record.working_folder else None
         self._ctx = TaskContext(task_id=task.id, working_folder=folder)
+        await self._checkpoint_start()
         self.emit(
             EventKind.TASK,
             id=task.id,
@@ -329,6 +338,7 @@ class TaskSession:
             task_id=task.id,
             on_usage=self._on_gateway_usage,
             guest_token=token,
+            before_forward=self._checkpoint_before_model_call,
         )
         await self._stack.enter_async_context(gateway)
         egress = EgressProxy(
@@ -406,6 +416,7 @@ class TaskSession:
                 await self.agent.stop(graceful=graceful)
         finally:
             self.agent = None
+            await self._checkpoint_end()  # no-op if the run already recorded its end
             if self.task is not None:
                 current = self.store.get(self.task.id).record.status
                 if current not in (TaskStatus.STOPPED, TaskStatus.IDLE, TaskStatus.INTERRUPTED):
@@ -425,6 +436,45 @@ class TaskSession:
                             )
             await self._stack.aclose()
             self.store.close()
+
+    # ------------------------------------------------------------ checkpoints
+    # The folder is recorded at task start, before every model call (the gateway
+    # awaits _checkpoint_before_model_call before forwarding, so a turn's tools
+    # cannot have run yet: they need the reply) and at the end of each run. A
+    # failed checkpoint is reported, not fatal: the task goes on without it.
+    async def _checkpoint_start(self) -> None:
+        assert self.task is not None
+        try:
+            self._ckpt = RunRecorder.for_task(self.task, self._on_changes)
+            if self._ckpt is not None:
+                await self._ckpt.start()
+        except Exception as exc:
+            self._ckpt = None
+            self.emit(EventKind.ERROR, message=f"checkpoints are off for this run: {exc}")
+
+    async def _checkpoint_before_model_call(self) -> None:
+        await self._checkpoint(lambda rec: rec.before_model_call())
+
+    async def _checkpoint_end(self) -> None:
+        await self._checkpoint(lambda rec: rec.end())
+        if self._ckpt is not None and self._ckpt.timings:
+            self.timings["checkpoint_max"] = max(self._ckpt.timings)
+
+    async def _checkpoint(self, step: Callable[[RunRecorder], Awaitable[object]]) -> None:
+        if self._ckpt is None:
+            return
+        try:
+            await step(self._ckpt)
+        except Exception as exc:
+            self.emit(
+                EventKind.ERROR,
+                message=f"could not checkpoint the working folder ({exc}); "
+                "changes made from here on may not be undoable",
+            )
+
+    def _on_changes(self, data: dict[str, Any]) -> None:
+        self._note("changes", data)
+        self.emit(EventKind.CHANGES, **data)
 
     # ------------------------------------------------------------ hooks from below
     def _on_pi_line(self, raw: bytes) -> None:
@@ -473,6 +523,9 @@ class TaskSession:
         elif isinstance(item, m.ToolExecutionEnd):
             o = m.tool_outcome(item)
             self.emit(EventKind.TOOL_END, id=o.tool_call_id, name=o.tool_name, ok=o.ok, text=o.text)
+        elif isinstance(item, m.TurnStart):
+            if self._ckpt is not None:
+                self._ckpt.turn_started()
         elif isinstance(item, m.TurnEnd):
             self._account(None, turns=1)
         elif isinstance(item, m.AutoRetryStart):
@@ -673,6 +726,7 @@ class TaskSession:
                         else (StopReason.ERROR, f"{type(exc).__name__}: {exc}", None)
                     )
             self.timings["prompt_to_idle"] = time.monotonic() - t
+            await self._checkpoint_end()
             return self._finish()
 
     async def _watch_wall_time(self, every: float = 2.0) -> None:

@@ -349,6 +349,7 @@ class ModelGateway:
         connect_timeout: float = 30.0,
         read_timeout: float = 600.0,
         upstream_proxy: str | None = None,
+        before_forward: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         items = providers.values() if isinstance(providers, Mapping) else providers
         self._providers: dict[str, Provider] = {p.name: p for p in items}
@@ -367,6 +368,9 @@ class ModelGateway:
             sock_read=read_timeout,
         )
         self._upstream_proxy = upstream_proxy
+        # Awaited before each model call is forwarded (the runner checkpoints the
+        # folder there: the guest cannot act on a reply it has not received).
+        self._before_forward = before_forward
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.totals = UsageTotals()
@@ -499,6 +503,8 @@ class ModelGateway:
                 f"Add one with `piwork auth set {provider.credential_name}` and retry.",
             )
 
+        if self._before_forward is not None and request.method == "POST":
+            await self._before_forward()
         url = URL(provider.upstream_origin + rest + self._clean_query(request), encoded=True)
         headers = self._upstream_headers(request, provider, key)
         sniff = bytearray()

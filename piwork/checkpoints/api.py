@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from piwork.checkpoints.shadow import CheckpointError, Commit, RawChange, ShadowRepo
+from piwork.checkpoints.shadow import CheckpointError, Commit, RawChange, ShadowRepo, compact
 from piwork.config import get_paths
 from piwork.tasks.model import ACTIVE_STATUSES
 from piwork.tasks.settings import load_task_settings
@@ -252,6 +252,40 @@ def _undo_locked(
     after_snap = repo.snapshot()
     repo.commit(after_snap, what, None, reuse_same=False)
     return UndoResult(sorted(restored), sorted(removed), before_undo.id)
+
+
+# --------------------------------------------------------------------------- retention
+
+
+@dataclass(frozen=True)
+class GcResult:
+    task_id: str
+    bytes_before: int
+    bytes_after: int
+    dropped: int  # oldest checkpoints removed to fit the bound
+
+
+def checkpoints_size(task: Task) -> int:
+    """Bytes the task's checkpoints use on disk (0 if it has none)."""
+    git_dir = task.dir / CHECKPOINTS_DIR
+    if not git_dir.is_dir():
+        return 0
+    return ShadowRepo.size_of(git_dir)
+
+
+def gc_task(store: TaskStore, task: Task, max_bytes: int | None = None) -> GcResult | None:
+    """Pack a stopped task's checkpoints and bound their size (default: the
+    ``tasks.checkpointMaxBytes`` setting). Skips (None) a task that is in use."""
+    if task.record.working_folder is None or not (task.dir / CHECKPOINTS_DIR).is_dir():
+        return None
+    if store.owner(task.id) is not None or task.record.status in ACTIVE_STATUSES:
+        return None
+    if max_bytes is None:
+        max_bytes = load_task_settings().checkpoint_max_bytes
+    repo = repo_for(task)
+    with repo.locked():
+        before, after, dropped = compact(repo, max_bytes)
+    return GcResult(task.id, before, after, dropped)
 
 
 # --------------------------------------------------------------------------- during a run

@@ -461,8 +461,13 @@ class ShadowRepo:
         return restore, remove
 
     def size_bytes(self) -> int:
+        return self.size_of(self.git_dir)
+
+    @staticmethod
+    def size_of(path: Path) -> int:
+        """Disk usage of a directory tree (links not followed)."""
         total = 0
-        for root, _dirs, files in os.walk(self.git_dir):
+        for root, _dirs, files in os.walk(path):
             for f in files:
                 with contextlib.suppress(OSError):
                     total += os.lstat(os.path.join(root, f)).st_blocks * 512
@@ -495,3 +500,32 @@ def _parse(sha: str, tree: str, ct: float, body: str) -> Commit:
 
 
 EMPTY_TREE = _EMPTY_TREE
+
+
+def compact(repo: ShadowRepo, max_bytes: int | None) -> tuple[int, int, int]:
+    """Pack the repository; while it is over ``max_bytes``, drop the oldest half of
+    the checkpoints (the newest two always stay). Returns (bytes before, after,
+    checkpoints dropped). Kept checkpoints get new ids (their history is rewritten).
+    """
+    before = repo.size_bytes()
+    dropped = 0
+    repo.run("gc", "-q", "--prune=now")
+    while max_bytes is not None and repo.size_bytes() > max_bytes:
+        commits = repo.log()
+        if len(commits) <= 2:
+            break
+        drop = max(1, (len(commits) - 2) // 2)
+        keep = commits[drop:]
+        parent: str | None = None
+        for c in keep:
+            body = repo.run("log", "-1", "--format=%B", c.id)
+            args = ["commit-tree", c.tree, "-F", "-"]
+            if parent is not None:
+                args[2:2] = ["-p", parent]
+            parent = repo.run(*args, stdin=body).decode().strip()
+        assert parent is not None
+        repo.run("update-ref", REF, parent)
+        repo.run("reflog", "expire", "--expire=now", "--all")
+        repo.run("gc", "-q", "--prune=now")
+        dropped += drop
+    return before, repo.size_bytes(), dropped

@@ -27,6 +27,7 @@ from typing import IO, Any
 import orjson
 
 from piwork import __version__
+from piwork.checkpoints import CheckpointError, ShadowRepo, checkpoints_size, gc_task
 from piwork.tasks.model import ACTIVE_STATUSES, TaskStatus, iso_z, utc_now
 from piwork.tasks.store import SUBDIRS, Task, TaskStore, TaskStoreError
 from piwork.tasks.transcript import TORN_SUFFIX, TranscriptReader
@@ -67,6 +68,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--files", action="store_true", help="also include state/, outputs/ and uploads/"
     )
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("gc", help="pack tasks' checkpoints and bound the space they use")
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        metavar="N",
+        help="per-task checkpoint bound (default: settings tasks.checkpointMaxBytes)",
+    )
+    p.set_defaults(func=cmd_gc)
 
 
 def _error(msg: str) -> int:
@@ -149,6 +159,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     problems: list[str] = []
     if args.json:
         out: dict[str, Any] = {"task": task.record.to_json_dict(), "dir": str(task.dir)}
+        out["bytes"], out["checkpointBytes"] = ShadowRepo.size_of(task.dir), checkpoints_size(task)
         if args.transcript:
             out["transcript"], problems = _transcript_json(task)
         _print_json(out)
@@ -179,6 +190,7 @@ def cmd_show(args: argparse.Namespace) -> int:
                 f"{f'${lim.max_cost_usd:.2f}' if lim.max_cost_usd else '∞'}",
             ),
             ("dir", str(task.dir)),
+            ("size", _size_text(task)),
         ]
         if rec.stop is not None and rec.stop.message:
             lines.insert(3, ("message", rec.stop.message))
@@ -197,6 +209,33 @@ def cmd_show(args: argparse.Namespace) -> int:
             problems = [str(p) for p in reader.problems]
     for problem in problems:
         print(f"piwork tasks: transcript {problem}", file=sys.stderr)
+    return 0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1048576:.1f} MiB"
+
+
+def _size_text(task: Task) -> str:
+    return (
+        f"{_mib(ShadowRepo.size_of(task.dir))} "
+        f"(checkpoints {_mib(checkpoints_size(task))}; `piwork tasks gc` packs them)"
+    )
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """Checkpoints: pack each stopped task's shadow repository and bound its size."""
+    with _open_store() as store:
+        for task in store.list():
+            try:
+                res = gc_task(store, task, args.max_bytes)
+            except (CheckpointError, TaskStoreError, OSError) as exc:
+                print(f"piwork tasks gc: {task.id}: {exc}", file=sys.stderr)
+                continue
+            if res is None:
+                continue
+            dropped = f", dropped the {res.dropped} oldest checkpoints" if res.dropped else ""
+            print(f"{task.id}: {_mib(res.bytes_before)} -> {_mib(res.bytes_after)}{dropped}")
     return 0
 
 

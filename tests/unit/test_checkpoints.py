@@ -476,3 +476,30 @@ def test_undo_refused_while_running(make_run: Any, capsys: pytest.CaptureFixture
         store.close()
     assert code == 5 and "running" in err
     assert (run.folder / "d.txt").exists()
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def test_gc_packs_and_bounds_space_and_show_prints_size(
+    make_run: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run: Run = make_run()
+    f = run.folder
+    run.start()
+    for i in range(6):
+        run.turn()
+        (f / f"blob{i}.bin").write_bytes(os.urandom(200_000))
+    run.end()
+    last_tree = repo_for(run.task).log()[-1].tree
+    n_before = len(list_checkpoints(run.id))
+    code, out, _ = run_cli(capsys, "tasks", "show", run.id)
+    assert code == 0 and "checkpoints" in out and "MiB" in out
+    code, out, _ = run_cli(capsys, "tasks", "gc", "--max-bytes", "700000")
+    assert code == 0 and run.id in out and "dropped" in out
+    repo = repo_for(run.task)
+    assert repo.size_bytes() <= 700_000 or len(repo.log()) == 2
+    assert len(list_checkpoints(run.id)) < n_before
+    assert repo.log()[-1].tree == last_tree  # the newest state is kept
+    code, out, _ = run_cli(capsys, "tasks", "show", run.id, "--json")
+    assert json.loads(out)["checkpointBytes"] == repo.size_bytes()

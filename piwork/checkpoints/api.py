@@ -85,10 +85,11 @@ def repo_for(task: Task) -> ShadowRepo:
     return ShadowRepo(task.dir / CHECKPOINTS_DIR, Path(folder), max_file_bytes=limit)
 
 
-def _open(task_id: str) -> tuple[Task, ShadowRepo]:
+def _open_optional(task_id: str) -> tuple[Task, ShadowRepo | None]:
+    """Like _open, but a task without a working folder has no repository (None)."""
     with _store() as store:
         task = store.get(task_id)
-    return task, repo_for(task)
+    return task, repo_for(task) if task.record.working_folder is not None else None
 
 
 def _to_checkpoint(c: Commit) -> Checkpoint:
@@ -100,8 +101,8 @@ def _to_checkpoint(c: Commit) -> Checkpoint:
 
 def list_checkpoints(task_id: str) -> list[Checkpoint]:
     """The task's checkpoints, oldest first."""
-    _task, repo = _open(task_id)
-    return [_to_checkpoint(c) for c in repo.log()]
+    _task, repo = _open_optional(task_id)
+    return [_to_checkpoint(c) for c in repo.log()] if repo is not None else []
 
 
 def turn_range(commits: list[Commit], turn: int | None) -> tuple[Commit, Commit | None]:
@@ -138,9 +139,9 @@ def describe(repo: ShadowRepo, old: str, new: str, *, diffs: int = MAX_DIFFS) ->
 
 def task_changes(task_id: str, *, turn: int | None = None) -> list[FileChange]:
     """What the agent changed in the task (first to last checkpoint) or in one turn."""
-    _task, repo = _open(task_id)
-    commits = repo.log()
-    if not commits:
+    _task, repo = _open_optional(task_id)
+    commits = repo.log() if repo is not None else []
+    if repo is None or not commits:
         return []
     before, after = turn_range(commits, turn)
     if after is None:

@@ -267,6 +267,9 @@ class ShadowRepo:
                 continue
             if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                 if stat.S_ISDIR(st.st_mode):
+                    # Only a tracked path is listed as a directory: a file (or
+                    # link) that became one. Its contents come as other paths.
+                    to_remove.append(path)
                     continue
                 snap.skipped.append(path)
                 snap.notes.append(f"{path}: not a regular file or link, not recorded")

@@ -503,3 +503,38 @@ def test_gc_packs_and_bounds_space_and_show_prints_size(
     assert repo.log()[-1].tree == last_tree  # the newest state is kept
     code, out, _ = run_cli(capsys, "tasks", "show", run.id, "--json")
     assert json.loads(out)["checkpointBytes"] == repo.size_bytes()
+
+
+def test_file_becomes_folder_and_folder_becomes_file(make_run: Any) -> None:
+    run: Run = make_run()
+    f = run.folder
+    (f / "x").write_text("a file\n")
+    (f / "d").mkdir()
+    (f / "d" / "inner.txt").write_text("inner\n")
+    before = tree_digest(f)
+    run.start()
+    run.turn()
+    (f / "x").unlink()
+    (f / "x").mkdir()
+    (f / "x" / "y.txt").write_text("now a folder\n")
+    (f / "d" / "inner.txt").unlink()
+    (f / "d").rmdir()
+    (f / "d").write_text("now a file\n")
+    run.end()
+    assert changes(run.id, 1) == {
+        "x": "deleted",
+        "x/y.txt": "added",
+        "d": "added",
+        "d/inner.txt": "deleted",
+    }
+    undo(run.id, turn=1)
+    assert tree_digest(f) == before
+
+
+def test_task_without_folder_has_no_checkpoints() -> None:
+    store = TaskStore(get_paths().tasks)
+    try:
+        task = store.create("no folder")
+    finally:
+        store.close()
+    assert list_checkpoints(task.id) == [] and task_changes(task.id) == []

@@ -447,7 +447,7 @@ class TaskSession:
         try:
             self._ckpt = RunRecorder.for_task(self.task, self._on_changes)
             if self._ckpt is not None:
-                await self._ckpt.start()
+                self._ckpt.begin()  # overlaps the boot; the first model call waits for it
         except Exception as exc:
             self._ckpt = None
             self.emit(EventKind.ERROR, message=f"checkpoints are off for this run: {exc}")

@@ -324,6 +324,8 @@ class RunRecorder:
         self._turn_seen = asyncio.Event()
         self._last_turn = 0
         self._open_turn: tuple[int, str] | None = None
+        self._starting: asyncio.Future[Commit] | None = None
+        self.disabled = False
 
     @classmethod
     def for_task(cls, task: Task, on_changes: ChangesSink) -> RunRecorder | None:
@@ -362,11 +364,32 @@ class RunRecorder:
         self._base = self._last_turn = await asyncio.to_thread(base)
         return await self.record("task start" if self._base == 0 else "task resumed")
 
+    def begin(self) -> None:
+        """Start the task-start checkpoint in the background (it overlaps the VM boot).
+
+        The first model call and the end wait for it: the agent cannot act on
+        the folder before its first model reply, which the gateway holds back.
+        """
+        self._starting = asyncio.ensure_future(self.start())
+
+    async def _started_ok(self) -> bool:
+        """Wait for :meth:`begin`'s checkpoint; raise its error once, then stay off."""
+        task, self._starting = self._starting, None
+        if task is not None:
+            try:
+                await task
+            except Exception:
+                self.disabled = True
+                raise
+        return not self.disabled
+
     def turn_started(self) -> None:
         self._started += 1
         self._turn_seen.set()
 
     async def before_model_call(self) -> None:
+        if not await self._started_ok():
+            return
         if self._base + self._started <= self._last_turn:
             self._turn_seen.clear()
             # No new turn_start within the wait: a retry or a compaction call (same turn).
@@ -376,5 +399,7 @@ class RunRecorder:
         self._last_turn = turn
         await self.record(f"before turn {turn}", turn)
 
-    async def end(self) -> Commit:
+    async def end(self) -> Commit | None:
+        if not await self._started_ok():
+            return None
         return await self.record("task end")

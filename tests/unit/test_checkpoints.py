@@ -538,3 +538,39 @@ def test_task_without_folder_has_no_checkpoints() -> None:
     finally:
         store.close()
     assert list_checkpoints(task.id) == [] and task_changes(task.id) == []
+
+
+def test_start_checkpoint_in_background_precedes_the_first_turn(make_run: Any) -> None:
+    run: Run = make_run()
+    f = run.folder
+    (f / "a.txt").write_text("before\n")
+
+    async def go() -> None:
+        run.rec.begin()  # not awaited: the first model call waits for it
+        run.rec.turn_started()
+        await run.rec.before_model_call()
+        (f / "a.txt").write_text("after\n")
+        await run.rec.end()
+
+    asyncio.run(go())
+    assert [c.label for c in list_checkpoints(run.id)] == [
+        "task start",
+        "before turn 1",
+        "task end",
+    ]
+    assert changes(run.id, 1) == {"a.txt": "modified"}
+    assert [e["turn"] for e in run.events] == [1]
+
+
+def test_a_failed_start_is_reported_once_then_checkpoints_stay_off(make_run: Any) -> None:
+    run: Run = make_run()
+    run.folder.rename(run.folder.with_name("gone"))
+
+    async def go() -> None:
+        run.rec.begin()
+        with pytest.raises(CheckpointError, match="is gone"):
+            await run.rec.before_model_call()
+        await run.rec.before_model_call()  # off now: no second error
+        assert await run.rec.end() is None
+
+    asyncio.run(go())

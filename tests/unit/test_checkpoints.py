@@ -574,3 +574,19 @@ def test_a_failed_start_is_reported_once_then_checkpoints_stay_off(make_run: Any
         assert await run.rec.end() is None
 
     asyncio.run(go())
+
+
+def test_undo_restores_a_link_as_a_link(make_run: Any, tmp_path: Path) -> None:
+    outside = tmp_path / "outside3.txt"
+    outside.write_text("outside\n")
+    run: Run = make_run()
+    f = run.folder
+    os.symlink(outside, f / "out-link")
+    run.start()
+    run.turn()
+    (f / "out-link").unlink()
+    run.end()
+    assert changes(run.id, 1) == {"out-link": "deleted"}
+    undo(run.id, turn=1)
+    assert (f / "out-link").is_symlink() and os.readlink(f / "out-link") == str(outside)
+    assert outside.read_text() == "outside\n"

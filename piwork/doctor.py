@@ -76,6 +76,16 @@ def check_build_tools() -> list[Check]:
     return checks
 
 
+def check_git() -> Check:
+    path = shutil.which("git")
+    return Check(
+        "git (checkpoints)",
+        path is not None,
+        path or "git not found: tasks run without checkpoints, so `piwork undo` has nothing",
+        "" if path else "apt-get install -y git",
+    )
+
+
 def check_pack() -> Check:
     try:
         from piwork.pack import find_pack
@@ -112,6 +122,7 @@ def run_checks(paths: Paths) -> list[Check]:
         check_qemu(),
         check_accel(),
         *check_build_tools(),
+        check_git(),
         check_pack(),
         check_disk(paths),
     ]

@@ -416,7 +416,10 @@ class TaskSession:
                 await self.agent.stop(graceful=graceful)
         finally:
             self.agent = None
-            await self._checkpoint_end()  # no-op if the run already recorded its end
+            # Record the end (a no-op if the run already did); a second Ctrl-C
+            # here must not skip the cleanup below.
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoint_end()
             if self.task is not None:
                 current = self.store.get(self.task.id).record.status
                 if current not in (TaskStatus.STOPPED, TaskStatus.IDLE, TaskStatus.INTERRUPTED):

@@ -590,3 +590,56 @@ def test_undo_restores_a_link_as_a_link(make_run: Any, tmp_path: Path) -> None:
     undo(run.id, turn=1)
     assert (f / "out-link").is_symlink() and os.readlink(f / "out-link") == str(outside)
     assert outside.read_text() == "outside\n"
+
+
+# --------------------------------------------------------------------------- gateway hook
+
+
+async def test_gateway_holds_each_model_call_until_the_checkpoint_is_taken() -> None:
+    """The reason checkpoints precede a turn's tools: the reply waits for them."""
+    import aiohttp
+
+    from piwork.models.providers import ModelSpec, Provider
+    from piwork.models.scripted import ScriptedModelServer, Text
+    from piwork.proxy.gateway import ModelGateway
+
+    server = ScriptedModelServer([Text("one"), Text("two")], model_id="scripted")
+    seen_at_hook: list[int] = []
+    done = asyncio.Event()
+
+    async def checkpoint() -> None:
+        seen_at_hook.append(len(server.chat_requests))
+        await asyncio.sleep(0.3)
+        done.set()
+
+    async with server:
+        provider = Provider(
+            name="scripted",
+            api="openai-completions",
+            base_url=server.base_url,
+            auth="none",
+            key_required=False,
+            default_model="scripted",
+            models=(
+                ModelSpec(
+                    id="scripted",
+                    name="s",
+                    contextWindow=1000,
+                    maxTokens=100,
+                    reasoning=False,
+                    input=("text",),
+                ),
+            ),
+        )
+        gateway = ModelGateway([provider], lambda name: None, before_forward=checkpoint)
+        async with gateway, aiohttp.ClientSession() as http:
+            body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+            async with http.post(
+                f"{gateway.url}/p/scripted/v1/chat/completions", json=body
+            ) as resp:
+                assert resp.status == 200
+                assert done.is_set()  # the reply came only after the checkpoint
+                await resp.read()
+            async with http.get(f"{gateway.url}/p/scripted/v1/models") as resp:
+                await resp.read()
+    assert seen_at_hook == [0]  # upstream not contacted before the hook; GETs do not wait

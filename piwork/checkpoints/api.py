@@ -11,7 +11,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -50,6 +50,9 @@ class UndoResult:
     restored: list[str]
     removed: list[str]
     checkpoint_before: str  # id of the pre-undo checkpoint: `--to` it to undo the undo
+    # Left alone: files the folder holds now that cannot be checkpointed (over the
+    # size cap, nested repositories), so overwriting them could not be undone.
+    skipped: list[str] = field(default_factory=list)
 
 
 class UndoConflict(CheckpointError):
@@ -242,6 +245,11 @@ def _undo_locked(
         paths = [c.path for c in repo.diff(target, last.id)]
         what = f"undo to {target[:12]}"
     paths = _select(paths, files)
+    unrecordable = set(now.skipped)
+    skipped = sorted(
+        p for p in paths if p in unrecordable or any(p.startswith(s + "/") for s in unrecordable)
+    )
+    paths = [p for p in paths if p not in skipped]
     for p in paths:
         if p in outside:
             reasons[p] = "changed outside the task after its last checkpoint"
@@ -252,7 +260,7 @@ def _undo_locked(
     restored, removed = repo.restore(target, paths)
     after_snap = repo.snapshot()
     repo.commit(after_snap, what, None, reuse_same=False)
-    return UndoResult(sorted(restored), sorted(removed), before_undo.id)
+    return UndoResult(sorted(restored), sorted(removed), before_undo.id, skipped)
 
 
 # --------------------------------------------------------------------------- retention

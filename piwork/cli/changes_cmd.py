@@ -139,6 +139,10 @@ def cmd_undo(args: argparse.Namespace) -> int:
         print(f"restored {p}")
     for p in result.removed:
         print(f"removed  {p}")
+    for p in result.skipped:
+        print(
+            f"left alone {p}: it cannot be checkpointed now, so overwriting it could not be undone"
+        )
     print(
         f"the folder as it was before this undo is checkpoint {result.checkpoint_before}; "
         f"`piwork undo {task_id} --to {result.checkpoint_before}` brings it back"

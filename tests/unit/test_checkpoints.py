@@ -342,6 +342,18 @@ def test_size_cap_skips_with_note(make_run: Any) -> None:
         # Undo must not delete a file it never recorded.
         undo(run.id, turn=1)
         assert (f / "big.bin").exists() and not (f / "small.txt").exists()
+        # A recorded file that grows past the cap is not overwritten by an undo:
+        # its new content is in no checkpoint, so that could not be undone.
+        (f / "grows.txt").write_text("small\n")
+        run2 = Run(run.task, f)
+        run2.rec._base = run2.rec._last_turn = 5
+        asyncio.run(run2.rec.record("before turn 6", 6))
+        (f / "grows.txt").write_bytes(b"y" * 5000)
+        asyncio.run(run2.rec.record("task end"))
+        assert changes(run.id, 6) == {"grows.txt": "deleted"}
+        result = undo(run.id, turn=6)
+        assert result.skipped == ["grows.txt"] and result.restored == []
+        assert (f / "grows.txt").read_bytes() == b"y" * 5000
     finally:
         settings.unlink()
 

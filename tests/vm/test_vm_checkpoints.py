@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +60,24 @@ def digest(root: Path) -> dict[str, str]:
             key = f"{st.st_mode:o}:{st.st_mtime_ns}:{hashlib.sha256(data).hexdigest()}"
             out[str(p.relative_to(root))] = key
     return out
+
+
+def link_as_seen_on_host(link: Path) -> str:
+    """The git mode the agent's ``ln -s /etc/hostname link-out`` must be recorded with.
+
+    With 9p ``security_model=none`` the guest's link is a host symlink (recorded
+    as a link, 120000). With ``mapped-xattr`` it is a host file holding the link
+    text, its type in the ``user.virtfs.mode`` xattr: recorded as that file
+    (100644), so it can be restored byte for byte. Either way the link's text,
+    never the host's /etc/hostname, is what the checkpoint holds.
+    """
+    if link.is_symlink():
+        assert os.readlink(link) == "/etc/hostname"
+        return "120000"
+    assert link.read_text() == "/etc/hostname"
+    mode = int.from_bytes(os.getxattr(link, "user.virtfs.mode", follow_symlinks=False), "little")
+    assert stat.S_ISLNK(mode), oct(mode)
+    return "100644"
 
 
 async def changes(home: Path, task_id: str, turn: int) -> dict[str, str]:
@@ -139,8 +158,7 @@ async def test_agent_changes_are_recorded_per_turn_and_undoable(
     assert not (folder / "c.txt").exists() and not (folder / "e.txt").exists()
     assert (folder / "f.txt").read_text() == "foxtrot\n"
     link = folder / "link-out"
-    assert link.is_symlink(), "the agent's symlink did not reach the host as a link"
-    assert os.readlink(link) == "/etc/hostname"
+    link_mode = link_as_seen_on_host(link)
 
     # The runner's per-turn events.
     per_turn = {e.data["turn"]: e.data for e in events if e.kind is EventKind.CHANGES}
@@ -164,7 +182,7 @@ async def test_agent_changes_are_recorded_per_turn_and_undoable(
     shadow = paths.tasks / task_id / "checkpoints"
     git = ["git", f"--git-dir={shadow}"]
     entry = sh(*git, "ls-tree", "refs/heads/checkpoints", "link-out")
-    assert entry.startswith("120000 blob "), entry
+    assert entry.startswith(f"{link_mode} blob "), entry
     target = sh(*git, "cat-file", "-p", "refs/heads/checkpoints:link-out")
     assert target == "/etc/hostname"
 
@@ -176,7 +194,7 @@ async def test_agent_changes_are_recorded_per_turn_and_undoable(
     assert (folder / "a.txt").read_text() == "alpha, overwritten by the agent\n"
     assert not (folder / "e.txt").exists()
     assert (folder / "f.txt").read_text() == "foxtrot\n"
-    assert link.is_symlink() and os.readlink(link) == "/etc/hostname"
+    assert link_as_seen_on_host(link) == link_mode
 
     # Undo the undo.
     before_undo = out.split("--to ")[1].split("`")[0]

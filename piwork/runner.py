@@ -773,13 +773,19 @@ class TaskSession:
     async def pause_vm(self) -> None:
         """Freeze the whole guest (QMP stop): no CPU, no events, until resumed."""
         assert self.agent is not None
-        await self.agent.vm.pause()
+        self.rpc.freeze()  # a frozen pi cannot answer: no reply may time out meanwhile
+        try:
+            await self.agent.vm.pause()
+        except BaseException:
+            self.rpc.thaw()
+            raise
         self._paused = True
         self._set_status(TaskStatus.PAUSED)
 
     async def resume_vm(self) -> None:
         assert self.agent is not None
         await self.agent.vm.resume()
+        self.rpc.thaw()
         self._paused = False
         self._set_status(TaskStatus.RUNNING)
 

@@ -251,6 +251,8 @@ class RpcClient:
         self._ui_tasks: dict[str, asyncio.Task[None]] = {}
         self._activity = _Activity()
         self._closed: BaseException | None = None
+        self._frozen = False
+        self._freeze_changed = asyncio.Event()
 
     # ------------------------------------------------------------------
     # Input from the layer below
@@ -337,6 +339,7 @@ class RpcClient:
         act.run_active = act.compacting = act.prompt_outstanding = False
         act.restart_deadline = None
         self._bump_activity()
+        self._freeze_flip()  # wakes waiters parked on a frozen guest, so they see the loss
 
     @property
     def closed(self) -> bool:
@@ -348,6 +351,64 @@ class RpcClient:
         tasks = list(self._ui_tasks.values())
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------
+    # Frozen guest
+    # ------------------------------------------------------------------
+
+    def freeze(self) -> None:
+        """pi cannot answer for now (its VM is paused): stop every reply clock.
+
+        While frozen, request timeouts do not run and :meth:`wait_idle` does not
+        poll pi; a pause of any length is not a failure. :meth:`thaw` restarts
+        the clocks where they stopped.
+        """
+        if not self._frozen:
+            self._frozen = True
+            self._freeze_flip()
+
+    def thaw(self) -> None:
+        """pi runs again: reply clocks resume, and the pause does not count as silence."""
+        if self._frozen:
+            self._frozen = False
+            self._activity.last_event_at = asyncio.get_running_loop().time()
+            self._freeze_flip()
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def _freeze_flip(self) -> None:
+        self._freeze_changed.set()
+        self._freeze_changed = asyncio.Event()
+
+    async def _await_reply(
+        self, future: asyncio.Future[Response], timeout: float | None
+    ) -> Response:
+        """The reply, or TimeoutError after ``timeout`` seconds of *unfrozen* waiting."""
+        if timeout is None:
+            return await future
+        loop = asyncio.get_running_loop()
+        budget = timeout
+        while True:
+            changed: asyncio.Future[Any] = asyncio.ensure_future(self._freeze_changed.wait())
+            started = loop.time()
+            frozen = self._frozen
+            try:
+                waiters: set[asyncio.Future[Any]] = {future, changed}
+                done, _ = await asyncio.wait(
+                    waiters,
+                    timeout=None if frozen else max(budget, 0.0),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                changed.cancel()
+            if future.done():
+                return future.result()
+            if not frozen:
+                budget -= loop.time() - started
+                if not done or budget <= 0:
+                    raise TimeoutError
 
     # ------------------------------------------------------------------
     # Requests
@@ -380,8 +441,7 @@ class RpcClient:
             self._activity.prompt_outstanding = True
         try:
             await self._send(line, cmd_type)
-            async with asyncio.timeout(timeout):
-                response = await future
+            response = await self._await_reply(future, timeout)
         except TimeoutError as exc:
             raise RpcTimeout(cmd_type, f"no reply within {timeout} s") from exc
         finally:
@@ -634,6 +694,11 @@ class RpcClient:
         async with asyncio.timeout(timeout):
             while True:
                 self._raise_if_closed("wait_idle")
+                if self._frozen:
+                    # A paused VM says nothing and cannot answer: wait for the thaw.
+                    thawed = self._freeze_changed
+                    await thawed.wait()
+                    continue
                 version = act.version
                 stale = False
                 if self._busy_by_events():

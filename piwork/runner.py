@@ -219,6 +219,9 @@ class TaskSession:
         self._paused = False
         self._closing = False
         self._ctx = TaskContext()
+        self._net_once: set[str] = set()
+        """Domains the person allowed once at the gate's prompt, for this turn: the
+        egress proxy lets them through instead of asking a second time."""
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -474,6 +477,7 @@ class TaskSession:
             o = m.tool_outcome(item)
             self.emit(EventKind.TOOL_END, id=o.tool_call_id, name=o.tool_name, ok=o.ok, text=o.text)
         elif isinstance(item, m.TurnEnd):
+            self._net_once.clear()  # "allow once" lasts one turn
             self._account(None, turns=1)
         elif isinstance(item, m.AutoRetryStart):
             self.emit(
@@ -556,6 +560,8 @@ class TaskSession:
             by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
         else:
             by = DecidedBy.PERSON
+        if answer is Choice.ALLOW_ONCE and perm.action is Action.NETWORK and perm.tool != "network":
+            self._net_once.update(t.domain.lower() for t in perm.targets if t.domain)
         recorded = self.decider.record_answer(perm, answer, self._ctx, decided_by=by)
         self.emit(
             EventKind.PERMISSION,
@@ -587,6 +593,11 @@ class TaskSession:
 
     async def _domain_policy(self, host: str, port: int) -> bool:
         """The egress proxy asks here before the guest reaches a new host."""
+        if host.lower() in self._net_once:
+            self._note(
+                "egress", {"host": host, "port": port, "decision": "allow", "by": "allow-once"}
+            )
+            return True
         if any(host == d or host.endswith("." + d) for d in self.req.allow_net):
             self._note(
                 "egress", {"host": host, "port": port, "decision": "allow", "by": "--allow-net"}
@@ -769,6 +780,11 @@ class TaskSession:
         self._note("follow_up", {"message": text})
         self.emit(EventKind.PROMPT, message=text, mode="follow_up")
         await self.rpc.follow_up(text)
+
+    @property
+    def paused(self) -> bool:
+        """The VM is frozen by :meth:`pause_vm` until :meth:`resume_vm`."""
+        return self._paused
 
     async def pause_vm(self) -> None:
         """Freeze the whole guest (QMP stop): no CPU, no events, until resumed."""

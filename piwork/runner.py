@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import secrets
 import time
@@ -48,6 +49,7 @@ from piwork.rpc.framing import MalformedLine, OversizedLine
 from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
 from piwork.tasks.model import LimitKind
 from piwork.tasks.model import Usage as TaskUsage
+from piwork.tasks.transcript import TranscriptFull, TranscriptWriteError, compact_pi_line
 from piwork.vm.accel import probe
 from piwork.vm.command import Transport
 
@@ -237,6 +239,19 @@ class TaskSession:
             return
         try:
             self.store.append_event(self.task.id, kind, data)
+        except TranscriptWriteError as exc:
+            self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
+            if (isinstance(exc, TranscriptFull) or exc.errno == errno.ENOSPC) and (
+                self._stop_reason is None
+            ):
+                # Going on would only pile records up in memory: stop, and say why.
+                self._stop_reason = (
+                    StopReason.ERROR,
+                    f"the disk is full, so the task's transcript cannot be saved ({exc}); "
+                    "free some space, then `piwork resume` continues the task",
+                    None,
+                )
+                self._limit_hit.set()
         except Exception as exc:
             self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
 
@@ -384,9 +399,9 @@ class TaskSession:
             cfg,
             on_stage=lambda name, secs: self.emit(EventKind.BOOT, stage=name, seconds=secs),
             on_supervisor_event=self._on_supervisor_event,
-            on_pi_line=self._on_pi_line,
         )
         self.agent = agent
+        agent.rpc.set_line_tap(self._on_pi_line)
         agent.rpc.set_ui_handler(self._on_ui_request)
         agent.rpc.add_listener(self._on_item)
         t = time.monotonic()
@@ -430,11 +445,12 @@ class TaskSession:
             self.store.close()
 
     # ------------------------------------------------------------ hooks from below
-    def _on_pi_line(self, raw: bytes) -> None:
-        try:
-            data: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            data = {"malformed": raw[:2000].decode("utf-8", "replace")}
+    def _on_pi_line(self, raw: bytes, parsed: dict[str, Any] | MalformedLine) -> None:
+        """Every line pi wrote, parsed once by the RPC client, stored as deltas."""
+        if isinstance(parsed, MalformedLine):
+            data: Any = {"malformed": raw[:2000].decode("utf-8", "replace")}
+        else:
+            data = compact_pi_line(parsed)
         self._note("pi", data)
 
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:

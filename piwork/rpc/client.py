@@ -103,6 +103,8 @@ ClientItem = PiEvent | UiRequest | MalformedLine | OversizedLine | UnmatchedResp
 reply to one of our requests, in the order pi wrote them."""
 
 UiHandler = Callable[[UiRequest], Awaitable[UiResponse | None]]
+LineTap = Callable[[bytes, "dict[str, Any] | MalformedLine"], None]
+"""Sees each line pi wrote, already parsed once, before anything acts on it."""
 Listener = Callable[[ClientItem], None]
 
 
@@ -253,6 +255,7 @@ class RpcClient:
         self._closed: BaseException | None = None
         self._frozen = False
         self._freeze_changed = asyncio.Event()
+        self._line_tap: LineTap | None = None
 
     # ------------------------------------------------------------------
     # Input from the layer below
@@ -269,6 +272,11 @@ class RpcClient:
         if not raw or raw.isspace():
             return
         obj = decode_line(raw)
+        if self._line_tap is not None:
+            try:
+                self._line_tap(raw, obj)  # the transcript first: it must not miss a line
+            except Exception:
+                log.exception("RPC line tap failed")
         if isinstance(obj, MalformedLine):
             self._sniff_head(raw[:200])
             self._deliver(obj)
@@ -586,6 +594,14 @@ class RpcClient:
         else:
             self._subscriptions.append(sub)
         return sub
+
+    def set_line_tap(self, tap: LineTap | None) -> None:
+        """Call ``tap(raw, parsed)`` for every line pi wrote, replies included, in order.
+
+        The line is parsed once, here; the tap gets that result (a dict or a
+        :class:`MalformedLine`) so a recorder need not parse it again.
+        """
+        self._line_tap = tap
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(item)`` synchronously for each item; returns an unsubscribe."""

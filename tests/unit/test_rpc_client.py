@@ -731,3 +731,20 @@ async def test_losing_the_connection_while_frozen_still_fails_the_waiters() -> N
         assert "the VM was killed" in str(exc)
     else:
         raise AssertionError("wait_idle returned after the connection was lost")
+
+
+async def test_the_line_tap_sees_every_line_parsed_once_before_anyone_acts_on_it() -> None:
+    pi = FakePi()
+    seen: list[tuple[bytes, object]] = []
+    order: list[str] = []
+    pi.client.set_line_tap(lambda raw, parsed: (seen.append((raw, parsed)), order.append("tap")))
+    pi.client.add_listener(lambda item: order.append("listener"))
+    asking = asyncio.create_task(pi.client.get_state())
+    cmd = await pi.next_command()
+    pi.emit({"type": "agent_start"})
+    pi.client.feed_line(b"{not json")
+    pi.reply(cmd, state())
+    await asking
+    assert [type(p).__name__ for _, p in seen] == ["dict", "MalformedLine", "dict"]
+    assert seen[2][1]["type"] == "response"  # type: ignore[index]
+    assert order[:2] == ["tap", "listener"]

@@ -424,23 +424,32 @@ class TaskSession:
                 await self.agent.stop(graceful=graceful)
         finally:
             self.agent = None
-            if self.task is not None:
-                current = self.store.get(self.task.id).record.status
-                if current not in (TaskStatus.STOPPED, TaskStatus.IDLE, TaskStatus.INTERRUPTED):
-                    # Leaving while the task is live (crash, Ctrl-C twice): say so.
-                    with contextlib.suppress(Exception):
-                        if cancelled:
-                            self._set_status(
-                                TaskStatus.STOPPED,
-                                reason=StopReason.CANCELLED,
-                                message="stopped by the person before the task finished",
-                            )
-                        else:
-                            self._set_status(
-                                TaskStatus.STOPPED,
-                                reason=StopReason.ERROR,
-                                message="piwork stopped before the task finished",
-                            )
+            try:
+                current: TaskStatus | None = (
+                    self.store.get(self.task.id).record.status if self.task is not None else None
+                )
+            except Exception as exc:  # task.json unreadable: still release everything below
+                log.error("cannot read the task's state while closing: %s", exc)
+                current = None
+            if current is not None and current not in (
+                TaskStatus.STOPPED,
+                TaskStatus.IDLE,
+                TaskStatus.INTERRUPTED,
+            ):
+                # Leaving while the task is live (crash, Ctrl-C twice): say so.
+                with contextlib.suppress(Exception):
+                    if cancelled:
+                        self._set_status(
+                            TaskStatus.STOPPED,
+                            reason=StopReason.CANCELLED,
+                            message="stopped by the person before the task finished",
+                        )
+                    else:
+                        self._set_status(
+                            TaskStatus.STOPPED,
+                            reason=StopReason.ERROR,
+                            message="piwork stopped before the task finished",
+                        )
             await self._stack.aclose()
             self.store.close()
 

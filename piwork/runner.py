@@ -222,6 +222,8 @@ class TaskSession:
         self._closing = False
         self._ctx = TaskContext()
         self._net_once: set[str] = set()
+        self._usage_due = TaskUsage()
+        self._usage_writer: asyncio.Task[None] | None = None
         """Domains the person allowed once at the gate's prompt, for this turn: the
         egress proxy lets them through instead of asking a second time."""
 
@@ -308,9 +310,11 @@ class TaskSession:
         return task
 
     async def start(self) -> None:
-        self.task = self._open_task()
+        # Store work that may wait on another process's lock runs off the event loop.
+        self.task = await asyncio.to_thread(self._open_task)
         task = self.task
-        self._stack.enter_context(self.store.claim(task.id))
+        self._stack.enter_context(await asyncio.to_thread(self.store.claim, task.id))
+        await asyncio.to_thread(self.store.transcript, task.id)  # opened (and locked) now
         record = task.record
         folder = Path(record.working_folder) if record.working_folder else None
         self._ctx = TaskContext(task_id=task.id, working_folder=folder)
@@ -419,6 +423,8 @@ class TaskSession:
 
     async def close(self, *, graceful: bool = True, cancelled: bool = False) -> None:
         self._closing = True
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self._flush_usage(), 10)
         try:
             if self.agent is not None:
                 await self.agent.stop(graceful=graceful)
@@ -529,18 +535,37 @@ class TaskSession:
                 cache_write_tokens=usage.cache_write,
                 cost_usd=usage.cost.total,
             )
-        try:
-            self.task = self.store.add_usage(self.task.id, delta)
-        except Exception as exc:
-            self.emit(EventKind.ERROR, message=f"cannot record usage: {exc}")
-            return
-        if usage is not None:
-            u = self.task.record.usage
-            self.emit(EventKind.USAGE, tokens=u.total_tokens, cost=u.cost_usd, turns=u.turns)
-        limit = self.task.record.limit_reached()
-        if limit is not None and self._stop_reason is None:
-            self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
-            self._limit_hit.set()
+        # task.json is rewritten (two fsyncs) off the event loop; deltas that arrive
+        # while a write is under way are added up and written together.
+        self._usage_due = self._usage_due.plus(delta)
+        if self._usage_writer is None or self._usage_writer.done():
+            self._usage_writer = asyncio.get_running_loop().create_task(
+                self._write_usage(), name="task-usage-writer"
+            )
+
+    async def _write_usage(self) -> None:
+        while self.task is not None and self._usage_due != TaskUsage():
+            delta, self._usage_due = self._usage_due, TaskUsage()
+            try:
+                self.task = await asyncio.to_thread(self.store.add_usage, self.task.id, delta)
+            except Exception as exc:
+                self._usage_due = delta.plus(self._usage_due)  # kept for the next write
+                self.emit(EventKind.ERROR, message=f"cannot record usage: {exc}")
+                return
+            if delta.total_tokens or delta.cost_usd:
+                u = self.task.record.usage
+                self.emit(EventKind.USAGE, tokens=u.total_tokens, cost=u.cost_usd, turns=u.turns)
+            limit = self.task.record.limit_reached()
+            if limit is not None and self._stop_reason is None:
+                self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
+                self._limit_hit.set()
+
+    async def _flush_usage(self) -> None:
+        """Wait for usage accounted so far to be in task.json."""
+        writer = self._usage_writer
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(writer)
 
     # ------------------------------------------------------------ dialogs
     async def _on_ui_request(self, req: m.UiRequest) -> m.UiResponse | None:
@@ -556,7 +581,8 @@ class TaskSession:
         return await self._answer_question(req)
 
     async def _answer_permission(self, perm: PermissionRequest) -> Choice:
-        decision = self.decider.decide(perm, self._ctx)
+        # The policy read and the audit fsync happen off the event loop.
+        decision = await asyncio.to_thread(self.decider.decide, perm, self._ctx)
         base = dict(
             action=perm.action.value, tool=perm.tool, target=perm.summary, question=perm.question
         )
@@ -587,7 +613,9 @@ class TaskSession:
             by = DecidedBy.PERSON
         if answer is Choice.ALLOW_ONCE and perm.action is Action.NETWORK and perm.tool != "network":
             self._net_once.update(t.domain.lower() for t in perm.targets if t.domain)
-        recorded = self.decider.record_answer(perm, answer, self._ctx, decided_by=by)
+        recorded = await asyncio.to_thread(
+            self.decider.record_answer, perm, answer, self._ctx, decided_by=by
+        )
         self.emit(
             EventKind.PERMISSION,
             **base,
@@ -709,6 +737,7 @@ class TaskSession:
                         else (StopReason.ERROR, f"{type(exc).__name__}: {exc}", None)
                     )
             self.timings["prompt_to_idle"] = time.monotonic() - t
+            await self._flush_usage()
             return self._finish()
 
     async def _watch_wall_time(self, every: float = 2.0) -> None:
@@ -716,7 +745,8 @@ class TaskSession:
         assert self.task is not None
         while True:
             await asyncio.sleep(every)
-            limit = self.store.get(self.task.id).record.limit_reached()
+            task = await asyncio.to_thread(self.store.get, self.task.id)
+            limit = task.record.limit_reached()
             if limit is not None and self._stop_reason is None:
                 self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
                 self._limit_hit.set()

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from piwork.config import Paths
+from piwork.rpc.models import AgentEnd
 from piwork.runner import RunRequest, TaskSession
 from piwork.tasks import TaskStatus
 from tests.unit.guest_double import Host
@@ -57,7 +58,8 @@ GUEST = textwrap.dedent(
         conn.sendall(str(seq).encode() + b" " + obj_bytes + b"\n")
     conn.sendall(b'0 !{"ev":"hello","bootId":"bench","lastSeq":0}\n')
     call = {"toolCallId": "c1", "toolName": "bash"}
-    send(json.dumps({"type": "tool_execution_start", **call, "args": {"command": "cat big"}}).encode())
+    start = {"type": "tool_execution_start", **call, "args": {"command": "cat big"}}
+    send(json.dumps(start).encode())
     line = ("y" * 99 + "\n")
     if scenario == "streamed":
         out = ""
@@ -102,7 +104,7 @@ async def measure(scenario: str = "streamed", total: int = TOTAL) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="piwork-stall-") as tmp:
         root = Path(tmp)
         sock = root / "rpc.sock"
-        guest = subprocess.Popen(
+        guest = subprocess.Popen(  # noqa: ASYNC220 - once, before the measurement
             [sys.executable, "-c", GUEST, str(sock), scenario, str(total), str(CHUNK), str(TAIL)],
             stdout=subprocess.PIPE,
         )
@@ -117,9 +119,7 @@ async def measure(scenario: str = "streamed", total: int = TOTAL) -> dict[str, A
         host.rpc.set_line_tap(session._on_pi_line)
         host.rpc.add_listener(session._on_item)
         done = asyncio.Event()
-        host.rpc.add_listener(
-            lambda item: done.set() if type(item).__name__ == "AgentEnd" else None
-        )
+        host.rpc.add_listener(lambda item: done.set() if isinstance(item, AgentEnd) else None)
 
         worst = 0.0
         ticks = 0

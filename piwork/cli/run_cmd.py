@@ -143,6 +143,14 @@ class TerminalConsole:
             self._pending = None
 
 
+MAX_SHOWN_OPTIONS = 50
+
+
+def _clip(text: str, limit: int = 2000) -> str:
+    """What the guest sends is shown bounded: an absurd title cannot flood the terminal."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
 def _say(message: str) -> None:
     print(f"piwork: {message}", file=sys.stderr)
 
@@ -176,15 +184,19 @@ class TerminalAsker:
     async def _question(
         self, method: str, title: str, message: str | None, options: list[str] | None
     ) -> str | bool | None:
-        print(f"\n\x1b[1mThe agent asks:\x1b[0m {title}", file=sys.stderr)
+        print(f"\n\x1b[1mThe agent asks:\x1b[0m {_clip(title)}", file=sys.stderr)
         if message:
-            print(f"  {message}", file=sys.stderr)
+            print(f"  {_clip(message)}", file=sys.stderr)
         if method == "confirm":
             answer = await self.console.ask("  [y/n] > ")
             return None if answer is None else answer.strip().lower().startswith("y")
         if options:
-            for i, opt in enumerate(options, 1):
-                print(f"  {i}. {opt}", file=sys.stderr)
+            for i, opt in enumerate(options[:MAX_SHOWN_OPTIONS], 1):
+                print(f"  {i}. {_clip(opt, 200)}", file=sys.stderr)
+            if len(options) > MAX_SHOWN_OPTIONS:
+                print(
+                    f"  … {len(options) - MAX_SHOWN_OPTIONS} more (type a number)", file=sys.stderr
+                )
             while True:
                 answer = await self.console.ask("  number > ")
                 if answer is None:

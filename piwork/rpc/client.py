@@ -127,6 +127,8 @@ class RpcConnectionLost(RpcError):
 
 
 DEFAULT_TIMEOUT: Final = 60.0
+MAX_OPEN_DIALOGS: Final = 32
+"""Dialogs pi may hold open at once; more are answered ``cancelled`` at once."""
 # Commands whose reply legitimately waits for model calls, runs or shells.
 COMMAND_TIMEOUTS: Final[Mapping[str, float | None]] = {
     "prompt": 300.0,  # reply after preflight, which may compact first
@@ -256,6 +258,7 @@ class RpcClient:
         self._frozen = False
         self._freeze_changed = asyncio.Event()
         self._line_tap: LineTap | None = None
+        self._refusals: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------
     # Input from the layer below
@@ -795,6 +798,22 @@ class RpcClient:
         pending.future.set_result(response)
 
     def _on_ui_request(self, request: UiRequest) -> None:
+        if request.is_dialog and request.id and request.id not in self._open_dialogs:
+            self._prune_dialogs()
+            if len(self._open_dialogs) >= MAX_OPEN_DIALOGS:
+                # pi opens one dialog per parallel tool call; this many is a guest
+                # flooding us. Refuse it (cancelled) rather than queue it for a person.
+                limit = MAX_OPEN_DIALOGS
+                log.warning("pi opened more than %d dialogs; cancelling %s", limit, request.id)
+                self._deliver(request)
+                refusal = self._send(
+                    encode_line(ui_cancelled(request.id).to_wire()), "extension_ui_response"
+                )
+                task = asyncio.get_running_loop().create_task(refusal)
+                self._refusals.add(task)
+                task.add_done_callback(self._refusals.discard)
+                task.add_done_callback(_swallow)
+                return
         if request.is_dialog and request.id:
             deadline = None
             timeout = getattr(request, "timeout", None)
@@ -916,6 +935,11 @@ class RpcClient:
         match = _EVENT_HEAD.match(head)
         if match is not None:
             self._track(parse_event({"type": match.group(1).decode()}))
+
+
+def _swallow(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("could not refuse a dialog: %s", task.exception())
 
 
 def _data_field(response: Response, key: str) -> Any:

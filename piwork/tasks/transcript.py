@@ -107,6 +107,15 @@ def compact_pi_line(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
+def _sync_and_close(fd: int) -> None:
+    try:
+        _os_fsync(fd)
+    except OSError as exc:
+        log.error("transcript: could not sync a rotated segment: %s", exc)
+    finally:
+        os.close(fd)
+
+
 # --------------------------------------------------------------------------- errors
 
 
@@ -531,7 +540,6 @@ class TranscriptWriter:
         index = int(segments[-1].name.split(".")[-2]) + 1 if segments else 1
         target = self.path.with_name(f"{self.path.stem}.{index}{self.path.suffix}")
         try:
-            _os_fsync(self._fd)
             os.rename(self.path, target)
             new_fd = os.open(
                 self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600
@@ -542,7 +550,11 @@ class TranscriptWriter:
         fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new file: nobody else has it
         old_fd, self._fd = self._fd, new_fd
         old_size, self._size = self._size, 0
-        os.close(old_fd)
+        # The full segment is synced and closed by a thread: a 32 MiB fsync would
+        # stall whoever is appending (the event loop).
+        threading.Thread(
+            target=_sync_and_close, args=(old_fd,), name="transcript-rotate", daemon=True
+        ).start()
         with contextlib.suppress(OSError):
             fsync_dir(self.path.parent)
         notes: list[tuple[str, dict[str, Any]]] = [

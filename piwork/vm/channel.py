@@ -24,6 +24,8 @@ import orjson
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024 * 1024
+YIELD_EVERY = 0.005
+"""Seconds of reading after which the reader lets other tasks run."""
 
 PiLineHandler = Callable[[bytes], None]
 EventHandler = Callable[[dict[str, Any]], None]
@@ -150,7 +152,14 @@ class GuestChannel:
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         greeted = False
+        loop = asyncio.get_running_loop()
+        budget_end = loop.time() + YIELD_EVERY
         while True:
+            if loop.time() >= budget_end:
+                # readuntil() does not yield while its buffer holds lines: a flooding
+                # guest would starve everything else on the loop (a stop included).
+                await asyncio.sleep(0)
+                budget_end = loop.time() + YIELD_EVERY
             try:
                 line = await reader.readuntil(b"\n")
             except asyncio.LimitOverrunError as exc:

@@ -47,3 +47,13 @@ def small_disk(tmp_path: Path) -> Iterator[SmallDisk]:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
         with contextlib.suppress(OSError):
             os.rmdir(mnt)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Soak tests (``@pytest.mark.soak``) run only with PIWORK_SOAK=1: deselected, not skipped."""
+    if os.environ.get("PIWORK_SOAK") == "1":
+        return
+    keep = [item for item in items if item.get_closest_marker("soak") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in keep])
+        items[:] = keep

@@ -748,3 +748,23 @@ async def test_the_line_tap_sees_every_line_parsed_once_before_anyone_acts_on_it
     assert [type(p).__name__ for _, p in seen] == ["dict", "MalformedLine", "dict"]
     assert seen[2][1]["type"] == "response"  # type: ignore[index]
     assert order[:2] == ["tap", "listener"]
+
+
+async def test_a_flood_of_dialogs_is_bounded_and_the_excess_cancelled_at_once() -> None:
+    from piwork.rpc.client import MAX_OPEN_DIALOGS
+
+    async def never(_request: UiRequest) -> UiResponse | None:
+        await asyncio.sleep(3600)
+        return None
+
+    pi = FakePi(ui_handler=never)
+    for i in range(MAX_OPEN_DIALOGS + 500):
+        pi.dialog("input", req_id=f"ui-{i}", title="?")
+    assert len(pi.client.open_dialogs) == MAX_OPEN_DIALOGS
+    assert len(pi.client._ui_tasks) == MAX_OPEN_DIALOGS
+    refused = [await pi.next_ui_response() for _ in range(500)]
+    assert all(r.get("cancelled") is True for r in refused)
+    assert {r["id"] for r in refused} == {
+        f"ui-{i}" for i in range(MAX_OPEN_DIALOGS, MAX_OPEN_DIALOGS + 500)
+    }
+    await pi.client.aclose()

@@ -43,6 +43,7 @@ from piwork.policy.request import PermissionPayloadError, PermissionRequest, par
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
 from piwork.proxy.egress import EgressProxy
 from piwork.proxy.gateway import ModelGateway, UsageRecord
+from piwork.resources import ResourceError, vm_budget
 from piwork.rpc import models as m
 from piwork.rpc.client import ClientItem
 from piwork.rpc.framing import MalformedLine, OversizedLine
@@ -315,6 +316,10 @@ class TaskSession:
         task = self.task
         self._stack.enter_context(await asyncio.to_thread(self.store.claim, task.id))
         await asyncio.to_thread(self.store.transcript, task.id)  # opened (and locked) now
+        try:  # refuse now, clearly, rather than hang or meet the OOM killer later
+            self._stack.enter_context(vm_budget(self.req.memory_mb, self.req.cpus))
+        except ResourceError as exc:
+            raise RunError(str(exc)) from exc
         record = task.record
         folder = Path(record.working_folder) if record.working_folder else None
         self._ctx = TaskContext(task_id=task.id, working_folder=folder)

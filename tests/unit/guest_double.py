@@ -30,6 +30,8 @@ class FakeGuest:
         self.path = path
         self.boot_id = "boot-1"
         self.seq = 0
+        self.history: list[tuple[int, bytes]] = []
+        """Numbered lines sent, for the replay after a reconnect."""
         self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.writer: asyncio.StreamWriter | None = None
         self.connected = asyncio.Event()
@@ -58,6 +60,11 @@ class FakeGuest:
                     if op.get("op") == "hello":
                         hello = {"ev": "hello", "bootId": self.boot_id, "lastSeq": self.seq}
                         writer.write(b"0 !" + orjson.dumps(hello) + b"\n")
+                        # Replay what the host has not seen, as the supervisor does.
+                        after = int(op.get("after") or 0)
+                        for seq, data in self.history:
+                            if seq > after:
+                                writer.write(data)
                         await writer.drain()
                         self.connected.set()
                     continue
@@ -72,7 +79,9 @@ class FakeGuest:
         if isinstance(payload, dict):
             payload = orjson.dumps(payload)
         self.seq += 1
-        await self.send_raw(str(self.seq).encode() + b" " + payload + b"\n")
+        data = str(self.seq).encode() + b" " + payload + b"\n"
+        self.history.append((self.seq, data))
+        await self.send_raw(data)
 
     async def next_command(self, timeout: float = 5.0) -> dict[str, Any]:
         return await asyncio.wait_for(self.commands.get(), timeout)

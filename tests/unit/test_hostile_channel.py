@@ -72,3 +72,31 @@ async def test_a_restarted_supervisor_fails_waiters_at_once_not_after_a_timeout(
         assert time.monotonic() - started < 5
         assert host.agent.pi_exit.done()
         assert "supervisor restarted" in host.agent.pi_exit.result()["message"]
+
+
+async def test_a_connection_cut_anywhere_loses_and_repeats_no_line() -> None:
+    import random
+
+    rng = random.Random(11)
+    async with guest_and_host() as (guest, host):
+        seen: list[int] = []
+        host.rpc.add_listener(lambda item: seen.append(int(getattr(item, "n", -1))))
+        total = 2000
+        for i in range(total):
+            payload = f'{{"type":"custom_event","n":{i}}}'.encode()
+            if rng.random() < 0.01:
+                # Cut mid-line: half of this line goes out, then the connection drops.
+                guest.seq += 1
+                data = str(guest.seq).encode() + b" " + payload + b"\n"
+                guest.history.append((guest.seq, data))
+                await guest.send_raw(data[: len(data) // 2])
+                guest.drop()
+                await asyncio.wait_for(guest.connected.wait(), 10)
+                continue
+            await guest.send_pi(payload)
+        for _ in range(500):
+            if len(seen) >= total:
+                break
+            await asyncio.sleep(0.02)
+        assert seen == list(range(total)), "a line was lost, repeated or reordered"
+        assert host.channel.reconnects > 5

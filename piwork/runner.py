@@ -849,6 +849,8 @@ class TaskSession:
     async def pause_vm(self) -> None:
         """Freeze the whole guest (QMP stop): no CPU, no events, until resumed."""
         assert self.agent is not None
+        if not self._run_lock.locked() or self._stop_reason is not None:
+            raise RunError("nothing to pause: the agent is not running a prompt")
         self.rpc.freeze()  # a frozen pi cannot answer: no reply may time out meanwhile
         try:
             await self.agent.vm.pause()

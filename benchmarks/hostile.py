@@ -199,7 +199,7 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
         await host.channel.start(timeout=30)
         await asyncio.sleep(min(1.0, seconds / 3))
         t = time.monotonic()
-        await host.rpc.get_state(timeout=30)
+        await host.rpc.get_state(timeout=300)  # in order: behind what is already buffered
         request_s = time.monotonic() - t
         try:
             await asyncio.wait_for(done.wait(), seconds + 120)

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import shlex
+import shutil
 import socket
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from piwork.pack.manifest import Manifest
 from piwork.proxy import guestfwd_relay
 from piwork.proxy.egress import guest_proxy_env
 from piwork.rpc.client import RpcClient
+from piwork.rpc.framing import OversizedLine
 from piwork.rpc.models import SessionState
 from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
@@ -139,6 +141,8 @@ class AgentVm:
         self.on_stage = on_stage
         self.on_supervisor_event = on_supervisor_event
         sock_dir = _socket_dir(cfg.log_dir.parent / "run")
+        self._own_sock_dir = sock_dir if sock_dir != cfg.log_dir.parent / "run" else None
+        """A temp dir made for the sockets (long paths): removed by :meth:`stop`."""
         self.rpc = RpcClient(send_line=self._send_line)
         host_port = _free_tcp_port() if cfg.transport is Transport.TCP else None
         forwards = [GuestForward(*GATEWAY_GUEST_ADDR, relay_command(cfg.gateway_port))]
@@ -191,6 +195,24 @@ class AgentVm:
             if self.pi_exit is not None and not self.pi_exit.done():
                 self.pi_exit.set_result(msg)
             self.rpc.connection_lost(RuntimeError(f"pi exited: {msg}"))
+        elif ev == "restarted":
+            # /init restarted a supervisor that died, and pi died with it: say so now
+            # instead of letting every request wait for its timeout.
+            gone = {
+                **msg,
+                "message": "the guest supervisor restarted (it crashed or was killed); "
+                "pi was stopped with it",
+            }
+            if self._pi_started is not None and not self._pi_started.done():
+                self._pi_started.set_exception(RuntimeError(gone["message"]))
+            if self.pi_exit is not None and not self.pi_exit.done():
+                self.pi_exit.set_result(gone)
+            self.rpc.connection_lost(RuntimeError(gone["message"]))
+        elif ev == "oversized":
+            # A line too long to keep: if it was a reply, its request fails now.
+            head = msg.get("head")
+            size = int(msg.get("bytes") or 0)
+            self.rpc.feed_report(OversizedLine(size, head if isinstance(head, bytes) else b""))
         elif ev == "error" and self._pi_started is not None and not self._pi_started.done():
             self._pi_started.set_exception(RuntimeError(str(msg.get("message"))))
         elif ev == "stderr":
@@ -331,5 +353,9 @@ class AgentVm:
                     await asyncio.wait_for(self.channel.send_op("poweroff"), 3)
                     await self.vm.wait_exit(15)
         finally:
-            await self.channel.close()
-            await self.vm.shutdown(grace=0 if not graceful else 2)
+            try:
+                await self.channel.close()
+                await self.vm.shutdown(grace=0 if not graceful else 2)
+            finally:
+                if self._own_sock_dir is not None:
+                    shutil.rmtree(self._own_sock_dir, ignore_errors=True)

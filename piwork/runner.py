@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import secrets
 import time
@@ -43,12 +44,14 @@ from piwork.policy.request import PermissionPayloadError, PermissionRequest, par
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
 from piwork.proxy.egress import EgressProxy
 from piwork.proxy.gateway import ModelGateway, UsageRecord
+from piwork.resources import ResourceError, vm_budget
 from piwork.rpc import models as m
 from piwork.rpc.client import ClientItem
 from piwork.rpc.framing import MalformedLine, OversizedLine
 from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
 from piwork.tasks.model import LimitKind
 from piwork.tasks.model import Usage as TaskUsage
+from piwork.tasks.transcript import TranscriptFull, TranscriptWriteError, compact_pi_line
 from piwork.vm.accel import probe
 from piwork.vm.command import Transport
 
@@ -227,6 +230,11 @@ class TaskSession:
         self._closing = False
         self._ctx = TaskContext()
         self._ckpt: RunRecorder | None = None
+        self._net_once: set[str] = set()
+        self._usage_due = TaskUsage()
+        self._usage_writer: asyncio.Task[None] | None = None
+        """Domains the person allowed once at the gate's prompt, for this turn: the
+        egress proxy lets them through instead of asking a second time."""
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -242,6 +250,19 @@ class TaskSession:
             return
         try:
             self.store.append_event(self.task.id, kind, data)
+        except TranscriptWriteError as exc:
+            self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
+            if (isinstance(exc, TranscriptFull) or exc.errno == errno.ENOSPC) and (
+                self._stop_reason is None
+            ):
+                # Going on would only pile records up in memory: stop, and say why.
+                self._stop_reason = (
+                    StopReason.ERROR,
+                    f"the disk is full, so the task's transcript cannot be saved ({exc}); "
+                    "free some space, then `piwork resume` continues the task",
+                    None,
+                )
+                self._limit_hit.set()
         except Exception as exc:
             self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
 
@@ -298,9 +319,15 @@ class TaskSession:
         return task
 
     async def start(self) -> None:
-        self.task = self._open_task()
+        # Store work that may wait on another process's lock runs off the event loop.
+        self.task = await asyncio.to_thread(self._open_task)
         task = self.task
-        self._stack.enter_context(self.store.claim(task.id))
+        self._stack.enter_context(await asyncio.to_thread(self.store.claim, task.id))
+        await asyncio.to_thread(self.store.transcript, task.id)  # opened (and locked) now
+        try:  # refuse now, clearly, rather than hang or meet the OOM killer later
+            self._stack.enter_context(vm_budget(self.req.memory_mb, self.req.cpus))
+        except ResourceError as exc:
+            raise RunError(str(exc)) from exc
         record = task.record
         folder = Path(record.working_folder) if record.working_folder else None
         self._ctx = TaskContext(task_id=task.id, working_folder=folder)
@@ -391,9 +418,9 @@ class TaskSession:
             cfg,
             on_stage=lambda name, secs: self.emit(EventKind.BOOT, stage=name, seconds=secs),
             on_supervisor_event=self._on_supervisor_event,
-            on_pi_line=self._on_pi_line,
         )
         self.agent = agent
+        agent.rpc.set_line_tap(self._on_pi_line)
         agent.rpc.set_ui_handler(self._on_ui_request)
         agent.rpc.add_listener(self._on_item)
         t = time.monotonic()
@@ -411,6 +438,8 @@ class TaskSession:
 
     async def close(self, *, graceful: bool = True, cancelled: bool = False) -> None:
         self._closing = True
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(self._flush_usage(), 10)
         try:
             if self.agent is not None:
                 await self.agent.stop(graceful=graceful)
@@ -420,23 +449,32 @@ class TaskSession:
             # here must not skip the cleanup below.
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpoint_end()
-            if self.task is not None:
-                current = self.store.get(self.task.id).record.status
-                if current not in (TaskStatus.STOPPED, TaskStatus.IDLE, TaskStatus.INTERRUPTED):
-                    # Leaving while the task is live (crash, Ctrl-C twice): say so.
-                    with contextlib.suppress(Exception):
-                        if cancelled:
-                            self._set_status(
-                                TaskStatus.STOPPED,
-                                reason=StopReason.CANCELLED,
-                                message="stopped by the person before the task finished",
-                            )
-                        else:
-                            self._set_status(
-                                TaskStatus.STOPPED,
-                                reason=StopReason.ERROR,
-                                message="piwork stopped before the task finished",
-                            )
+            try:
+                current: TaskStatus | None = (
+                    self.store.get(self.task.id).record.status if self.task is not None else None
+                )
+            except Exception as exc:  # task.json unreadable: still release everything below
+                log.error("cannot read the task's state while closing: %s", exc)
+                current = None
+            if current is not None and current not in (
+                TaskStatus.STOPPED,
+                TaskStatus.IDLE,
+                TaskStatus.INTERRUPTED,
+            ):
+                # Leaving while the task is live (crash, Ctrl-C twice): say so.
+                with contextlib.suppress(Exception):
+                    if cancelled:
+                        self._set_status(
+                            TaskStatus.STOPPED,
+                            reason=StopReason.CANCELLED,
+                            message="stopped by the person before the task finished",
+                        )
+                    else:
+                        self._set_status(
+                            TaskStatus.STOPPED,
+                            reason=StopReason.ERROR,
+                            message="piwork stopped before the task finished",
+                        )
             await self._stack.aclose()
             self.store.close()
 
@@ -480,11 +518,12 @@ class TaskSession:
         self.emit(EventKind.CHANGES, **data)
 
     # ------------------------------------------------------------ hooks from below
-    def _on_pi_line(self, raw: bytes) -> None:
-        try:
-            data: Any = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            data = {"malformed": raw[:2000].decode("utf-8", "replace")}
+    def _on_pi_line(self, raw: bytes, parsed: dict[str, Any] | MalformedLine) -> None:
+        """Every line pi wrote, parsed once by the RPC client, stored as deltas."""
+        if isinstance(parsed, MalformedLine):
+            data: Any = {"malformed": raw[:2000].decode("utf-8", "replace")}
+        else:
+            data = compact_pi_line(parsed)
         self._note("pi", data)
 
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
@@ -530,6 +569,7 @@ class TaskSession:
             if self._ckpt is not None:
                 self._ckpt.turn_started()
         elif isinstance(item, m.TurnEnd):
+            self._net_once.clear()  # "allow once" lasts one turn
             self._account(None, turns=1)
         elif isinstance(item, m.AutoRetryStart):
             self.emit(
@@ -556,18 +596,37 @@ class TaskSession:
                 cache_write_tokens=usage.cache_write,
                 cost_usd=usage.cost.total,
             )
-        try:
-            self.task = self.store.add_usage(self.task.id, delta)
-        except Exception as exc:
-            self.emit(EventKind.ERROR, message=f"cannot record usage: {exc}")
-            return
-        if usage is not None:
-            u = self.task.record.usage
-            self.emit(EventKind.USAGE, tokens=u.total_tokens, cost=u.cost_usd, turns=u.turns)
-        limit = self.task.record.limit_reached()
-        if limit is not None and self._stop_reason is None:
-            self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
-            self._limit_hit.set()
+        # task.json is rewritten (two fsyncs) off the event loop; deltas that arrive
+        # while a write is under way are added up and written together.
+        self._usage_due = self._usage_due.plus(delta)
+        if self._usage_writer is None or self._usage_writer.done():
+            self._usage_writer = asyncio.get_running_loop().create_task(
+                self._write_usage(), name="task-usage-writer"
+            )
+
+    async def _write_usage(self) -> None:
+        while self.task is not None and self._usage_due != TaskUsage():
+            delta, self._usage_due = self._usage_due, TaskUsage()
+            try:
+                self.task = await asyncio.to_thread(self.store.add_usage, self.task.id, delta)
+            except Exception as exc:
+                self._usage_due = delta.plus(self._usage_due)  # kept for the next write
+                self.emit(EventKind.ERROR, message=f"cannot record usage: {exc}")
+                return
+            if delta.total_tokens or delta.cost_usd:
+                u = self.task.record.usage
+                self.emit(EventKind.USAGE, tokens=u.total_tokens, cost=u.cost_usd, turns=u.turns)
+            limit = self.task.record.limit_reached()
+            if limit is not None and self._stop_reason is None:
+                self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
+                self._limit_hit.set()
+
+    async def _flush_usage(self) -> None:
+        """Wait for usage accounted so far to be in task.json."""
+        writer = self._usage_writer
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(writer)
 
     # ------------------------------------------------------------ dialogs
     async def _on_ui_request(self, req: m.UiRequest) -> m.UiResponse | None:
@@ -583,7 +642,8 @@ class TaskSession:
         return await self._answer_question(req)
 
     async def _answer_permission(self, perm: PermissionRequest) -> Choice:
-        decision = self.decider.decide(perm, self._ctx)
+        # The policy read and the audit fsync happen off the event loop.
+        decision = await asyncio.to_thread(self.decider.decide, perm, self._ctx)
         base = dict(
             action=perm.action.value, tool=perm.tool, target=perm.summary, question=perm.question
         )
@@ -612,7 +672,11 @@ class TaskSession:
             by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
         else:
             by = DecidedBy.PERSON
-        recorded = self.decider.record_answer(perm, answer, self._ctx, decided_by=by)
+        if answer is Choice.ALLOW_ONCE and perm.action is Action.NETWORK and perm.tool != "network":
+            self._net_once.update(t.domain.lower() for t in perm.targets if t.domain)
+        recorded = await asyncio.to_thread(
+            self.decider.record_answer, perm, answer, self._ctx, decided_by=by
+        )
         self.emit(
             EventKind.PERMISSION,
             **base,
@@ -643,6 +707,11 @@ class TaskSession:
 
     async def _domain_policy(self, host: str, port: int) -> bool:
         """The egress proxy asks here before the guest reaches a new host."""
+        if host.lower() in self._net_once:
+            self._note(
+                "egress", {"host": host, "port": port, "decision": "allow", "by": "allow-once"}
+            )
+            return True
         if any(host == d or host.endswith("." + d) for d in self.req.allow_net):
             self._note(
                 "egress", {"host": host, "port": port, "decision": "allow", "by": "--allow-net"}
@@ -730,6 +799,7 @@ class TaskSession:
                     )
             self.timings["prompt_to_idle"] = time.monotonic() - t
             await self._checkpoint_end()
+            await self._flush_usage()
             return self._finish()
 
     async def _watch_wall_time(self, every: float = 2.0) -> None:
@@ -737,7 +807,8 @@ class TaskSession:
         assert self.task is not None
         while True:
             await asyncio.sleep(every)
-            limit = self.store.get(self.task.id).record.limit_reached()
+            task = await asyncio.to_thread(self.store.get, self.task.id)
+            limit = task.record.limit_reached()
             if limit is not None and self._stop_reason is None:
                 self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
                 self._limit_hit.set()
@@ -827,16 +898,29 @@ class TaskSession:
         self.emit(EventKind.PROMPT, message=text, mode="follow_up")
         await self.rpc.follow_up(text)
 
+    @property
+    def paused(self) -> bool:
+        """The VM is frozen by :meth:`pause_vm` until :meth:`resume_vm`."""
+        return self._paused
+
     async def pause_vm(self) -> None:
         """Freeze the whole guest (QMP stop): no CPU, no events, until resumed."""
         assert self.agent is not None
-        await self.agent.vm.pause()
+        if not self._run_lock.locked() or self._stop_reason is not None:
+            raise RunError("nothing to pause: the agent is not running a prompt")
+        self.rpc.freeze()  # a frozen pi cannot answer: no reply may time out meanwhile
+        try:
+            await self.agent.vm.pause()
+        except BaseException:
+            self.rpc.thaw()
+            raise
         self._paused = True
         self._set_status(TaskStatus.PAUSED)
 
     async def resume_vm(self) -> None:
         assert self.agent is not None
         await self.agent.vm.resume()
+        self.rpc.thaw()
         self._paused = False
         self._set_status(TaskStatus.RUNNING)
 

@@ -39,7 +39,13 @@ PERMISSION_KEYS = {
 
 
 class TerminalConsole:
-    """The one reader of stdin: answers pending questions, else steers the agent."""
+    """The one reader of stdin: answers the current question, else controls the task.
+
+    Questions take turns (:meth:`turn`): pi runs tool calls in parallel, so two
+    prompts may be open at once; each is shown and answered on its own, in the
+    order they came. A line typed while no question has the turn is a control
+    (steer, /follow, /pause, /continue, /stop) and always gets a reaction.
+    """
 
     def __init__(self) -> None:
         self.session: TaskSession | None = None
@@ -47,6 +53,7 @@ class TerminalConsole:
         self._lines: asyncio.Queue[str | None] = asyncio.Queue()
         self._reader_installed = False
         self._dispatcher: asyncio.Task[None] | None = None
+        self._turn = asyncio.Lock()  # FIFO: one question owns the terminal at a time
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -76,7 +83,10 @@ class TerminalConsole:
             if self._pending is not None and not self._pending.done():
                 self._pending.set_result(line)
                 continue
-            if line is None or not line.strip() or self.session is None:
+            if line is None or not line.strip():
+                continue
+            if self.session is None:
+                _say("the task is still starting; type again once it runs")
                 continue
             await self._command(line.strip())
 
@@ -85,26 +95,44 @@ class TerminalConsole:
         assert session is not None
         try:
             if line == "/stop":
+                _say("stopping the task…")
                 await session.stop()
             elif line == "/pause":
+                if session.paused:
+                    _say("already paused; /continue to resume")
+                    return
                 await session.pause_vm()
-                print("piwork: paused (the VM is frozen); /continue to resume", file=sys.stderr)
+                _say("paused (the VM is frozen); /continue to resume")
             elif line == "/continue":
+                if not session.paused:
+                    _say("not paused; nothing to continue")
+                    return
                 await session.resume_vm()
-            elif line.startswith("/follow "):
-                await session.follow_up(line.removeprefix("/follow ").strip())
+                _say("continued")
+            elif line == "/follow" or line.startswith("/follow "):
+                text = line.removeprefix("/follow").strip()
+                if not text:
+                    _say("/follow needs a message: /follow TEXT")
+                    return
+                await session.follow_up(text)
+                _say("queued as a follow-up")
             elif line.startswith("/"):
-                print(
-                    "piwork: commands: /stop /pause /continue /follow TEXT; "
-                    "any other line steers the agent",
-                    file=sys.stderr,
+                _say(
+                    "commands: /stop /pause /continue /follow TEXT; any other line steers the agent"
                 )
+            elif session.paused:
+                _say("paused: the agent cannot read a steer now; /continue first")
             else:
                 await session.steer(line)
         except Exception as exc:
-            print(f"piwork: {line.split()[0]} failed: {exc}", file=sys.stderr)
+            _say(f"{line.split()[0]} failed: {exc}")
+
+    def turn(self) -> asyncio.Lock:
+        """Hold while showing one question and reading its answers (``async with``)."""
+        return self._turn
 
     async def ask(self, prompt: str) -> str | None:
+        """Show ``prompt`` and return the next line typed (call while holding :meth:`turn`)."""
         loop = asyncio.get_running_loop()
         self._pending = loop.create_future()
         sys.stderr.write(prompt)
@@ -115,11 +143,33 @@ class TerminalConsole:
             self._pending = None
 
 
+MAX_SHOWN_OPTIONS = 50
+
+
+def _clip(text: str, limit: int = 2000) -> str:
+    """What the guest sends is shown bounded: an absurd title cannot flood the terminal."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters)"
+
+
+def _say(message: str) -> None:
+    print(f"piwork: {message}", file=sys.stderr)
+
+
 class TerminalAsker:
     def __init__(self, console: TerminalConsole) -> None:
         self.console = console
 
     async def permission(self, request: PermissionRequest) -> Choice | None:
+        async with self.console.turn():
+            return await self._permission(request)
+
+    async def question(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> str | bool | None:
+        async with self.console.turn():
+            return await self._question(method, title, message, options)
+
+    async def _permission(self, request: PermissionRequest) -> Choice | None:
         print(f"\n\x1b[1m{request.question}\x1b[0m", file=sys.stderr)
         while True:
             answer = await self.console.ask(
@@ -131,18 +181,22 @@ class TerminalAsker:
             if choice is not None:
                 return choice
 
-    async def question(
+    async def _question(
         self, method: str, title: str, message: str | None, options: list[str] | None
     ) -> str | bool | None:
-        print(f"\n\x1b[1mThe agent asks:\x1b[0m {title}", file=sys.stderr)
+        print(f"\n\x1b[1mThe agent asks:\x1b[0m {_clip(title)}", file=sys.stderr)
         if message:
-            print(f"  {message}", file=sys.stderr)
+            print(f"  {_clip(message)}", file=sys.stderr)
         if method == "confirm":
             answer = await self.console.ask("  [y/n] > ")
             return None if answer is None else answer.strip().lower().startswith("y")
         if options:
-            for i, opt in enumerate(options, 1):
-                print(f"  {i}. {opt}", file=sys.stderr)
+            for i, opt in enumerate(options[:MAX_SHOWN_OPTIONS], 1):
+                print(f"  {i}. {_clip(opt, 200)}", file=sys.stderr)
+            if len(options) > MAX_SHOWN_OPTIONS:
+                print(
+                    f"  … {len(options) - MAX_SHOWN_OPTIONS} more (type a number)", file=sys.stderr
+                )
             while True:
                 answer = await self.console.ask("  number > ")
                 if answer is None:
@@ -171,10 +225,12 @@ async def _run(args: argparse.Namespace, req: RunRequest, prompt: str) -> int:
     sink = renderer_for(args.json)
     console: TerminalConsole | None = None
     asker: Asker
+    if _interactive() or sys.stdin.isatty():
+        # Whoever sits at a terminal can steer, pause and stop, with --yes or --json too.
+        console = TerminalConsole()
     if args.yes:
         asker = AllowAsker()
-    elif _interactive() and not args.json:
-        console = TerminalConsole()
+    elif console is not None and _interactive() and not args.json:
         asker = TerminalAsker(console)
     else:
         asker = DenyAsker()

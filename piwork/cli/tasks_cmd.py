@@ -30,7 +30,12 @@ from piwork import __version__
 from piwork.checkpoints import CheckpointError, ShadowRepo, checkpoints_size, gc_task
 from piwork.tasks.model import ACTIVE_STATUSES, TaskStatus, iso_z, utc_now
 from piwork.tasks.store import SUBDIRS, Task, TaskStore, TaskStoreError
-from piwork.tasks.transcript import TORN_SUFFIX, TranscriptReader
+from piwork.tasks.transcript import (
+    DROPPED_SUFFIX,
+    TORN_SUFFIX,
+    TranscriptReader,
+    segment_paths,
+)
 
 EXPORT_FORMAT = 1
 
@@ -273,7 +278,13 @@ def write_export(task: Task, out: IO[bytes], *, files: bool = False) -> None:
             f"{task.id}/task.json",
             orjson.dumps(task.record.to_json_dict(), option=orjson.OPT_INDENT_2),
         )
-        for path in (task.transcript_path, task.transcript_path.with_suffix(TORN_SUFFIX)):
+        transcript = task.transcript_path
+        for path in (
+            *segment_paths(transcript),  # rotated segments, oldest first
+            transcript,
+            transcript.with_suffix(TORN_SUFFIX),
+            transcript.with_suffix(DROPPED_SUFFIX),
+        ):
             if path.exists():
                 tar.add(path, arcname=f"{task.id}/{path.name}", recursive=False)
         if files:

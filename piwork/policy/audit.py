@@ -73,8 +73,13 @@ class AuditLog:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         line = orjson.dumps(entry.to_json()) + b"\n"
         # O_APPEND: concurrent writers (runner + CLI) never interleave within a line.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                # An earlier write was cut short (disk full, crash): end that torn
+                # line first, or it would swallow this entry when read.
+                line = b"\n" + line
             view = memoryview(line)
             while view:
                 n = os.write(fd, view)

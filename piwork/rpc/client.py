@@ -103,6 +103,8 @@ ClientItem = PiEvent | UiRequest | MalformedLine | OversizedLine | UnmatchedResp
 reply to one of our requests, in the order pi wrote them."""
 
 UiHandler = Callable[[UiRequest], Awaitable[UiResponse | None]]
+LineTap = Callable[[bytes, "dict[str, Any] | MalformedLine"], None]
+"""Sees each line pi wrote, already parsed once, before anything acts on it."""
 Listener = Callable[[ClientItem], None]
 
 
@@ -125,6 +127,8 @@ class RpcConnectionLost(RpcError):
 
 
 DEFAULT_TIMEOUT: Final = 60.0
+MAX_OPEN_DIALOGS: Final = 32
+"""Dialogs pi may hold open at once; more are answered ``cancelled`` at once."""
 # Commands whose reply legitimately waits for model calls, runs or shells.
 COMMAND_TIMEOUTS: Final[Mapping[str, float | None]] = {
     "prompt": 300.0,  # reply after preflight, which may compact first
@@ -251,6 +255,10 @@ class RpcClient:
         self._ui_tasks: dict[str, asyncio.Task[None]] = {}
         self._activity = _Activity()
         self._closed: BaseException | None = None
+        self._frozen = False
+        self._freeze_changed = asyncio.Event()
+        self._line_tap: LineTap | None = None
+        self._refusals: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------
     # Input from the layer below
@@ -267,6 +275,11 @@ class RpcClient:
         if not raw or raw.isspace():
             return
         obj = decode_line(raw)
+        if self._line_tap is not None:
+            try:
+                self._line_tap(raw, obj)  # the transcript first: it must not miss a line
+            except Exception:
+                log.exception("RPC line tap failed")
         if isinstance(obj, MalformedLine):
             self._sniff_head(raw[:200])
             self._deliver(obj)
@@ -337,6 +350,7 @@ class RpcClient:
         act.run_active = act.compacting = act.prompt_outstanding = False
         act.restart_deadline = None
         self._bump_activity()
+        self._freeze_flip()  # wakes waiters parked on a frozen guest, so they see the loss
 
     @property
     def closed(self) -> bool:
@@ -348,6 +362,64 @@ class RpcClient:
         tasks = list(self._ui_tasks.values())
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------
+    # Frozen guest
+    # ------------------------------------------------------------------
+
+    def freeze(self) -> None:
+        """pi cannot answer for now (its VM is paused): stop every reply clock.
+
+        While frozen, request timeouts do not run and :meth:`wait_idle` does not
+        poll pi; a pause of any length is not a failure. :meth:`thaw` restarts
+        the clocks where they stopped.
+        """
+        if not self._frozen:
+            self._frozen = True
+            self._freeze_flip()
+
+    def thaw(self) -> None:
+        """pi runs again: reply clocks resume, and the pause does not count as silence."""
+        if self._frozen:
+            self._frozen = False
+            self._activity.last_event_at = asyncio.get_running_loop().time()
+            self._freeze_flip()
+
+    @property
+    def frozen(self) -> bool:
+        return self._frozen
+
+    def _freeze_flip(self) -> None:
+        self._freeze_changed.set()
+        self._freeze_changed = asyncio.Event()
+
+    async def _await_reply(
+        self, future: asyncio.Future[Response], timeout: float | None
+    ) -> Response:
+        """The reply, or TimeoutError after ``timeout`` seconds of *unfrozen* waiting."""
+        if timeout is None:
+            return await future
+        loop = asyncio.get_running_loop()
+        budget = timeout
+        while True:
+            changed: asyncio.Future[Any] = asyncio.ensure_future(self._freeze_changed.wait())
+            started = loop.time()
+            frozen = self._frozen
+            try:
+                waiters: set[asyncio.Future[Any]] = {future, changed}
+                done, _ = await asyncio.wait(
+                    waiters,
+                    timeout=None if frozen else max(budget, 0.0),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                changed.cancel()
+            if future.done():
+                return future.result()
+            if not frozen:
+                budget -= loop.time() - started
+                if not done or budget <= 0:
+                    raise TimeoutError
 
     # ------------------------------------------------------------------
     # Requests
@@ -380,8 +452,7 @@ class RpcClient:
             self._activity.prompt_outstanding = True
         try:
             await self._send(line, cmd_type)
-            async with asyncio.timeout(timeout):
-                response = await future
+            response = await self._await_reply(future, timeout)
         except TimeoutError as exc:
             raise RpcTimeout(cmd_type, f"no reply within {timeout} s") from exc
         finally:
@@ -527,6 +598,14 @@ class RpcClient:
             self._subscriptions.append(sub)
         return sub
 
+    def set_line_tap(self, tap: LineTap | None) -> None:
+        """Call ``tap(raw, parsed)`` for every line pi wrote, replies included, in order.
+
+        The line is parsed once, here; the tap gets that result (a dict or a
+        :class:`MalformedLine`) so a recorder need not parse it again.
+        """
+        self._line_tap = tap
+
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(item)`` synchronously for each item; returns an unsubscribe."""
         self._listeners.append(listener)
@@ -634,6 +713,11 @@ class RpcClient:
         async with asyncio.timeout(timeout):
             while True:
                 self._raise_if_closed("wait_idle")
+                if self._frozen:
+                    # A paused VM says nothing and cannot answer: wait for the thaw.
+                    thawed = self._freeze_changed
+                    await thawed.wait()
+                    continue
                 version = act.version
                 stale = False
                 if self._busy_by_events():
@@ -714,6 +798,22 @@ class RpcClient:
         pending.future.set_result(response)
 
     def _on_ui_request(self, request: UiRequest) -> None:
+        if request.is_dialog and request.id and request.id not in self._open_dialogs:
+            self._prune_dialogs()
+            if len(self._open_dialogs) >= MAX_OPEN_DIALOGS:
+                # pi opens one dialog per parallel tool call; this many is a guest
+                # flooding us. Refuse it (cancelled) rather than queue it for a person.
+                limit = MAX_OPEN_DIALOGS
+                log.warning("pi opened more than %d dialogs; cancelling %s", limit, request.id)
+                self._deliver(request)
+                refusal = self._send(
+                    encode_line(ui_cancelled(request.id).to_wire()), "extension_ui_response"
+                )
+                task = asyncio.get_running_loop().create_task(refusal)
+                self._refusals.add(task)
+                task.add_done_callback(self._refusals.discard)
+                task.add_done_callback(_swallow)
+                return
         if request.is_dialog and request.id:
             deadline = None
             timeout = getattr(request, "timeout", None)
@@ -835,6 +935,11 @@ class RpcClient:
         match = _EVENT_HEAD.match(head)
         if match is not None:
             self._track(parse_event({"type": match.group(1).decode()}))
+
+
+def _swallow(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("could not refuse a dialog: %s", task.exception())
 
 
 def _data_field(response: Response, key: str) -> Any:

@@ -30,6 +30,7 @@ so a second writer (which would duplicate seqs) fails fast with
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fcntl
 import logging
@@ -37,7 +38,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -51,7 +52,17 @@ from piwork.tasks.model import iso_z, utc_now
 log = logging.getLogger(__name__)
 
 TORN_SUFFIX = ".torn"
+DROPPED_SUFFIX = ".dropped"
 REPAIR_KIND = "transcript_repair"
+ROTATED_KIND = "transcript_rotated"
+DROPPED_KIND = "transcript_segment_dropped"
+MAX_BYTES = 32 * 1024 * 1024
+"""A transcript file past this size is rotated to ``transcript.<n>.jsonl``."""
+KEEP_SEGMENTS = 4
+"""Rotated segments kept; the oldest beyond this is deleted, and a record says so."""
+MAX_PENDING = 1000
+MAX_PENDING_BYTES = 8 * 1024 * 1024
+"""Bound on records held in memory while the disk refuses them (then TranscriptFull)."""
 _CHUNK = 1 << 16
 
 
@@ -65,6 +76,44 @@ def _os_write(fd: int, data: memoryview) -> int:
 
 def _os_fsync(fd: int) -> None:
     fsync_fd(fd)
+
+
+# --------------------------------------------------------------------------- what pi said
+
+
+def compact_pi_line(obj: dict[str, Any]) -> dict[str, Any]:
+    """The transcript form of one pi line: deltas, not running totals.
+
+    pi repeats the whole partial message in every ``message_update`` (and the
+    accumulated output in every ``tool_execution_update``), so storing lines
+    verbatim makes one long answer cost O(n²) bytes. The delta and the final
+    message (``message_end``, ``tool_execution_end``) carry everything; the
+    repeated snapshots are left out, and the record says so (``"compacted"``).
+    """
+    kind = obj.get("type")
+    if kind == "message_update":
+        out = {k: v for k, v in obj.items() if k != "message"}
+        ame = obj.get("assistantMessageEvent")
+        if isinstance(ame, dict):
+            out["assistantMessageEvent"] = {
+                k: v for k, v in ame.items() if k not in ("partial", "message")
+            }
+        out["compacted"] = True
+        return out
+    if kind == "tool_execution_update":
+        out = {k: v for k, v in obj.items() if k not in ("partialResult", "args")}
+        out["compacted"] = True
+        return out
+    return obj
+
+
+def _sync_and_close(fd: int) -> None:
+    try:
+        _os_fsync(fd)
+    except OSError as exc:
+        log.error("transcript: could not sync a rotated segment: %s", exc)
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- errors
@@ -111,6 +160,14 @@ class TranscriptWriteError(TranscriptError):
         super().__init__(f"{what} transcript {path}: {reason}{queued}.{hint}")
 
 
+class TranscriptFull(TranscriptWriteError):
+    """The disk keeps refusing and the in-memory queue is at its bound.
+
+    The record was *not* queued: the caller must stop producing records (the
+    runner stops the task with this message) rather than pile them in memory.
+    """
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -154,11 +211,23 @@ def _parse(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     return obj, ""
 
 
+def segment_paths(path: Path) -> list[Path]:
+    """Rotated segments of ``path`` (``transcript.<n>.jsonl``), oldest first."""
+    found: list[tuple[int, Path]] = []
+    for p in path.parent.glob(f"{path.stem}.*{path.suffix}"):
+        middle = p.name[len(path.stem) + 1 : len(p.name) - len(path.suffix)]
+        if middle.isdigit():
+            found.append((int(middle), p))
+    return [p for _, p in sorted(found)]
+
+
 class TranscriptReader:
     """Iterate a transcript's records; bad lines go to :attr:`problems`, never raise.
 
-    A missing file reads as empty. A last line without ``\\n`` is reported as
-    incomplete (a writer is mid-line, or crashed before the file was repaired).
+    Rotated segments (``transcript.<n>.jsonl``) are read first, oldest first,
+    then the live file. A missing file reads as empty. A last line without
+    ``\\n`` is reported as incomplete (a writer is mid-line, or crashed before
+    the file was repaired).
     """
 
     def __init__(self, path: Path) -> None:
@@ -167,13 +236,17 @@ class TranscriptReader:
 
     def __iter__(self) -> Iterator[Record]:
         self.problems = []
+        last_seq = 0
+        for segment in [*segment_paths(self.path), self.path]:
+            last_seq = yield from self._read(segment, last_seq)
+
+    def _read(self, path: Path, last_seq: int) -> Generator[Record, None, int]:
         try:
-            fh = self.path.open("rb")
+            fh = path.open("rb")
         except FileNotFoundError:
-            return
+            return last_seq
         with fh:
             offset = 0
-            last_seq = 0
             for line_no, raw in enumerate(fh, start=1):
                 here = offset
                 offset += len(raw)
@@ -195,6 +268,7 @@ class TranscriptReader:
                     )
                 last_seq = max(last_seq, seq)
                 yield Record(seq, obj["t"], obj["kind"], obj.get("data"), line_no)
+        return last_seq
 
 
 def read_records(path: Path) -> tuple[list[Record], list[MalformedLine]]:
@@ -226,10 +300,25 @@ class TranscriptWriter:
     at once.
     """
 
-    def __init__(self, path: Path, *, fsync_delay: float = 0.0, lock_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        fsync_delay: float = 0.0,
+        lock_timeout: float = 2.0,
+        max_bytes: int = MAX_BYTES,
+        keep_segments: int = KEEP_SEGMENTS,
+        max_pending: int = MAX_PENDING,
+        max_pending_bytes: int = MAX_PENDING_BYTES,
+    ) -> None:
         if fsync_delay < 0:
             raise ValueError("fsync_delay must be >= 0")
         self.path = path
+        self.max_bytes = max_bytes
+        self.keep_segments = keep_segments
+        self.max_pending = max_pending
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0
         self.torn_path = path.with_suffix(TORN_SUFFIX)
         self._fsync_delay = fsync_delay
         self._lock = threading.RLock()
@@ -249,7 +338,7 @@ class TranscriptWriter:
                 fsync_dir(path.parent)
             self._size = os.fstat(self._fd).st_size
             self._repair_tail()
-            self._next_seq = self._scan_last_seq() + 1
+            self._next_seq = (self._scan_last_seq() or self._last_segment_seq()) + 1
         except BaseException:
             os.close(self._fd)
             raise
@@ -317,6 +406,17 @@ class TranscriptWriter:
             self.torn_path.name,
         )
 
+    def _last_segment_seq(self) -> int:
+        """The last seq of the newest rotated segment (the live file is new or empty)."""
+        segments = segment_paths(self.path)
+        if not segments:
+            return 0
+        last = 0
+        reader = TranscriptReader(segments[-1])
+        for rec in reader._read(segments[-1], 0):
+            last = rec.seq
+        return last
+
     def _last_newline_end(self) -> int:
         """Offset just past the last ``\\n`` in the file (0 if there is none)."""
         pos = self._size
@@ -372,8 +472,23 @@ class TranscriptWriter:
                 "data": data,
             }
             line = orjson.dumps(record) + b"\n"
+            if self._pending and (
+                len(self._pending) >= self.max_pending
+                or self._pending_bytes + len(line) > self.max_pending_bytes
+            ):
+                # The disk refused the queue's head and still does: do not grow.
+                try:
+                    self._drain()
+                except TranscriptWriteError as exc:
+                    raise TranscriptFull(
+                        self.path,
+                        OSError(exc.errno or errno.ENOSPC, os.strerror(exc.errno or errno.ENOSPC)),
+                        record,
+                        len(self._pending),
+                    ) from exc
             self._next_seq += 1
             self._pending.append((record, line))
+            self._pending_bytes += len(line)
             self._drain()
             return record
 
@@ -396,6 +511,8 @@ class TranscriptWriter:
         wrote = False
         while self._pending:
             record, line = self._pending[0]
+            if self._size > 0 and self._size + len(line) > self.max_bytes:
+                self._rotate()
             start = self._size
             try:
                 self._write_all(memoryview(line))
@@ -404,12 +521,72 @@ class TranscriptWriter:
                 raise TranscriptWriteError(self.path, exc, record, len(self._pending)) from exc
             self._size = start + len(line)
             self._pending.popleft()
+            self._pending_bytes -= len(line)
             wrote = True
         if wrote or sync_now:
             if self._fsync_delay <= 0 or sync_now:
                 self._sync_now()
             else:
                 self._schedule_sync()
+
+    def _rotate(self) -> None:
+        """Move the full file to the next ``transcript.<n>.jsonl`` and start a new one.
+
+        Seqs continue across files; a ``transcript_rotated`` record in the new file
+        names the segment before it, and deleting the oldest segment (beyond
+        ``keep_segments``) is itself recorded: nothing goes silently.
+        """
+        segments = segment_paths(self.path)
+        index = int(segments[-1].name.split(".")[-2]) + 1 if segments else 1
+        target = self.path.with_name(f"{self.path.stem}.{index}{self.path.suffix}")
+        try:
+            os.rename(self.path, target)
+            new_fd = os.open(
+                self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600
+            )
+        except OSError as exc:
+            log.warning("transcript %s: could not rotate (%s); growing instead", self.path, exc)
+            return
+        fcntl.flock(new_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # new file: nobody else has it
+        old_fd, self._fd = self._fd, new_fd
+        old_size, self._size = self._size, 0
+        # The full segment is synced and closed by a thread: a 32 MiB fsync would
+        # stall whoever is appending (the event loop).
+        threading.Thread(
+            target=_sync_and_close, args=(old_fd,), name="transcript-rotate", daemon=True
+        ).start()
+        with contextlib.suppress(OSError):
+            fsync_dir(self.path.parent)
+        notes: list[tuple[str, dict[str, Any]]] = [
+            (ROTATED_KIND, {"previous": target.name, "bytes": old_size})
+        ]
+        segments.append(target)
+        while len(segments) > self.keep_segments:
+            oldest = segments.pop(0)
+            size = oldest.stat().st_size if oldest.exists() else 0
+            with contextlib.suppress(OSError):
+                oldest.unlink()
+            log.warning("transcript %s: deleted the oldest segment %s", self.path, oldest.name)
+            dropped = {"file": oldest.name, "bytes": size}
+            notes.append((DROPPED_KIND, dropped))
+            # Also in a small side file that never rotates, so the note outlives its segment.
+            with contextlib.suppress(OSError):
+                side = os.open(
+                    self.path.with_suffix(DROPPED_SUFFIX),
+                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                    0o600,
+                )
+                try:
+                    os.write(side, orjson.dumps({"t": iso_z(utc_now()), **dropped}) + b"\n")
+                finally:
+                    os.close(side)
+        # The notes take fresh seqs, so they follow the records already queued.
+        for kind, data in notes:
+            note = {"seq": self._next_seq, "t": iso_z(utc_now()), "kind": kind, "data": data}
+            self._next_seq += 1
+            line = orjson.dumps(note) + b"\n"
+            self._pending.append((note, line))
+            self._pending_bytes += len(line)
 
     def _write_all(self, view: memoryview) -> None:
         done = 0

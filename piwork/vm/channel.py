@@ -24,6 +24,8 @@ import orjson
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024 * 1024
+YIELD_EVERY = 0.005
+"""Seconds of reading after which the reader lets other tasks run."""
 
 PiLineHandler = Callable[[bytes], None]
 EventHandler = Callable[[dict[str, Any]], None]
@@ -150,13 +152,20 @@ class GuestChannel:
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
         greeted = False
+        loop = asyncio.get_running_loop()
+        budget_end = loop.time() + YIELD_EVERY
         while True:
+            if loop.time() >= budget_end:
+                # readuntil() does not yield while its buffer holds lines: a flooding
+                # guest would starve everything else on the loop (a stop included).
+                await asyncio.sleep(0)
+                budget_end = loop.time() + YIELD_EVERY
             try:
                 line = await reader.readuntil(b"\n")
             except asyncio.LimitOverrunError as exc:
-                # Skip the oversized line rather than die; the RPC layer is told.
-                await reader.readexactly(exc.consumed)
-                self.on_event({"ev": "oversized", "bytes": exc.consumed})
+                # Skip the oversized line rather than die; the RPC layer is told,
+                # with the line's head, so a reply it was waiting for fails at once.
+                await self._skip_oversized(reader, exc.consumed, greeted)
                 continue
             except asyncio.IncompleteReadError:
                 return  # EOF: the peer closed
@@ -170,21 +179,16 @@ class GuestChannel:
                 msg = self._parse_event(payload)
                 if msg is None:
                     continue
-                if msg.get("ev") == "hello":
-                    greeted = True
-                    if self.boot_id is not None and msg.get("bootId") != self.boot_id:
-                        # A different boot: its numbering starts again.
-                        self.last_seq = 0
-                    self.boot_id = msg.get("bootId")
-                    self._ready.set()
-                elif msg.get("ev") == "pong":
-                    fut = self._pongs.pop(int(msg.get("id") or 0), None)
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
-                elif msg.get("ev") == "gap":
-                    self.gaps.append((int(msg["from"]), int(msg["to"])))
-                    self.last_seq = max(self.last_seq, int(msg["to"]))
-                    self.on_event(msg)
+                try:
+                    greeted = self._on_transient(msg) or greeted
+                except (KeyError, TypeError, ValueError) as exc:
+                    # A bad control line is the guest's problem, never the reader's death.
+                    log.warning(
+                        "guest channel: dropped a malformed %r line: %s", msg.get("ev"), exc
+                    )
+                    self.on_event(
+                        {"ev": "malformed", "line": payload[:200].decode("utf-8", "replace")}
+                    )
                 continue
             if not greeted or seq <= self.last_seq:
                 continue
@@ -198,6 +202,57 @@ class GuestChannel:
                     self.on_event(msg)
             else:
                 self.on_pi_line(payload)
+
+    def _on_transient(self, msg: dict[str, Any]) -> bool:
+        """Handle an unnumbered line; True if it was the hello reply."""
+        ev = msg.get("ev")
+        if ev == "hello":
+            boot = msg.get("bootId")
+            previous = self.boot_id
+            if previous is not None and boot != previous:
+                # A different supervisor (the VM rebooted, or /init restarted a crashed
+                # one): its numbering starts again, and the pi we knew is gone.
+                self.last_seq = 0
+                restarted = {"ev": "restarted", "bootId": boot, "previous": previous}
+                self.on_event({**restarted, "pi": msg.get("pi")})
+            self.boot_id = boot
+            self._ready.set()
+            return True
+        if ev == "pong":
+            fut = self._pongs.pop(int(msg.get("id") or 0), None)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif ev == "gap":
+            start, end = int(msg["from"]), int(msg["to"])
+            self.gaps = [*self.gaps[-99:], (start, end)]
+            self.last_seq = max(self.last_seq, end)
+            self.on_event(msg)
+        return False
+
+    async def _skip_oversized(
+        self, reader: asyncio.StreamReader, consumed: int, greeted: bool
+    ) -> None:
+        """Discard one line longer than the reader's limit, keeping its head."""
+        first = await reader.readexactly(consumed)
+        total = len(first)
+        while True:
+            try:
+                rest = await reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError as more:
+                total += len(await reader.readexactly(more.consumed))
+                continue
+            total += len(rest) - 1
+            break
+        seq_text, _, head = first[:4096].partition(b" ")
+        try:
+            seq = int(seq_text)
+        except ValueError:
+            seq = -1
+        if seq > 0 and (not greeted or seq <= self.last_seq):
+            return  # a replayed copy of a line already reported
+        if seq == self.last_seq + 1:
+            self.last_seq = seq
+        self.on_event({"ev": "oversized", "bytes": total, "seq": seq, "head": head[:200]})
 
     def _parse_event(self, payload: bytes) -> dict[str, Any] | None:
         try:

@@ -4,23 +4,24 @@ Modelled on QEMU's own ``machine.py``: a single class owns the VM, an async
 context manager guarantees shutdown, and every launch failure carries the
 command line and the tail of the console. Nothing here knows about pi.
 
-No QEMU outlives piwork: the child gets ``PR_SET_PDEATHSIG(SIGKILL)`` on Linux,
-so even a ``kill -9`` of piwork takes QEMU with it, and ``__aexit__`` kills it
-on any exception or Ctrl-C.
+No QEMU outlives piwork: the child gets ``PR_SET_PDEATHSIG(SIGKILL)`` on Linux
+(via ``setpriv``, see :func:`tied_argv`), so even a ``kill -9`` of piwork takes
+QEMU with it, and ``__aexit__`` kills it on any exception or Ctrl-C.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -60,12 +61,21 @@ class VmExited(VmError):
     pass
 
 
-def _set_pdeathsig() -> None:  # runs in the child between fork and exec
+def tied_argv(argv: list[str]) -> list[str]:
+    """``argv`` run so that it dies with this process, even on ``kill -9``.
+
+    On Linux, util-linux's ``setpriv --pdeathsig KILL`` sets the parent-death
+    signal and execs the command (same pid). Nothing runs as Python between
+    fork and exec: ``preexec_fn`` is unsafe in a process with threads. Pair it
+    with ``start_new_session=True`` (Ctrl-C on the terminal goes to piwork,
+    which shuts QEMU down in order).
+    """
     if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    os.setsid()  # Ctrl-C on the terminal goes to piwork, which shuts QEMU down in order
+        setpriv = shutil.which("setpriv")
+        if setpriv is not None:
+            return [setpriv, "--pdeathsig", "KILL", "--", *argv]
+        log.warning("setpriv (util-linux) not found: QEMU will not die with a killed piwork")
+    return list(argv)
 
 
 def tail_file(path: Path, max_bytes: int = 4000) -> str:
@@ -101,7 +111,8 @@ class VirtualMachine:
         self.qmp: QMPClient | None = None
         self.started_at = 0.0
         self.stages: dict[str, float] = {}
-        self.events: list[dict[str, Any]] = []
+        self.events: deque[dict[str, Any]] = deque(maxlen=256)
+        """The latest QMP events (bounded: a chatty guest cannot grow it)."""
         self._stderr_path = spec.console_log.with_suffix(".qemu-stderr.log")
         self._event_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -133,12 +144,14 @@ class VirtualMachine:
         self.started_at = time.monotonic()
         stderr = self._stderr_path.open("wb")
         try:
+            if shutil.which(self.argv[0]) is None:  # setpriv would exec it: check first
+                raise FileNotFoundError(self.argv[0])
             self.proc = await asyncio.create_subprocess_exec(
-                *self.argv,
+                *tied_argv(self.argv),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,
-                preexec_fn=_set_pdeathsig,
+                start_new_session=True,
             )
         except FileNotFoundError as exc:
             raise VmError(

@@ -655,3 +655,116 @@ async def test_reset_of_a_live_client_fails_what_the_old_pi_owed() -> None:
     call = asyncio.create_task(pi.client.get_state(timeout=1))
     pi.reply(await pi.next_command(), state())
     assert (await call).session_id == "s1"
+
+
+# --- a paused guest ---------------------------------------------------------
+# The clocks are shortened (a 0.05 s reply timeout, a 3 s pause): a pause 60
+# times the timeout, the ratio of an hour to pi's default 60 s.
+
+PAUSE_TIMEOUT = 0.05
+PAUSE = 3.0
+
+
+async def test_a_run_paused_for_sixty_reply_timeouts_still_finishes() -> None:
+    pi = FakePi(default_timeout=PAUSE_TIMEOUT)
+    await start_run(pi)
+    waiting = asyncio.create_task(
+        pi.client.wait_idle(poll_interval=PAUSE_TIMEOUT, settle=PAUSE_TIMEOUT)
+    )
+    await asyncio.sleep(PAUSE_TIMEOUT)
+    # The VM is frozen: pi can neither emit events nor answer get_state.
+    pi.client.freeze()
+    frozen_state, pi.state = pi.state, None
+    await asyncio.sleep(PAUSE)
+    assert not waiting.done(), waiting
+    # Thaw: pi answers what reached it while frozen, and finishes the run.
+    assert frozen_state is not None
+    pi.client.thaw()
+    pi.state = state(streaming=False)
+    while not pi.commands.empty():
+        cmd = pi.commands.get_nowait()
+        assert cmd["type"] == "get_state", cmd
+        pi.reply(cmd, frozen_state)
+    pi.emit({"type": "agent_end", "messages": []})
+    result = await asyncio.wait_for(waiting, 5)
+    assert result.is_streaming is False
+
+
+async def test_a_request_in_flight_when_the_vm_freezes_waits_for_the_thaw() -> None:
+    pi = FakePi(default_timeout=PAUSE_TIMEOUT)
+    asking = asyncio.create_task(pi.client.get_state())
+    cmd = await pi.next_command()
+    pi.client.freeze()
+    await asyncio.sleep(PAUSE)
+    assert not asking.done()
+    pi.client.thaw()
+    pi.reply(cmd, state())
+    assert (await asyncio.wait_for(asking, 1)).is_streaming is False
+
+
+async def test_after_the_thaw_the_reply_clock_runs_again() -> None:
+    pi = FakePi(default_timeout=PAUSE_TIMEOUT)
+    pi.client.freeze()
+    asking = asyncio.create_task(pi.client.get_state())
+    await pi.next_command()
+    await asyncio.sleep(0.5)
+    assert not asking.done()
+    pi.client.thaw()
+    try:
+        await asyncio.wait_for(asking, 1)
+    except Exception as exc:
+        assert "no reply within" in str(exc)
+    else:
+        raise AssertionError("an unanswered request after the thaw must still time out")
+
+
+async def test_losing_the_connection_while_frozen_still_fails_the_waiters() -> None:
+    pi = FakePi(default_timeout=PAUSE_TIMEOUT)
+    await start_run(pi)
+    waiting = asyncio.create_task(pi.client.wait_idle(poll_interval=PAUSE_TIMEOUT))
+    pi.client.freeze()
+    await asyncio.sleep(0.1)
+    pi.client.connection_lost(RuntimeError("the VM was killed"))
+    try:
+        await asyncio.wait_for(waiting, 1)
+    except Exception as exc:
+        assert "the VM was killed" in str(exc)
+    else:
+        raise AssertionError("wait_idle returned after the connection was lost")
+
+
+async def test_the_line_tap_sees_every_line_parsed_once_before_anyone_acts_on_it() -> None:
+    pi = FakePi()
+    seen: list[tuple[bytes, object]] = []
+    order: list[str] = []
+    pi.client.set_line_tap(lambda raw, parsed: (seen.append((raw, parsed)), order.append("tap")))
+    pi.client.add_listener(lambda item: order.append("listener"))
+    asking = asyncio.create_task(pi.client.get_state())
+    cmd = await pi.next_command()
+    pi.emit({"type": "agent_start"})
+    pi.client.feed_line(b"{not json")
+    pi.reply(cmd, state())
+    await asking
+    assert [type(p).__name__ for _, p in seen] == ["dict", "MalformedLine", "dict"]
+    assert seen[2][1]["type"] == "response"  # type: ignore[index]
+    assert order[:2] == ["tap", "listener"]
+
+
+async def test_a_flood_of_dialogs_is_bounded_and_the_excess_cancelled_at_once() -> None:
+    from piwork.rpc.client import MAX_OPEN_DIALOGS
+
+    async def never(_request: UiRequest) -> UiResponse | None:
+        await asyncio.sleep(3600)
+        return None
+
+    pi = FakePi(ui_handler=never)
+    for i in range(MAX_OPEN_DIALOGS + 500):
+        pi.dialog("input", req_id=f"ui-{i}", title="?")
+    assert len(pi.client.open_dialogs) == MAX_OPEN_DIALOGS
+    assert len(pi.client._ui_tasks) == MAX_OPEN_DIALOGS
+    refused = [await pi.next_ui_response() for _ in range(500)]
+    assert all(r.get("cancelled") is True for r in refused)
+    assert {r["id"] for r in refused} == {
+        f"ui-{i}" for i in range(MAX_OPEN_DIALOGS, MAX_OPEN_DIALOGS + 500)
+    }
+    await pi.client.aclose()

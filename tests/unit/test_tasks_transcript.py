@@ -297,3 +297,69 @@ def test_batched_fsync_syncs_within_the_delay(path: Path, monkeypatch: pytest.Mo
         assert synced, "the background sync never ran"
         assert len(synced) == 1  # twenty lines, one fsync
     assert [r["seq"] for r in lines(path)] == list(range(1, 21))
+
+
+# --- bounded size -----------------------------------------------------------
+
+
+def test_a_transcript_is_rotated_and_bounded_and_says_what_it_dropped(tmp_path: Path) -> None:
+    from piwork.tasks.transcript import DROPPED_SUFFIX, segment_paths
+
+    path = tmp_path / "transcript.jsonl"
+    line = "y" * 1000
+    with TranscriptWriter(path, max_bytes=64 * 1024, keep_segments=2) as w:
+        for i in range(1000):  # ~1 MB through a 3 x 64 KiB budget
+            w.append("n", {"i": i, "pad": line})
+    files = [*segment_paths(path), path]
+    assert len(files) == 3
+    assert sum(f.stat().st_size for f in files) < 4 * 64 * 1024
+    records, problems = read_records(path)
+    assert problems == []
+    seqs = [r.seq for r in records]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "a gap inside what is kept"
+    dropped = [orjson.loads(x) for x in path.with_suffix(DROPPED_SUFFIX).read_bytes().splitlines()]
+    assert dropped and all(d["bytes"] > 0 for d in dropped)
+    kinds = {r.kind for r in records}
+    assert {"transcript_rotated", "transcript_segment_dropped"} <= kinds
+    # A writer reopened after rotation continues the numbering.
+    with TranscriptWriter(path, max_bytes=64 * 1024, keep_segments=2) as w:
+        assert w.next_seq == seqs[-1] + 1
+
+
+def test_a_long_streamed_answer_costs_linear_not_quadratic_bytes(tmp_path: Path) -> None:
+    from piwork.tasks.transcript import compact_pi_line
+
+    delta = "word " * 20
+    text = ""
+    path = tmp_path / "transcript.jsonl"
+    raw_total = 0
+    with TranscriptWriter(path, max_bytes=1 << 40) as w:
+        for _ in range(500):
+            text += delta
+            partial = {"role": "assistant", "content": [{"type": "text", "text": text}]}
+            event = {
+                "type": "message_update",
+                "message": partial,
+                "assistantMessageEvent": {
+                    "type": "text_delta",
+                    "contentIndex": 0,
+                    "delta": delta,
+                    "partial": partial,
+                },
+            }
+            raw_total += len(orjson.dumps(event))
+            w.append("pi", compact_pi_line(event))
+        final = {"type": "message_end", "message": partial}
+        w.append("pi", compact_pi_line(final))
+    stored = path.stat().st_size
+    assert raw_total > 50 * len(text)  # what storing every line verbatim costs
+    assert stored < 4 * len(text) + 500 * 200, (stored, len(text))
+    # Nothing is lost: the deltas rebuild the answer, and the final message is whole.
+    records, _ = read_records(path)
+    rebuilt = "".join(
+        r.data["assistantMessageEvent"]["delta"]
+        for r in records
+        if r.data.get("type") == "message_update"
+    )
+    assert rebuilt == text
+    assert records[-1].data["message"]["content"][0]["text"] == text

@@ -1,0 +1,134 @@
+"""A fake guest supervisor end on a unix socket, for testing the host's parser.
+
+It speaks the channel framing of docs/guest-protocol.md (``<seq> <payload>``
+lines, ``hello`` on connect) so the real :class:`GuestChannel`, the real
+:class:`RpcClient` and the real ``AgentVm`` event handling can be fed hostile
+input. It is not a VM and claims nothing about the VM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import types
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from piwork.agent import AgentVm
+from piwork.rpc.client import RpcClient
+from piwork.vm.channel import Endpoint, GuestChannel
+
+
+class FakeGuest:
+    """The guest end. ``send_pi``/``send_raw`` write lines; ``commands`` holds pi lines received."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.boot_id = "boot-1"
+        self.seq = 0
+        self.history: list[tuple[int, bytes]] = []
+        """Numbered lines sent, for the replay after a reconnect."""
+        self.commands: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.writer: asyncio.StreamWriter | None = None
+        self.connected = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(
+            self._on_client, str(self.path), limit=1 << 20
+        )
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        if self._server is not None:
+            self._server.close()
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        with contextlib.suppress(Exception):
+            while True:
+                line = await reader.readline()
+                if not line:
+                    return
+                if line.startswith(b"!"):
+                    op = orjson.loads(line[1:])
+                    if op.get("op") == "hello":
+                        hello = {"ev": "hello", "bootId": self.boot_id, "lastSeq": self.seq}
+                        writer.write(b"0 !" + orjson.dumps(hello) + b"\n")
+                        # Replay what the host has not seen, as the supervisor does.
+                        after = int(op.get("after") or 0)
+                        for seq, data in self.history:
+                            if seq > after:
+                                writer.write(data)
+                        await writer.drain()
+                        self.connected.set()
+                    continue
+                self.commands.put_nowait(orjson.loads(line))
+
+    async def send_raw(self, data: bytes) -> None:
+        assert self.writer is not None
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def send_pi(self, payload: bytes | dict[str, Any]) -> None:
+        if isinstance(payload, dict):
+            payload = orjson.dumps(payload)
+        self.seq += 1
+        data = str(self.seq).encode() + b" " + payload + b"\n"
+        self.history.append((self.seq, data))
+        await self.send_raw(data)
+
+    async def next_command(self, timeout: float = 5.0) -> dict[str, Any]:
+        return await asyncio.wait_for(self.commands.get(), timeout)
+
+    def drop(self) -> None:
+        """Cut the connection (the host reconnects)."""
+        assert self.writer is not None
+        self.connected.clear()
+        self.writer.close()
+
+
+class Host:
+    """The host side wired as AgentVm wires it: channel -> AgentVm events -> RpcClient."""
+
+    def __init__(self, guest: FakeGuest, **client_kwargs: Any) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.rpc = RpcClient(self._send, **client_kwargs)
+        loop = asyncio.get_running_loop()
+        # The real AgentVm handler, on a stand-in holding only what it touches.
+        self.agent = types.SimpleNamespace(
+            rpc=self.rpc,
+            _pi_started=None,
+            pi_exit=loop.create_future(),
+            stderr_tail=[],
+            on_supervisor_event=self.events.append,
+        )
+        self.channel = GuestChannel(
+            Endpoint(unix_path=guest.path), self.rpc.feed_line, self._on_event
+        )
+
+    def _on_event(self, msg: dict[str, Any]) -> None:
+        AgentVm._on_supervisor_event(self.agent, msg)  # type: ignore[arg-type]
+
+    async def _send(self, line: bytes) -> None:
+        await self.channel.send_pi_line(line)
+
+
+@contextlib.asynccontextmanager
+async def guest_and_host(**client_kwargs: Any) -> AsyncIterator[tuple[FakeGuest, Host]]:
+    with tempfile.TemporaryDirectory(prefix="pw-hostile-") as tmp:
+        guest = FakeGuest(Path(tmp) / "rpc.sock")
+        await guest.start()
+        host = Host(guest, **client_kwargs)
+        await host.channel.start(timeout=5)
+        try:
+            yield guest, host
+        finally:
+            await host.channel.close()
+            await host.rpc.aclose()
+            await guest.close()

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from piwork import sharefs
 from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVm, AgentVmConfig, TaskDirs
 from piwork.aio import discard
 from piwork.auth import KeyStore
@@ -337,11 +339,9 @@ class TaskSession:
             allow_private_networks=self.req.egress_allow_private_networks,
         )
         await self._stack.enter_async_context(egress)
-        agent_dir = task.state_dir / "agent"
-        agent_dir.mkdir(parents=True, exist_ok=True)
         models_json = render_guest_models_json(list(catalog.values()), placeholder=token)
-        (agent_dir / "models.json").write_bytes(
-            orjson.dumps(models_json, option=orjson.OPT_INDENT_2)
+        self._write_state_file(
+            "agent/models.json", orjson.dumps(models_json, option=orjson.OPT_INDENT_2)
         )
 
         # The pack and the accelerator.
@@ -398,6 +398,24 @@ class TaskSession:
             session=state.session_file,
             messages=state.message_count,
         )
+
+    def _write_state_file(self, rel: str, data: bytes) -> None:
+        """Write a host-made file into the task's state share (the guest can write it).
+
+        Never follows a link the guest planted: the file is replaced atomically
+        beneath the share root, and a link standing where a directory of ours
+        belongs is removed (not followed) before the write is tried again.
+        """
+        assert self.task is not None
+        root = self.task.state_dir
+        try:
+            sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
+        except sharefs.UnsafePathError:
+            parent = str(Path(rel).parent)
+            if parent != "." and not stat.S_ISDIR(sharefs.lstat_beneath(root, parent).st_mode):
+                sharefs.unlink_beneath(root, parent)
+                self.emit(EventKind.NOTICE, message=f"replaced a link the guest made at {parent}/")
+            sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
 
     async def close(self, *, graceful: bool = True, cancelled: bool = False) -> None:
         self._closing = True

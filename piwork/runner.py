@@ -50,6 +50,7 @@ from piwork.rpc.framing import MalformedLine, OversizedLine
 from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
 from piwork.tasks.model import LimitKind
 from piwork.tasks.model import Usage as TaskUsage
+from piwork.tasks.settings import load_task_settings, merge_limits
 from piwork.vm.accel import probe
 from piwork.vm.command import Transport
 
@@ -145,6 +146,10 @@ class RunRequest:
     cpus: int = 2
     allow_net: tuple[str, ...] = ()
     limits: Limits | None = None
+    limit_overrides: dict[str, Any] = field(default_factory=dict)
+    """Single limits to change (``Limits`` field names), e.g. from ``--max-tokens``:
+    applied over ``limits``, else the settings defaults (new task) or the task's
+    own limits (resume), so one flag never drops the others."""
     extra_providers: tuple[Provider, ...] = ()
     boot_stall_timeout: float = 90.0
     assume_yes: bool = False
@@ -179,6 +184,20 @@ def _is_interrupt(et: type[BaseException] | None) -> bool:
 
 class RunError(RuntimeError):
     """A failure the person can act on; ``str()`` says what to do."""
+
+
+_LIMIT_FLAGS = {
+    LimitKind.TURNS: "--max-turns",
+    LimitKind.WALL_TIME: "--max-minutes",
+    LimitKind.TOKENS: "--max-tokens",
+    LimitKind.COST: "--max-cost",
+}
+
+
+def _only_model(provider: Provider, model_id: str) -> Provider:
+    """``provider`` with just ``model_id`` in its rendered model list (if it lists models)."""
+    picked = tuple(spec for spec in provider.models if spec.id == model_id)
+    return provider.model_copy(update={"models": picked}) if picked else provider
 
 
 def _resolve_model(ref: str, catalog: dict[str, Provider]) -> tuple[Provider, str]:
@@ -221,6 +240,8 @@ class TaskSession:
         self._paused = False
         self._closing = False
         self._ctx = TaskContext()
+        self._gateway: ModelGateway | None = None
+        self._gateway_prices = False
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -284,16 +305,31 @@ class TaskSession:
                 task = self.store.bind_folder(task.id, req.folder)
             if req.model and req.model != task.record.model:
                 task = self.store.update(task.id, model=req.model)
+            if req.limits is not None or req.limit_overrides:
+                limits = merge_limits(req.limits or task.record.limits, req.limit_overrides)
+                if limits != task.record.limits:
+                    task = self.store.update(task.id, limits=limits)
         else:
             title = req.title or (req.prompt or "untitled task").strip().splitlines()[0][:80]
+            base = req.limits or load_task_settings().default_limits
             task = self.store.create(
-                title, req.folder, model=req.model or "demo", limits=req.limits
+                title,
+                req.folder,
+                model=req.model or "demo",
+                limits=merge_limits(base, req.limit_overrides),
             )
         return task
 
     async def start(self) -> None:
         self.task = self._open_task()
         task = self.task
+        used_up = task.record.limit_reached()
+        if used_up is not None:
+            flag = _LIMIT_FLAGS[used_up]
+            raise RunError(
+                f"task {task.id} has used up its {used_up.value.replace('_', ' ')} limit; "
+                f"resume it with a higher {flag} (e.g. `piwork resume {task.id} {flag} ...`)"
+            )
         self._stack.enter_context(self.store.claim(task.id))
         record = task.record
         folder = Path(record.working_folder) if record.working_folder else None
@@ -325,21 +361,27 @@ class TaskSession:
         except Exception as exc:
             raise RunError(f"unknown model {model_ref!r}: {exc}. See `piwork models`.") from exc
         token = secrets.token_urlsafe(24)
+        # Only this task's provider and model are reachable: the guest can never
+        # spend another of the person's keys, nor pick a pricier model.
+        provider = _only_model(provider, model_id)
+        self._gateway_prices = any(spec.cost is not None for spec in provider.models)
         gateway = ModelGateway(
-            catalog,
+            {provider.name: provider},
             KeyStore(paths=self.paths),
             task_id=task.id,
             on_usage=self._on_gateway_usage,
             guest_token=token,
+            allowed_models=(model_id,),
         )
         await self._stack.enter_async_context(gateway)
+        self._gateway = gateway
         egress = EgressProxy(
             self._domain_policy,
             on_decision=self._on_egress_decision,
             allow_private_networks=self.req.egress_allow_private_networks,
         )
         await self._stack.enter_async_context(egress)
-        models_json = render_guest_models_json(list(catalog.values()), placeholder=token)
+        models_json = render_guest_models_json([provider], placeholder=token)
         self._write_state_file(
             "agent/models.json", orjson.dumps(models_json, option=orjson.OPT_INDENT_2)
         )
@@ -467,7 +509,20 @@ class TaskSession:
                 "inputTokens": rec.input_tokens,
                 "outputTokens": rec.output_tokens,
                 "seconds": round(rec.duration_s, 3),
+                **({"estimated": True} if rec.estimated else {}),
             },
+        )
+        # The gateway sees every model call, pi's or any other guest code's:
+        # its counts are what the task's token (and, where priced, cost) limits use.
+        self._add_usage(
+            TaskUsage(
+                input_tokens=rec.input_tokens,
+                output_tokens=rec.output_tokens,
+                cache_read_tokens=rec.cache_read_tokens,
+                cache_write_tokens=rec.cache_write_tokens,
+                cost_usd=rec.cost_usd or 0.0,
+            ),
+            report=True,
         )
 
     def _on_item(self, item: ClientItem) -> None:
@@ -507,27 +562,39 @@ class TaskSession:
             self.emit(EventKind.NOTICE, message=f"unreadable line from pi: {item}")
 
     def _account(self, usage: m.Usage | None, *, turns: int = 0) -> None:
+        """Turns from pi; tokens come from the gateway (which sees every call).
+
+        pi's own usage only adds cost, and only for providers whose prices the
+        gateway does not know (pi's built-ins carry their price list).
+        """
+        delta = TaskUsage(turns=turns)
+        if usage is not None and not self._gateway_prices:
+            delta = TaskUsage(turns=turns, cost_usd=max(usage.cost.total, 0.0))
+        self._add_usage(delta, report=usage is not None)
+
+    def _add_usage(self, delta: TaskUsage, *, report: bool) -> None:
         if self.task is None:
             return
-        delta = TaskUsage(turns=turns)
-        if usage is not None:
-            delta = TaskUsage(
-                input_tokens=usage.input,
-                output_tokens=usage.output,
-                cache_read_tokens=usage.cache_read,
-                cache_write_tokens=usage.cache_write,
-                cost_usd=usage.cost.total,
-            )
         try:
             self.task = self.store.add_usage(self.task.id, delta)
         except Exception as exc:
             self.emit(EventKind.ERROR, message=f"cannot record usage: {exc}")
             return
-        if usage is not None:
+        if report:
             u = self.task.record.usage
             self.emit(EventKind.USAGE, tokens=u.total_tokens, cost=u.cost_usd, turns=u.turns)
         limit = self.task.record.limit_reached()
-        if limit is not None and self._stop_reason is None:
+        if limit is not None:
+            self._on_limit(limit)
+
+    def _on_limit(self, limit: LimitKind) -> None:
+        """Stop the run and refuse every further model call until resumed with more."""
+        if self._gateway is not None:
+            self._gateway.stop_accepting(
+                f"this task reached its {limit.value} limit; "
+                "`piwork resume` with a higher --max-* continues it"
+            )
+        if self._stop_reason is None:
             self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
             self._limit_hit.set()
 
@@ -700,8 +767,7 @@ class TaskSession:
             await asyncio.sleep(every)
             limit = self.store.get(self.task.id).record.limit_reached()
             if limit is not None and self._stop_reason is None:
-                self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
-                self._limit_hit.set()
+                self._on_limit(limit)
                 return
 
     def _pi_gone_reason(self, gone: dict[str, Any]) -> tuple[StopReason, str, None]:

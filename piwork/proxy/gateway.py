@@ -76,6 +76,10 @@ _BODY_SNIFF_LIMIT = 64 * 1024
 _ERROR_BODY_LIMIT = 64 * 1024
 _SSE_LINE_LIMIT = 1024 * 1024
 _JSON_USAGE_LIMIT = 4 * 1024 * 1024
+_MODEL_CHECK_BODY_LIMIT = 64 * 1024 * 1024
+"""With ``allowed_models`` set, request bodies are read whole (up to this) to
+find the model before anything goes upstream."""
+_BYTES_PER_TOKEN = 4
 
 
 # --- usage -------------------------------------------------------------------
@@ -102,6 +106,10 @@ class UsageRecord:
     pi's own ``message_end`` usage carries cost for its built-in models."""
     status: int
     duration_s: float
+    estimated: bool = False
+    """The response carried no usage the gateway could read (a stream cut
+    short, a request shaped to omit it): the counts are estimated from the
+    bytes each way (about 4 bytes a token), so nothing goes uncounted."""
 
 
 @dataclass
@@ -349,6 +357,7 @@ class ModelGateway:
         connect_timeout: float = 30.0,
         read_timeout: float = 600.0,
         upstream_proxy: str | None = None,
+        allowed_models: Iterable[str] | None = None,
     ) -> None:
         items = providers.values() if isinstance(providers, Mapping) else providers
         self._providers: dict[str, Provider] = {p.name: p for p in items}
@@ -370,6 +379,12 @@ class ModelGateway:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.totals = UsageTotals()
+        self._allowed_models = frozenset(allowed_models) if allowed_models is not None else None
+        self._refusal: str | None = None
+
+    def stop_accepting(self, message: str) -> None:
+        """Refuse every further model request with ``message`` (a task limit was hit)."""
+        self._refusal = message
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -479,8 +494,27 @@ class ModelGateway:
             presented = self._guest_credential(request) or ""
             if not hmac.compare_digest(presented.encode(), self._guest_token.encode()):
                 return _json_error(api, 401, "piwork gateway: this request lacks the task's token")
+        if self._refusal is not None:
+            return _json_error(api, 429, f"piwork gateway: {self._refusal}")
 
         model = self._model_from_path(rest)
+        whole_body: bytes | None = None
+        if self._allowed_models is not None:
+            if request.body_exists:
+                buf = bytearray()
+                async for chunk in request.content.iter_any():
+                    buf += chunk
+                    if len(buf) > _MODEL_CHECK_BODY_LIMIT:
+                        return _json_error(api, 413, "piwork gateway: request body too large")
+                whole_body = bytes(buf)
+                model = model or self._model_from_json(whole_body)
+            if (model is not None or whole_body) and model not in self._allowed_models:
+                return _json_error(
+                    api,
+                    403,
+                    f"piwork gateway: this task may only use "
+                    f"{', '.join(sorted(self._allowed_models))} of {name}, not {model or '?'}",
+                )
         try:
             key = await self._get_key(provider.credential_name)
         except Exception as exc:  # key store trouble must not become a traceback
@@ -502,9 +536,13 @@ class ModelGateway:
         url = URL(provider.upstream_origin + rest + self._clean_query(request), encoded=True)
         headers = self._upstream_headers(request, provider, key)
         sniff = bytearray()
-        body: AsyncIterator[bytes] | None = None
-        if request.body_exists:
-            body = self._relay_body(request, sniff)
+        sent = [0]
+        body: AsyncIterator[bytes] | bytes | None = None
+        if whole_body is not None:
+            body, sent[0] = whole_body, len(whole_body)
+            sniff += whole_body[:_BODY_SNIFF_LIMIT]
+        elif request.body_exists:
+            body = self._relay_body(request, sniff, sent)
 
         assert self._session is not None
         status = 0
@@ -521,7 +559,7 @@ class ModelGateway:
                 model = model or self._model_from_body(sniff)
                 if status >= 400:
                     return await self._upstream_error(upstream, provider, model, key)
-                return await self._stream_back(request, upstream, provider, model, started)
+                return await self._stream_back(request, upstream, provider, model, started, sent[0])
         except TimeoutError:
             status = 504
             return _json_error(
@@ -599,8 +637,11 @@ class ModelGateway:
                 out["x-goog-api-key"] = key
         return out
 
-    async def _relay_body(self, request: web.Request, sniff: bytearray) -> AsyncIterator[bytes]:
+    async def _relay_body(
+        self, request: web.Request, sniff: bytearray, sent: list[int]
+    ) -> AsyncIterator[bytes]:
         async for chunk in request.content.iter_any():
+            sent[0] += len(chunk)
             if len(sniff) < _BODY_SNIFF_LIMIT:
                 sniff += chunk[: _BODY_SNIFF_LIMIT - len(sniff)]
             yield chunk
@@ -609,6 +650,16 @@ class ModelGateway:
     def _model_from_path(rest: str) -> str | None:
         m = _MODEL_IN_PATH.search(rest)
         return unquote(m.group(1)) if m else None
+
+    @staticmethod
+    def _model_from_json(body: bytes) -> str | None:
+        """The top-level ``model`` of a JSON body, exactly as the upstream will parse it."""
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        value = obj.get("model") if isinstance(obj, dict) else None
+        return value if isinstance(value, str) else None
 
     @staticmethod
     def _model_from_body(sniff: bytearray) -> str | None:
@@ -638,9 +689,33 @@ class ModelGateway:
         provider: Provider,
         model: str | None,
         started: float,
+        sent_bytes: int = 0,
     ) -> web.StreamResponse:
+        received = [0]
         ctype = upstream.headers.get("Content-Type", "")
         reader = _UsageReader(api=provider.api, sse="text/event-stream" in ctype)
+        try:
+            return await self._relay_response(request, upstream, provider, reader, received)
+        finally:
+            # Every answered request is counted, even one cut short or shaped
+            # to carry no usage: a task's limits must see all the spending.
+            reader.finish()
+            if reader.found:
+                self._report_usage(provider, model, reader, upstream.status, started)
+            else:
+                est = _UsageReader(api=provider.api, sse=False)
+                est.input_tokens = -(-sent_bytes // _BYTES_PER_TOKEN)
+                est.output_tokens = -(-received[0] // _BYTES_PER_TOKEN)
+                self._report_usage(provider, model, est, upstream.status, started, estimated=True)
+
+    async def _relay_response(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        provider: Provider,
+        reader: _UsageReader,
+        received: list[int],
+    ) -> web.StreamResponse:
         out = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=self._response_headers(upstream)
         )
@@ -660,6 +735,7 @@ class ModelGateway:
                 if request.transport is not None:
                     request.transport.close()
                 return out
+            received[0] += len(chunk)
             reader.feed(chunk)
             try:
                 await out.write(chunk)
@@ -668,9 +744,6 @@ class ModelGateway:
                 return out
         with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionError):
             await out.write_eof()
-        reader.finish()
-        if reader.found:
-            self._report_usage(provider, model, reader, upstream.status, started)
         return out
 
     def _report_usage(
@@ -680,6 +753,8 @@ class ModelGateway:
         reader: _UsageReader,
         status: int,
         started: float,
+        *,
+        estimated: bool = False,
     ) -> None:
         cost: float | None = None
         spec = provider.find_model(model) if model else None
@@ -702,6 +777,7 @@ class ModelGateway:
             cost_usd=cost,
             status=status,
             duration_s=time.monotonic() - started,
+            estimated=estimated,
         )
         self.totals.add(rec)
         log.info(

@@ -12,6 +12,7 @@ error that names the file and the bad key, never a silent fallback.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,15 @@ DEFAULT_LIMITS = Limits(
     max_tokens=10_000_000,
     max_cost_usd=None,
 )
+
+
+def merge_limits(base: Limits, overrides: Mapping[str, Any]) -> Limits:
+    """``base`` with the fields in ``overrides`` replaced (and validated).
+
+    One ``--max-*`` flag changes one limit: the others keep their value from
+    ``base`` (the settings defaults for a new task, the task's own on resume).
+    """
+    return Limits.model_validate({**base.model_dump(), **overrides})
 
 
 class SettingsError(ValueError):

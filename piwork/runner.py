@@ -42,7 +42,14 @@ from piwork.pack import ensure_pack, load_manifest
 from piwork.policy import AuditLog, Choice, DecidedBy, Decider, PolicyStore
 from piwork.policy.request import PermissionPayloadError, PermissionRequest, parse_request
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
-from piwork.proxy.egress import EgressProxy
+from piwork.proxy.egress import (
+    AllowNetError,
+    EgressProxy,
+    domain_allowed,
+    guest_proxy_env,
+    normalize_allowed_domain,
+    proxy_url_with_token,
+)
 from piwork.proxy.gateway import ModelGateway, UsageRecord
 from piwork.rpc import models as m
 from piwork.rpc.client import ClientItem
@@ -52,7 +59,7 @@ from piwork.tasks.model import LimitKind
 from piwork.tasks.model import Usage as TaskUsage
 from piwork.tasks.settings import load_task_settings, merge_limits
 from piwork.vm.accel import probe
-from piwork.vm.command import Transport
+from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +249,7 @@ class TaskSession:
         self._ctx = TaskContext()
         self._gateway: ModelGateway | None = None
         self._gateway_prices = False
+        self._allow_net: tuple[str, ...] = ()
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -321,6 +329,10 @@ class TaskSession:
         return task
 
     async def start(self) -> None:
+        try:
+            self._allow_net = tuple(normalize_allowed_domain(d) for d in self.req.allow_net)
+        except AllowNetError as exc:
+            raise RunError(str(exc)) from exc
         self.task = self._open_task()
         task = self.task
         used_up = task.record.limit_reached()
@@ -375,10 +387,14 @@ class TaskSession:
         )
         await self._stack.enter_async_context(gateway)
         self._gateway = gateway
+        # Only the VM may use the egress proxy: it gets this run's token in its
+        # proxy URL when pi starts (never on disk, the command line or a template).
+        egress_token = secrets.token_urlsafe(24)
         egress = EgressProxy(
             self._domain_policy,
             on_decision=self._on_egress_decision,
             allow_private_networks=self.req.egress_allow_private_networks,
+            token=egress_token,
         )
         await self._stack.enter_async_context(egress)
         models_json = render_guest_models_json([provider], placeholder=token)
@@ -417,7 +433,15 @@ class TaskSession:
             provider=provider.name,
             model=model_id,
             extensions=[GATE_EXTENSION, f"{GUEST_EXTENSIONS}/ask-user.ts"],
-            extra_env={"PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork"},
+            extra_env={
+                "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
+                **guest_proxy_env(
+                    proxy_url_with_token(
+                        f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}", egress_token
+                    ),
+                    (GATEWAY_GUEST_ADDR[0],),
+                ),
+            },
         )
         agent = AgentVm(
             cfg,
@@ -672,7 +696,7 @@ class TaskSession:
 
     async def _domain_policy(self, host: str, port: int) -> bool:
         """The egress proxy asks here before the guest reaches a new host."""
-        if any(host == d or host.endswith("." + d) for d in self.req.allow_net):
+        if domain_allowed(host, self._allow_net):
             self._note(
                 "egress", {"host": host, "port": port, "decision": "allow", "by": "--allow-net"}
             )

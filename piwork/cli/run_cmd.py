@@ -18,6 +18,7 @@ from typing import Any
 from piwork.cli.render import renderer_for
 from piwork.policy import Choice
 from piwork.policy.request import PermissionRequest
+from piwork.proxy.egress import AllowNetError, normalize_allowed_domain
 from piwork.runner import (
     DEFAULT_RESUME_PROMPT,
     AllowAsker,
@@ -170,6 +171,13 @@ def _limit_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return fields
 
 
+def _allowed_domain(text: str) -> str:
+    try:
+        return normalize_allowed_domain(text)
+    except AllowNetError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--allow-net ")) from None
+
+
 def _positive(kind: type[int] | type[float]) -> Any:
     def parse(text: str) -> int | float:
         try:
@@ -320,6 +328,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-net",
         nargs="+",
+        type=_allowed_domain,
         metavar="DOMAIN",
         help="let the agent reach these domains (and their subdomains)",
     )

@@ -384,6 +384,7 @@ class TaskSession:
             on_usage=self._on_gateway_usage,
             guest_token=token,
             allowed_models=(model_id,),
+            admit=self._gateway_admits,
         )
         await self._stack.enter_async_context(gateway)
         self._gateway = gateway
@@ -611,13 +612,24 @@ class TaskSession:
         if limit is not None:
             self._on_limit(limit)
 
+    def _gateway_admits(self) -> str | None:
+        """Before every model call: refused while any of the task's limits is used up
+        (read afresh, so raising a limit lets calls through again)."""
+        if self.task is None:
+            return None
+        try:
+            limit = self.store.get(self.task.id).record.limit_reached()
+        except Exception as exc:  # cannot tell: refuse rather than spend blindly
+            return f"cannot read this task's limits ({exc})"
+        if limit is None:
+            return None
+        return (
+            f"this task reached its {limit.value.replace('_', ' ')} limit; "
+            f"`piwork resume` with a higher {_LIMIT_FLAGS[limit]} continues it"
+        )
+
     def _on_limit(self, limit: LimitKind) -> None:
-        """Stop the run and refuse every further model call until resumed with more."""
-        if self._gateway is not None:
-            self._gateway.stop_accepting(
-                f"this task reached its {limit.value} limit; "
-                "`piwork resume` with a higher --max-* continues it"
-            )
+        """Stop the run; the gateway refuses further calls while the limit stands."""
         if self._stop_reason is None:
             self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
             self._limit_hit.set()

@@ -358,6 +358,7 @@ class ModelGateway:
         read_timeout: float = 600.0,
         upstream_proxy: str | None = None,
         allowed_models: Iterable[str] | None = None,
+        admit: Callable[[], str | None] | None = None,
     ) -> None:
         items = providers.values() if isinstance(providers, Mapping) else providers
         self._providers: dict[str, Provider] = {p.name: p for p in items}
@@ -380,11 +381,9 @@ class ModelGateway:
         self._session: aiohttp.ClientSession | None = None
         self.totals = UsageTotals()
         self._allowed_models = frozenset(allowed_models) if allowed_models is not None else None
-        self._refusal: str | None = None
-
-    def stop_accepting(self, message: str) -> None:
-        """Refuse every further model request with ``message`` (a task limit was hit)."""
-        self._refusal = message
+        self._admit = admit
+        """Asked before every request: ``None`` lets it through, a message refuses it
+        (429). The runner answers from the task's limits, read afresh each time."""
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -494,8 +493,9 @@ class ModelGateway:
             presented = self._guest_credential(request) or ""
             if not hmac.compare_digest(presented.encode(), self._guest_token.encode()):
                 return _json_error(api, 401, "piwork gateway: this request lacks the task's token")
-        if self._refusal is not None:
-            return _json_error(api, 429, f"piwork gateway: {self._refusal}")
+        refusal = self._admit() if self._admit is not None else None
+        if refusal is not None:
+            return _json_error(api, 429, f"piwork gateway: {refusal}")
 
         model = self._model_from_path(rest)
         whole_body: bytes | None = None

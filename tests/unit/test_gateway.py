@@ -912,13 +912,22 @@ async def test_a_response_without_readable_usage_is_counted_by_estimate(world: W
     assert rec.estimated and rec.output_tokens == -(-size // 4) and rec.output_tokens > 0
 
 
-async def test_after_stop_accepting_nothing_goes_upstream(world: World) -> None:
-    world.gateway.stop_accepting("this task reached its tokens limit")
-    async with world.client.post(
-        world.url("/p/openai-test/v1/chat/completions"),
-        headers=PLACEHOLDER_AUTH,
-        json={"model": "gpt-test", "messages": []},
-    ) as resp:
-        assert resp.status == 429
-        assert "tokens limit" in await resp.text()
-    assert world.openai.seen == []
+async def test_a_refusing_admit_keeps_requests_from_going_upstream(world: World) -> None:
+    verdict: list[str | None] = ["this task reached its tokens limit"]
+    gateway = ModelGateway([world.providers[0]], _dict_keys, admit=lambda: verdict[0])
+
+    async def call() -> tuple[int, str]:
+        async with world.client.post(
+            f"{gateway.url}/p/openai-test/v1/chat/completions",
+            headers=PLACEHOLDER_AUTH,
+            json={"model": "gpt-test", "messages": []},
+        ) as resp:
+            return resp.status, await resp.text()
+
+    async with gateway:
+        status, text = await call()
+        assert status == 429 and "tokens limit" in text
+        assert world.openai.seen == []
+        verdict[0] = None  # the limit was raised
+        assert (await call())[0] == 200
+    assert len(world.openai.seen) == 1

@@ -243,3 +243,19 @@ async def test_a_task_at_its_limit_is_not_started_again_without_a_higher_one(hom
     with pytest.raises(RunError, match="--max-tokens"):
         async with TaskSession(again, paths=get_paths()):
             pass
+
+
+async def test_raising_the_limit_lets_model_calls_through_again(
+    booting: tuple[Booting, Upstream, Upstream],
+) -> None:
+    b, mine, _ = booting
+    token = b.models_json["providers"]["mine"]["apiKey"]
+    session = b.session
+    assert session.task is not None
+    for _ in range(3):
+        assert await _chat(b.gateway, token, "mine", "cheap") == 200
+    assert await _chat(b.gateway, token, "mine", "cheap") == 429
+    rec = session.store.get(session.task.id).record
+    session.store.update(session.task.id, limits=rec.limits.model_copy(update={"max_tokens": 5000}))
+    assert await _chat(b.gateway, token, "mine", "cheap") == 200
+    assert len(mine.seen) == 4

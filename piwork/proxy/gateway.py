@@ -359,6 +359,7 @@ class ModelGateway:
         upstream_proxy: str | None = None,
         allowed_models: Iterable[str] | None = None,
         admit: Callable[[], str | None] | None = None,
+        max_concurrent: int = 8,
     ) -> None:
         items = providers.values() if isinstance(providers, Mapping) else providers
         self._providers: dict[str, Provider] = {p.name: p for p in items}
@@ -382,6 +383,10 @@ class ModelGateway:
         self.totals = UsageTotals()
         self._allowed_models = frozenset(allowed_models) if allowed_models is not None else None
         self._admit = admit
+        self._max_concurrent = max_concurrent
+        """Bounds how far past a limit parallel calls can go (each is admitted
+        before any of them reports usage), and the host's work per guest."""
+        self._inflight = 0
         """Asked before every request: ``None`` lets it through, a message refuses it
         (429). The runner answers from the task's limits, read afresh each time."""
 
@@ -497,6 +502,23 @@ class ModelGateway:
         if refusal is not None:
             return _json_error(api, 429, f"piwork gateway: {refusal}")
 
+        if self._inflight >= self._max_concurrent:
+            return _json_error(
+                api,
+                429,
+                f"piwork gateway: at most {self._max_concurrent} model requests at a time "
+                "per task; retry when one finishes",
+            )
+        self._inflight += 1
+        try:
+            return await self._forward(request, provider, name, rest, started)
+        finally:
+            self._inflight -= 1
+
+    async def _forward(
+        self, request: web.Request, provider: Provider, name: str, rest: str, started: float
+    ) -> web.StreamResponse:
+        api = provider.api
         model = self._model_from_path(rest)
         whole_body: bytes | None = None
         if self._allowed_models is not None:

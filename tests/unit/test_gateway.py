@@ -931,3 +931,25 @@ async def test_a_refusing_admit_keeps_requests_from_going_upstream(world: World)
         verdict[0] = None  # the limit was raised
         assert (await call())[0] == 200
     assert len(world.openai.seen) == 1
+
+
+async def test_concurrent_model_requests_are_capped(world: World) -> None:
+    """Every request is admitted before any reports usage: a cap bounds the overshoot."""
+    gateway = ModelGateway([world.providers[0]], _dict_keys, max_concurrent=2, read_timeout=5.0)
+    body = {"model": "gpt-test", "stream": True, "messages": []}
+    async with gateway:
+        url = f"{gateway.url}/p/openai-test/v1/chat/completions"
+        held = [
+            await world.client.post(url, headers=PLACEHOLDER_AUTH, json=body) for _ in range(2)
+        ]  # both stream their first chunk, then wait on the upstream's gate
+        async with world.client.post(url, headers=PLACEHOLDER_AUTH, json=body) as third:
+            assert third.status == 429
+            assert "at most 2" in await third.text()
+        assert len(world.openai.seen) == 2
+        world.openai.gate.set()
+        for resp in held:
+            await resp.read()
+            resp.release()
+        async with world.client.post(url, headers=PLACEHOLDER_AUTH, json=body) as fourth:
+            assert fourth.status == 200
+            await fourth.read()

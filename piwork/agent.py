@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from piwork import sharefs
 from piwork.aio import discard
 from piwork.pack.manifest import Manifest
 from piwork.proxy import guestfwd_relay
@@ -270,7 +271,7 @@ class AgentVm:
 
     async def start(self) -> None:
         t0 = time.monotonic()
-        (self.cfg.dirs.state / "home").mkdir(parents=True, exist_ok=True)
+        sharefs.mkdir_beneath(self.cfg.dirs.state, "home")  # never through a guest link
         await self.vm.launch()
         self._vm_watch = asyncio.create_task(self._watch_vm(), name="agent-vm-watch")
         self.timings["qemu_started"] = time.monotonic() - t0

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import logging
 import secrets
+import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from piwork import sharefs
 from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVm, AgentVmConfig, TaskDirs
 from piwork.aio import discard
 from piwork.auth import KeyStore
@@ -42,7 +44,14 @@ from piwork.pack import ensure_pack, load_manifest
 from piwork.policy import AuditLog, Choice, DecidedBy, Decider, PolicyStore
 from piwork.policy.request import PermissionPayloadError, PermissionRequest, parse_request
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
-from piwork.proxy.egress import EgressProxy
+from piwork.proxy.egress import (
+    AllowNetError,
+    EgressProxy,
+    domain_allowed,
+    guest_proxy_env,
+    normalize_allowed_domain,
+    proxy_url_with_token,
+)
 from piwork.proxy.gateway import ModelGateway, UsageRecord
 from piwork.resources import ResourceError, vm_budget
 from piwork.rpc import models as m
@@ -51,9 +60,10 @@ from piwork.rpc.framing import MalformedLine, OversizedLine
 from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
 from piwork.tasks.model import LimitKind
 from piwork.tasks.model import Usage as TaskUsage
+from piwork.tasks.settings import load_task_settings, merge_limits
 from piwork.tasks.transcript import TranscriptFull, TranscriptWriteError, compact_pi_line
 from piwork.vm.accel import probe
-from piwork.vm.command import Transport
+from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +163,10 @@ class RunRequest:
     cpus: int = 2
     allow_net: tuple[str, ...] = ()
     limits: Limits | None = None
+    limit_overrides: dict[str, Any] = field(default_factory=dict)
+    """Single limits to change (``Limits`` field names), e.g. from ``--max-tokens``:
+    applied over ``limits``, else the settings defaults (new task) or the task's
+    own limits (resume), so one flag never drops the others."""
     extra_providers: tuple[Provider, ...] = ()
     boot_stall_timeout: float = 90.0
     assume_yes: bool = False
@@ -187,6 +201,20 @@ def _is_interrupt(et: type[BaseException] | None) -> bool:
 
 class RunError(RuntimeError):
     """A failure the person can act on; ``str()`` says what to do."""
+
+
+_LIMIT_FLAGS = {
+    LimitKind.TURNS: "--max-turns",
+    LimitKind.WALL_TIME: "--max-minutes",
+    LimitKind.TOKENS: "--max-tokens",
+    LimitKind.COST: "--max-cost",
+}
+
+
+def _only_model(provider: Provider, model_id: str) -> Provider:
+    """``provider`` with just ``model_id`` in its rendered model list (if it lists models)."""
+    picked = tuple(spec for spec in provider.models if spec.id == model_id)
+    return provider.model_copy(update={"models": picked}) if picked else provider
 
 
 def _resolve_model(ref: str, catalog: dict[str, Provider]) -> tuple[Provider, str]:
@@ -235,6 +263,10 @@ class TaskSession:
         self._usage_writer: asyncio.Task[None] | None = None
         """Domains the person allowed once at the gate's prompt, for this turn: the
         egress proxy lets them through instead of asking a second time."""
+        self._usage_report = False
+        self._gateway: ModelGateway | None = None
+        self._gateway_prices = False
+        self._allow_net: tuple[str, ...] = ()
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -311,17 +343,36 @@ class TaskSession:
                 task = self.store.bind_folder(task.id, req.folder)
             if req.model and req.model != task.record.model:
                 task = self.store.update(task.id, model=req.model)
+            if req.limits is not None or req.limit_overrides:
+                limits = merge_limits(req.limits or task.record.limits, req.limit_overrides)
+                if limits != task.record.limits:
+                    task = self.store.update(task.id, limits=limits)
         else:
             title = req.title or (req.prompt or "untitled task").strip().splitlines()[0][:80]
+            base = req.limits or load_task_settings().default_limits
             task = self.store.create(
-                title, req.folder, model=req.model or "demo", limits=req.limits
+                title,
+                req.folder,
+                model=req.model or "demo",
+                limits=merge_limits(base, req.limit_overrides),
             )
         return task
 
     async def start(self) -> None:
+        try:
+            self._allow_net = tuple(normalize_allowed_domain(d) for d in self.req.allow_net)
+        except AllowNetError as exc:
+            raise RunError(str(exc)) from exc
         # Store work that may wait on another process's lock runs off the event loop.
         self.task = await asyncio.to_thread(self._open_task)
         task = self.task
+        used_up = task.record.limit_reached()
+        if used_up is not None:
+            flag = _LIMIT_FLAGS[used_up]
+            raise RunError(
+                f"task {task.id} has used up its {used_up.value.replace('_', ' ')} limit; "
+                f"resume it with a higher {flag} (e.g. `piwork resume {task.id} {flag} ...`)"
+            )
         self._stack.enter_context(await asyncio.to_thread(self.store.claim, task.id))
         await asyncio.to_thread(self.store.transcript, task.id)  # opened (and locked) now
         try:  # refuse now, clearly, rather than hang or meet the OOM killer later
@@ -359,26 +410,35 @@ class TaskSession:
         except Exception as exc:
             raise RunError(f"unknown model {model_ref!r}: {exc}. See `piwork models`.") from exc
         token = secrets.token_urlsafe(24)
+        # Only this task's provider and model are reachable: the guest can never
+        # spend another of the person's keys, nor pick a pricier model.
+        provider = _only_model(provider, model_id)
+        self._gateway_prices = any(spec.cost is not None for spec in provider.models)
         gateway = ModelGateway(
-            catalog,
+            {provider.name: provider},
             KeyStore(paths=self.paths),
             task_id=task.id,
             on_usage=self._on_gateway_usage,
             guest_token=token,
             before_forward=self._checkpoint_before_model_call,
+            allowed_models=(model_id,),
+            admit=self._gateway_admits,
         )
         await self._stack.enter_async_context(gateway)
+        self._gateway = gateway
+        # Only the VM may use the egress proxy: it gets this run's token in its
+        # proxy URL when pi starts (never on disk, the command line or a template).
+        egress_token = secrets.token_urlsafe(24)
         egress = EgressProxy(
             self._domain_policy,
             on_decision=self._on_egress_decision,
             allow_private_networks=self.req.egress_allow_private_networks,
+            token=egress_token,
         )
         await self._stack.enter_async_context(egress)
-        agent_dir = task.state_dir / "agent"
-        agent_dir.mkdir(parents=True, exist_ok=True)
-        models_json = render_guest_models_json(list(catalog.values()), placeholder=token)
-        (agent_dir / "models.json").write_bytes(
-            orjson.dumps(models_json, option=orjson.OPT_INDENT_2)
+        models_json = render_guest_models_json([provider], placeholder=token)
+        self._write_state_file(
+            "agent/models.json", orjson.dumps(models_json, option=orjson.OPT_INDENT_2)
         )
 
         # The pack and the accelerator.
@@ -412,7 +472,15 @@ class TaskSession:
             provider=provider.name,
             model=model_id,
             extensions=[GATE_EXTENSION, f"{GUEST_EXTENSIONS}/ask-user.ts"],
-            extra_env={"PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork"},
+            extra_env={
+                "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
+                **guest_proxy_env(
+                    proxy_url_with_token(
+                        f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}", egress_token
+                    ),
+                    (GATEWAY_GUEST_ADDR[0],),
+                ),
+            },
         )
         agent = AgentVm(
             cfg,
@@ -435,6 +503,24 @@ class TaskSession:
             session=state.session_file,
             messages=state.message_count,
         )
+
+    def _write_state_file(self, rel: str, data: bytes) -> None:
+        """Write a host-made file into the task's state share (the guest can write it).
+
+        Never follows a link the guest planted: the file is replaced atomically
+        beneath the share root, and a link standing where a directory of ours
+        belongs is removed (not followed) before the write is tried again.
+        """
+        assert self.task is not None
+        root = self.task.state_dir
+        try:
+            sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
+        except sharefs.UnsafePathError:
+            parent = str(Path(rel).parent)
+            if parent != "." and not stat.S_ISDIR(sharefs.lstat_beneath(root, parent).st_mode):
+                sharefs.unlink_beneath(root, parent)
+                self.emit(EventKind.NOTICE, message=f"replaced a link the guest made at {parent}/")
+            sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
 
     async def close(self, *, graceful: bool = True, cancelled: bool = False) -> None:
         self._closing = True
@@ -541,7 +627,20 @@ class TaskSession:
                 "inputTokens": rec.input_tokens,
                 "outputTokens": rec.output_tokens,
                 "seconds": round(rec.duration_s, 3),
+                **({"estimated": True} if rec.estimated else {}),
             },
+        )
+        # The gateway sees every model call, pi's or any other guest code's:
+        # its counts are what the task's token (and, where priced, cost) limits use.
+        self._add_usage(
+            TaskUsage(
+                input_tokens=rec.input_tokens,
+                output_tokens=rec.output_tokens,
+                cache_read_tokens=rec.cache_read_tokens,
+                cache_write_tokens=rec.cache_write_tokens,
+                cost_usd=rec.cost_usd or 0.0,
+            ),
+            report=True,
         )
 
     def _on_item(self, item: ClientItem) -> None:
@@ -585,41 +684,44 @@ class TaskSession:
             self.emit(EventKind.NOTICE, message=f"unreadable line from pi: {item}")
 
     def _account(self, usage: m.Usage | None, *, turns: int = 0) -> None:
+        """Turns from pi; tokens come from the gateway (which sees every call).
+
+        pi's own usage only adds cost, and only for providers whose prices the
+        gateway does not know (pi's built-ins carry their price list).
+        """
+        delta = TaskUsage(turns=turns)
+        if usage is not None and not self._gateway_prices:
+            delta = TaskUsage(turns=turns, cost_usd=max(usage.cost.total, 0.0))
+        self._add_usage(delta, report=usage is not None)
+
+    def _add_usage(self, delta: TaskUsage, *, report: bool) -> None:
         if self.task is None:
             return
-        delta = TaskUsage(turns=turns)
-        if usage is not None:
-            delta = TaskUsage(
-                input_tokens=usage.input,
-                output_tokens=usage.output,
-                cache_read_tokens=usage.cache_read,
-                cache_write_tokens=usage.cache_write,
-                cost_usd=usage.cost.total,
-            )
         # task.json is rewritten (two fsyncs) off the event loop; deltas that arrive
         # while a write is under way are added up and written together.
         self._usage_due = self._usage_due.plus(delta)
+        self._usage_report = self._usage_report or report
         if self._usage_writer is None or self._usage_writer.done():
             self._usage_writer = asyncio.get_running_loop().create_task(
                 self._write_usage(), name="task-usage-writer"
             )
 
     async def _write_usage(self) -> None:
-        while self.task is not None and self._usage_due != TaskUsage():
+        while self.task is not None and (self._usage_due != TaskUsage() or self._usage_report):
             delta, self._usage_due = self._usage_due, TaskUsage()
+            report, self._usage_report = self._usage_report, False
             try:
                 self.task = await asyncio.to_thread(self.store.add_usage, self.task.id, delta)
             except Exception as exc:
                 self._usage_due = delta.plus(self._usage_due)  # kept for the next write
                 self.emit(EventKind.ERROR, message=f"cannot record usage: {exc}")
                 return
-            if delta.total_tokens or delta.cost_usd:
+            if report or delta.total_tokens or delta.cost_usd:
                 u = self.task.record.usage
                 self.emit(EventKind.USAGE, tokens=u.total_tokens, cost=u.cost_usd, turns=u.turns)
             limit = self.task.record.limit_reached()
-            if limit is not None and self._stop_reason is None:
-                self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
-                self._limit_hit.set()
+            if limit is not None:
+                self._on_limit(limit)
 
     async def _flush_usage(self) -> None:
         """Wait for usage accounted so far to be in task.json."""
@@ -627,6 +729,28 @@ class TaskSession:
         if writer is not None:
             with contextlib.suppress(Exception):
                 await asyncio.shield(writer)
+
+    def _gateway_admits(self) -> str | None:
+        """Before every model call: refused while any of the task's limits is used up
+        (read afresh, so raising a limit lets calls through again)."""
+        if self.task is None:
+            return None
+        try:
+            limit = self.store.get(self.task.id).record.limit_reached()
+        except Exception as exc:  # cannot tell: refuse rather than spend blindly
+            return f"cannot read this task's limits ({exc})"
+        if limit is None:
+            return None
+        return (
+            f"this task reached its {limit.value.replace('_', ' ')} limit; "
+            f"`piwork resume` with a higher {_LIMIT_FLAGS[limit]} continues it"
+        )
+
+    def _on_limit(self, limit: LimitKind) -> None:
+        """Stop the run; the gateway refuses further calls while the limit stands."""
+        if self._stop_reason is None:
+            self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
+            self._limit_hit.set()
 
     # ------------------------------------------------------------ dialogs
     async def _on_ui_request(self, req: m.UiRequest) -> m.UiResponse | None:
@@ -712,7 +836,7 @@ class TaskSession:
                 "egress", {"host": host, "port": port, "decision": "allow", "by": "allow-once"}
             )
             return True
-        if any(host == d or host.endswith("." + d) for d in self.req.allow_net):
+        if domain_allowed(host, self._allow_net):
             self._note(
                 "egress", {"host": host, "port": port, "decision": "allow", "by": "--allow-net"}
             )
@@ -810,8 +934,7 @@ class TaskSession:
             task = await asyncio.to_thread(self.store.get, self.task.id)
             limit = task.record.limit_reached()
             if limit is not None and self._stop_reason is None:
-                self._stop_reason = (StopReason.LIMIT, f"limit reached: {limit.value}", limit)
-                self._limit_hit.set()
+                self._on_limit(limit)
                 return
 
     def _pi_gone_reason(self, gone: dict[str, Any]) -> tuple[StopReason, str, None]:

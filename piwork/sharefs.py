@@ -243,3 +243,51 @@ def walk_beneath(
         for fd, _ in stack:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def mkdir_beneath(root: Path, rel: str | PurePosixPath, *, mode: int = 0o755) -> None:
+    """Make the directory ``root/rel`` (and its parents) without following any link.
+
+    An entry already standing at the name (a directory, or anything the guest
+    put there, a link included) is left alone and never followed: the host
+    only needs the name to exist for the guest.
+    """
+    parts = split_relative(rel)
+    root_fd = _open_root(root)
+    try:
+        dir_fd = _walk_dirs(root_fd, parts[:-1], create=True)
+    finally:
+        os.close(root_fd)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(parts[-1], mode, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def unlink_beneath(root: Path, rel: str | PurePosixPath) -> None:
+    """Remove the non-directory entry ``root/rel`` (a planted link is removed, not followed)."""
+    parts = split_relative(rel)
+    root_fd = _open_root(root)
+    try:
+        dir_fd = _walk_dirs(root_fd, parts[:-1], create=False)
+    finally:
+        os.close(root_fd)
+    try:
+        os.unlink(parts[-1], dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def readlink_beneath(root: Path, rel: str | PurePosixPath) -> str:
+    """The text of the link ``root/rel`` (read, never followed)."""
+    parts = split_relative(rel)
+    root_fd = _open_root(root)
+    try:
+        dir_fd = _walk_dirs(root_fd, parts[:-1], create=False)
+    finally:
+        os.close(root_fd)
+    try:
+        return os.readlink(parts[-1], dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -18,6 +18,7 @@ from typing import Any
 from piwork.cli.render import renderer_for
 from piwork.policy import Choice
 from piwork.policy.request import PermissionRequest
+from piwork.proxy.egress import AllowNetError, normalize_allowed_domain
 from piwork.runner import (
     DEFAULT_RESUME_PROMPT,
     AllowAsker,
@@ -27,7 +28,6 @@ from piwork.runner import (
     RunRequest,
     TaskSession,
 )
-from piwork.tasks import Limits
 from piwork.vm.command import Transport
 
 PERMISSION_KEYS = {
@@ -210,15 +210,39 @@ def _interactive() -> bool:
     return sys.stdin.isatty() and sys.stderr.isatty()
 
 
-def _limits(args: argparse.Namespace) -> Limits | None:
+def _limit_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The limits the flags change; the runner merges them over the defaults
+    (new task) or the task's own limits (resume), so the others are kept."""
     fields: dict[str, Any] = {}
     if args.max_turns is not None:
         fields["max_turns"] = args.max_turns
     if args.max_minutes is not None:
-        fields["max_wall_time_seconds"] = int(args.max_minutes * 60)
+        fields["max_wall_time_seconds"] = args.max_minutes * 60
     if args.max_tokens is not None:
         fields["max_tokens"] = args.max_tokens
-    return Limits(**fields) if fields else None
+    if args.max_cost is not None:
+        fields["max_cost_usd"] = args.max_cost
+    return fields
+
+
+def _allowed_domain(text: str) -> str:
+    try:
+        return normalize_allowed_domain(text)
+    except AllowNetError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--allow-net ")) from None
+
+
+def _positive(kind: type[int] | type[float]) -> Any:
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+        return value
+
+    return parse
 
 
 async def _run(args: argparse.Namespace, req: RunRequest, prompt: str) -> int:
@@ -298,7 +322,7 @@ def _common_request(args: argparse.Namespace) -> RunRequest:
         memory_mb=args.memory,
         cpus=args.cpus,
         allow_net=tuple(args.allow_net or ()),
-        limits=_limits(args),
+        limit_overrides=_limit_overrides(args),
         assume_yes=args.yes,
     )
 
@@ -360,12 +384,19 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-net",
         nargs="+",
+        type=_allowed_domain,
         metavar="DOMAIN",
         help="let the agent reach these domains (and their subdomains)",
     )
-    p.add_argument("--max-turns", type=int, help="stop the task after this many turns")
-    p.add_argument("--max-minutes", type=float, help="stop the task after this much running time")
-    p.add_argument("--max-tokens", type=int, help="stop the task after this many tokens")
+    # On `resume` these raise (or lower) the task's own limits; the others stay.
+    p.add_argument("--max-turns", type=_positive(int), help="stop the task after this many turns")
+    p.add_argument(
+        "--max-minutes", type=_positive(float), help="stop the task after this much running time"
+    )
+    p.add_argument("--max-tokens", type=_positive(int), help="stop the task after this many tokens")
+    p.add_argument(
+        "--max-cost", type=_positive(float), metavar="USD", help="stop the task at this cost"
+    )
 
 
 def register(sub: Any) -> None:

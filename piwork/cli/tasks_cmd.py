@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import io
 import os
+import stat
 import sys
 import tarfile
 import tempfile
@@ -26,7 +27,7 @@ from typing import IO, Any
 
 import orjson
 
-from piwork import __version__
+from piwork import __version__, sharefs
 from piwork.checkpoints import CheckpointError, ShadowRepo, checkpoints_size, gc_task
 from piwork.tasks.model import ACTIVE_STATUSES, TaskStatus, iso_z, utc_now
 from piwork.tasks.store import SUBDIRS, Task, TaskStore, TaskStoreError
@@ -290,7 +291,65 @@ def write_export(task: Task, out: IO[bytes], *, files: bool = False) -> None:
         if files:
             for sub in SUBDIRS:
                 if (task.dir / sub).is_dir():
-                    tar.add(task.dir / sub, arcname=f"{task.id}/{sub}")
+                    _add_share(tar, task.dir / sub, f"{task.id}/{sub}")
+
+
+def _add_share(tar: tarfile.TarFile, root: Path, arcname: str) -> None:
+    """Add a share the guest can write without following anything it planted there.
+
+    Entries are listed with ``lstat`` and every file is opened beneath ``root``
+    with ``O_NOFOLLOW`` and checked with ``fstat``: a link stays a link in the
+    archive and a file swapped for a link after the listing is skipped, so an
+    export can never pick up host files from outside the share.
+    """
+    dir_info = tarfile.TarInfo(arcname)
+    dir_info.type = tarfile.DIRTYPE
+    dir_info.mode = 0o700
+    dir_info.mtime = int(time.time())
+    tar.addfile(dir_info)
+    for entry in sharefs.walk_beneath(root):
+        name = f"{arcname}/{entry.path}"
+        info = tarfile.TarInfo(name)
+        info.mtime = int(entry.stat.st_mtime)
+        info.mode = entry.stat.st_mode & 0o777
+        try:
+            if entry.is_dir:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif entry.is_link:
+                info.type = tarfile.SYMTYPE
+                info.linkname = sharefs.readlink_beneath(root, entry.path)
+                tar.addfile(info)
+            elif entry.is_file:
+                fd = sharefs.open_beneath(root, entry.path, os.O_RDONLY | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as fh:
+                    st = os.fstat(fh.fileno())
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    info.size = st.st_size
+                    tar.addfile(info, _Exactly(fh, st.st_size))
+            # FIFOs, sockets and device nodes are never opened or archived.
+        except OSError as exc:
+            print(f"piwork tasks: skipped {name}: {exc.strerror or exc}", file=sys.stderr)
+
+
+class _Exactly(io.RawIOBase):
+    """``size`` bytes of ``fh``, zero-padded if the file shrank while it was read."""
+
+    def __init__(self, fh: IO[bytes], size: int) -> None:
+        self._fh = fh
+        self._left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        if self._left <= 0:
+            return b""
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._fh.read(n) or b"\0" * n
+        self._left -= len(data)
+        return data
 
 
 def cmd_export(args: argparse.Namespace) -> int:

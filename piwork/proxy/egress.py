@@ -22,13 +22,19 @@ own services (the model gateway, a database) through DNS.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
+import hmac
 import ipaddress
 import logging
 import re
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import cache
+
+from publicsuffixlist import PublicSuffixList
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +60,19 @@ _REQUEST_DROP = frozenset(
         "upgrade",
     }
 )
+
+
+PROXY_USER = "piwork"
+"""User name in the guest's proxy URL; only the password (the run's token) is checked."""
+
+
+def proxy_url_with_token(proxy_url: str, token: str) -> str:
+    """``http://piwork:<token>@host:port``: curl and undici (pi) send it as
+    ``Proxy-Authorization: Basic`` on every request and CONNECT."""
+    scheme, sep, rest = proxy_url.partition("://")
+    if not sep or "@" in rest:
+        raise ValueError(f"expected http://host:port, got {proxy_url!r}")
+    return f"{scheme}://{PROXY_USER}:{token}@{rest}"
 
 
 def guest_proxy_env(
@@ -115,6 +134,65 @@ def normalize_host(host: str) -> str:
     return h
 
 
+class AllowNetError(ValueError):
+    """An ``--allow-net`` entry that is not a domain piwork can allow; says why."""
+
+
+@cache
+def _psl() -> PublicSuffixList:
+    return PublicSuffixList()  # the list bundled with the pinned package; no network
+
+
+def normalize_allowed_domain(entry: str) -> str:
+    """One ``--allow-net`` entry as the proxy will compare it: lowercase, no
+    trailing dot, IDNA (``Bücher.DE.`` -> ``xn--bcher-kva.de``).
+
+    Refuses what would open far more than the person meant: a single label
+    (``com``, ``localhost``) or any public suffix (``co.uk``, ``github.io``),
+    since an entry allows the name *and all its subdomains*. IP addresses and
+    wildcards are refused too (the proxy matches names).
+    """
+    text = entry.strip()
+    if text.startswith("*."):
+        text = text[2:]  # "*.example.com" means what "example.com" already does
+    if not text or any(c in text for c in "*/:@ "):
+        raise AllowNetError(
+            f"--allow-net {entry!r}: give a domain name such as example.com "
+            "(no scheme, port, path or wildcard; subdomains are included)"
+        )
+    try:
+        ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        pass
+    else:
+        raise AllowNetError(f"--allow-net {entry!r}: give a domain name, not an IP address")
+    try:
+        host = normalize_host(text)
+    except ValueError as exc:
+        raise AllowNetError(f"--allow-net {entry!r}: not a valid domain name") from exc
+    if host == "localhost":
+        # RFC 6761's loopback name: allowing it opens nothing public, and the
+        # proxy still refuses loopback addresses unless private networks are on.
+        return host
+    if "." not in host:
+        raise AllowNetError(
+            f"--allow-net {entry!r}: a single label would allow every name under it; "
+            "name a registered domain such as example.com"
+        )
+    if _psl().is_public(host):
+        raise AllowNetError(
+            f"--allow-net {entry!r}: {host} is a public suffix (anyone can register names "
+            "under it), so it would allow sites of many owners; name the domain itself, "
+            f"e.g. example.{host}"
+        )
+    return host
+
+
+def domain_allowed(host: str, allowed: tuple[str, ...]) -> bool:
+    """``host`` (normalised by the proxy) is an allowed domain or one of its subdomains."""
+    return any(host == d or host.endswith("." + d) for d in allowed)
+
+
 def _split_host_port(authority: str, default_port: int) -> tuple[str, int]:
     if authority.startswith("["):
         end = authority.find("]")
@@ -161,8 +239,10 @@ class EgressProxy:
         connect_timeout: float = 15.0,
         header_timeout: float = 30.0,
         on_decision: Callable[[EgressDecision], None] | None = None,
+        token: str | None = None,
     ) -> None:
         self._policy = domain_policy
+        self._token = token
         self._host = host
         self._want_port = port
         self._port: int | None = None
@@ -347,6 +427,13 @@ class EgressProxy:
             if not sep or not name or name != name.strip():
                 raise _Refusal(400, "Bad Request", "piwork egress proxy: malformed header\n")
             headers.append((name, value.strip()))
+        if self._token is not None and not self._authorized(headers):
+            raise _Refusal(
+                407,
+                "Proxy Authentication Required",
+                "piwork egress proxy: this proxy serves only the task's VM; "
+                "use the proxy URL from its HTTP(S)_PROXY environment\n",
+            )
 
         if method.upper() == "CONNECT":
             try:
@@ -392,6 +479,23 @@ class EgressProxy:
         await up_writer.drain()
         await self._pipe_both(reader, writer, up_reader, up_writer, close_response=True)
 
+    def _authorized(self, headers: list[tuple[str, str]]) -> bool:
+        """``Proxy-Authorization: Basic`` carrying the run's token as its password."""
+        assert self._token is not None
+        for name, value in headers:
+            if name.lower() != "proxy-authorization":
+                continue
+            scheme, _, cred = value.partition(" ")
+            if scheme.lower() != "basic":
+                return False
+            try:
+                decoded = base64.b64decode(cred.strip(), validate=True)
+            except (binascii.Error, ValueError):
+                return False
+            _, _, password = decoded.partition(b":")
+            return hmac.compare_digest(password, self._token.encode())
+        return False
+
     async def _refuse(self, writer: asyncio.StreamWriter, refusal: _Refusal) -> None:
         body = refusal.message.encode("utf-8")
         reason = refusal.reason.encode("ascii", "replace").decode("ascii")
@@ -400,7 +504,8 @@ class EgressProxy:
             "Content-Type: text/plain; charset=utf-8\r\n"
             f"Content-Length: {len(body)}\r\n"
             "X-Piwork-Egress: refused\r\n"
-            "Connection: close\r\n\r\n"
+            + ('Proxy-Authenticate: Basic realm="piwork"\r\n' if refusal.status == 407 else "")
+            + "Connection: close\r\n\r\n"
         ).encode("ascii")
         with contextlib.suppress(ConnectionError):
             writer.write(head + body)

@@ -76,6 +76,10 @@ _BODY_SNIFF_LIMIT = 64 * 1024
 _ERROR_BODY_LIMIT = 64 * 1024
 _SSE_LINE_LIMIT = 1024 * 1024
 _JSON_USAGE_LIMIT = 4 * 1024 * 1024
+_MODEL_CHECK_BODY_LIMIT = 64 * 1024 * 1024
+"""With ``allowed_models`` set, request bodies are read whole (up to this) to
+find the model before anything goes upstream."""
+_BYTES_PER_TOKEN = 4
 
 
 # --- usage -------------------------------------------------------------------
@@ -102,6 +106,10 @@ class UsageRecord:
     pi's own ``message_end`` usage carries cost for its built-in models."""
     status: int
     duration_s: float
+    estimated: bool = False
+    """The response carried no usage the gateway could read (a stream cut
+    short, a request shaped to omit it): the counts are estimated from the
+    bytes each way (about 4 bytes a token), so nothing goes uncounted."""
 
 
 @dataclass
@@ -350,6 +358,9 @@ class ModelGateway:
         read_timeout: float = 600.0,
         upstream_proxy: str | None = None,
         before_forward: Callable[[], Awaitable[None]] | None = None,
+        allowed_models: Iterable[str] | None = None,
+        admit: Callable[[], str | None] | None = None,
+        max_concurrent: int = 8,
     ) -> None:
         items = providers.values() if isinstance(providers, Mapping) else providers
         self._providers: dict[str, Provider] = {p.name: p for p in items}
@@ -374,6 +385,14 @@ class ModelGateway:
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.totals = UsageTotals()
+        self._allowed_models = frozenset(allowed_models) if allowed_models is not None else None
+        self._admit = admit
+        self._max_concurrent = max_concurrent
+        """Bounds how far past a limit parallel calls can go (each is admitted
+        before any of them reports usage), and the host's work per guest."""
+        self._inflight = 0
+        """Asked before every request: ``None`` lets it through, a message refuses it
+        (429). The runner answers from the task's limits, read afresh each time."""
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -483,8 +502,45 @@ class ModelGateway:
             presented = self._guest_credential(request) or ""
             if not hmac.compare_digest(presented.encode(), self._guest_token.encode()):
                 return _json_error(api, 401, "piwork gateway: this request lacks the task's token")
+        refusal = self._admit() if self._admit is not None else None
+        if refusal is not None:
+            return _json_error(api, 429, f"piwork gateway: {refusal}")
 
+        if self._inflight >= self._max_concurrent:
+            return _json_error(
+                api,
+                429,
+                f"piwork gateway: at most {self._max_concurrent} model requests at a time "
+                "per task; retry when one finishes",
+            )
+        self._inflight += 1
+        try:
+            return await self._forward(request, provider, name, rest, started)
+        finally:
+            self._inflight -= 1
+
+    async def _forward(
+        self, request: web.Request, provider: Provider, name: str, rest: str, started: float
+    ) -> web.StreamResponse:
+        api = provider.api
         model = self._model_from_path(rest)
+        whole_body: bytes | None = None
+        if self._allowed_models is not None:
+            if request.body_exists:
+                buf = bytearray()
+                async for chunk in request.content.iter_any():
+                    buf += chunk
+                    if len(buf) > _MODEL_CHECK_BODY_LIMIT:
+                        return _json_error(api, 413, "piwork gateway: request body too large")
+                whole_body = bytes(buf)
+                model = model or self._model_from_json(whole_body)
+            if (model is not None or whole_body) and model not in self._allowed_models:
+                return _json_error(
+                    api,
+                    403,
+                    f"piwork gateway: this task may only use "
+                    f"{', '.join(sorted(self._allowed_models))} of {name}, not {model or '?'}",
+                )
         try:
             key = await self._get_key(provider.credential_name)
         except Exception as exc:  # key store trouble must not become a traceback
@@ -508,9 +564,13 @@ class ModelGateway:
         url = URL(provider.upstream_origin + rest + self._clean_query(request), encoded=True)
         headers = self._upstream_headers(request, provider, key)
         sniff = bytearray()
-        body: AsyncIterator[bytes] | None = None
-        if request.body_exists:
-            body = self._relay_body(request, sniff)
+        sent = [0]
+        body: AsyncIterator[bytes] | bytes | None = None
+        if whole_body is not None:
+            body, sent[0] = whole_body, len(whole_body)
+            sniff += whole_body[:_BODY_SNIFF_LIMIT]
+        elif request.body_exists:
+            body = self._relay_body(request, sniff, sent)
 
         assert self._session is not None
         status = 0
@@ -527,7 +587,7 @@ class ModelGateway:
                 model = model or self._model_from_body(sniff)
                 if status >= 400:
                     return await self._upstream_error(upstream, provider, model, key)
-                return await self._stream_back(request, upstream, provider, model, started)
+                return await self._stream_back(request, upstream, provider, model, started, sent[0])
         except TimeoutError:
             status = 504
             return _json_error(
@@ -605,8 +665,11 @@ class ModelGateway:
                 out["x-goog-api-key"] = key
         return out
 
-    async def _relay_body(self, request: web.Request, sniff: bytearray) -> AsyncIterator[bytes]:
+    async def _relay_body(
+        self, request: web.Request, sniff: bytearray, sent: list[int]
+    ) -> AsyncIterator[bytes]:
         async for chunk in request.content.iter_any():
+            sent[0] += len(chunk)
             if len(sniff) < _BODY_SNIFF_LIMIT:
                 sniff += chunk[: _BODY_SNIFF_LIMIT - len(sniff)]
             yield chunk
@@ -615,6 +678,16 @@ class ModelGateway:
     def _model_from_path(rest: str) -> str | None:
         m = _MODEL_IN_PATH.search(rest)
         return unquote(m.group(1)) if m else None
+
+    @staticmethod
+    def _model_from_json(body: bytes) -> str | None:
+        """The top-level ``model`` of a JSON body, exactly as the upstream will parse it."""
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        value = obj.get("model") if isinstance(obj, dict) else None
+        return value if isinstance(value, str) else None
 
     @staticmethod
     def _model_from_body(sniff: bytearray) -> str | None:
@@ -644,9 +717,33 @@ class ModelGateway:
         provider: Provider,
         model: str | None,
         started: float,
+        sent_bytes: int = 0,
     ) -> web.StreamResponse:
+        received = [0]
         ctype = upstream.headers.get("Content-Type", "")
         reader = _UsageReader(api=provider.api, sse="text/event-stream" in ctype)
+        try:
+            return await self._relay_response(request, upstream, provider, reader, received)
+        finally:
+            # Every answered request is counted, even one cut short or shaped
+            # to carry no usage: a task's limits must see all the spending.
+            reader.finish()
+            if reader.found:
+                self._report_usage(provider, model, reader, upstream.status, started)
+            else:
+                est = _UsageReader(api=provider.api, sse=False)
+                est.input_tokens = -(-sent_bytes // _BYTES_PER_TOKEN)
+                est.output_tokens = -(-received[0] // _BYTES_PER_TOKEN)
+                self._report_usage(provider, model, est, upstream.status, started, estimated=True)
+
+    async def _relay_response(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        provider: Provider,
+        reader: _UsageReader,
+        received: list[int],
+    ) -> web.StreamResponse:
         out = web.StreamResponse(
             status=upstream.status, reason=upstream.reason, headers=self._response_headers(upstream)
         )
@@ -666,6 +763,7 @@ class ModelGateway:
                 if request.transport is not None:
                     request.transport.close()
                 return out
+            received[0] += len(chunk)
             reader.feed(chunk)
             try:
                 await out.write(chunk)
@@ -674,9 +772,6 @@ class ModelGateway:
                 return out
         with contextlib.suppress(ConnectionError, aiohttp.ClientConnectionError):
             await out.write_eof()
-        reader.finish()
-        if reader.found:
-            self._report_usage(provider, model, reader, upstream.status, started)
         return out
 
     def _report_usage(
@@ -686,6 +781,8 @@ class ModelGateway:
         reader: _UsageReader,
         status: int,
         started: float,
+        *,
+        estimated: bool = False,
     ) -> None:
         cost: float | None = None
         spec = provider.find_model(model) if model else None
@@ -708,6 +805,7 @@ class ModelGateway:
             cost_usd=cost,
             status=status,
             duration_s=time.monotonic() - started,
+            estimated=estimated,
         )
         self.totals.add(rec)
         log.info(

@@ -71,8 +71,36 @@ _TREES: tuple[str, ...] = (
     "/private/var/root",
 )
 
-#: Relative to the home folder, refused with everything inside them (credentials).
-_HOME_TREES: tuple[str, ...] = (".ssh", ".gnupg", ".aws", ".kube", ".docker", "Library")
+_SETTINGS = (
+    "holds your programs' settings and saved logins or tokens; the agent could read "
+    "them or change how those programs behave"
+)
+_CREDENTIALS = "holds credentials (keys, tokens, certificates)"
+
+#: Relative to the home folder, refused with everything inside them, and why.
+_HOME_TREES: dict[str, str] = {
+    ".ssh": _CREDENTIALS,
+    ".gnupg": _CREDENTIALS,
+    ".aws": _CREDENTIALS,
+    ".azure": _CREDENTIALS,
+    ".kube": _CREDENTIALS,
+    ".docker": _CREDENTIALS,
+    ".pki": _CREDENTIALS,
+    ".password-store": _CREDENTIALS,
+    ".cargo": _CREDENTIALS,
+    ".mozilla": "holds your browser profile (saved passwords and cookies)",
+    ".thunderbird": "holds your mail profile (saved passwords)",
+    ".config": _SETTINGS,
+    ".local": (
+        "holds your programs' data and the commands in ~/.local/bin that your shell runs; "
+        "the agent could plant or change them"
+    ),
+    "Library": _SETTINGS,
+    "AppData": _SETTINGS,
+}
+
+#: XDG base directories that may live outside the home folder; same reasons.
+_XDG_VARS: tuple[str, ...] = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 
 
 class FolderError(ValueError):
@@ -158,13 +186,15 @@ def validate_working_folder(
             f"Refusing {path}{via} as a working folder: it is your whole home folder, and the "
             "agent could change anything in it. Choose a project folder inside it.",
         )
-    for name in _HOME_TREES:
-        if _inside(path, home_dir / name):
+    trees = [(home_dir / name, why) for name, why in _HOME_TREES.items()]
+    trees += [(_real(Path(os.environ[v])), _SETTINGS) for v in _XDG_VARS if os.environ.get(v)]
+    for held, why in trees:
+        if _inside(path, held):
             raise FolderError(
                 path,
                 "secrets",
-                f"Refusing {path}{via} as a working folder: {home_dir / name} holds credentials "
-                "or application data.",
+                f"Refusing {path}{via} as a working folder: {held} {why}, and the agent may "
+                "change anything in its working folder. Choose a project folder instead.",
             )
 
     for own in [*_piwork_dirs(), *protected]:

@@ -12,6 +12,7 @@ error that names the file and the bad key, never a silent fallback.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,15 @@ DEFAULT_LIMITS = Limits(
 #: Checkpoint defaults (``tasks.checkpointMaxFileBytes`` / ``tasks.checkpointMaxBytes``).
 DEFAULT_CHECKPOINT_MAX_FILE_BYTES = 50 * 1024 * 1024
 DEFAULT_CHECKPOINT_MAX_BYTES = 2 * 1024 * 1024 * 1024
+
+
+def merge_limits(base: Limits, overrides: Mapping[str, Any]) -> Limits:
+    """``base`` with the fields in ``overrides`` replaced (and validated).
+
+    One ``--max-*`` flag changes one limit: the others keep their value from
+    ``base`` (the settings defaults for a new task, the task's own on resume).
+    """
+    return Limits.model_validate({**base.model_dump(), **overrides})
 
 
 class SettingsError(ValueError):

@@ -139,7 +139,12 @@ def build_command(spec: VmSpec) -> list[str]:
             "local",
             f"id=fs{i}",
             f"path={qemu_opt(str(share.host_path))}",
-            "security_model=none",
+            # Guest ownership and mode bits live in user.virtfs.* xattrs, never on
+            # the host file: guest root cannot make setuid/setgid files or device
+            # nodes on the host (docs/security.md). Host-side modes are fixed.
+            "security_model=mapped-xattr",
+            "fmode=0644",
+            "dmode=0755",
             "multidevs=remap",
         ]
         if share.readonly:

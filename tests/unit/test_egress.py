@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -10,7 +11,16 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from piwork.proxy.egress import EgressDecision, EgressProxy, guest_proxy_env, normalize_host
+from piwork.proxy.egress import (
+    AllowNetError,
+    EgressDecision,
+    EgressProxy,
+    domain_allowed,
+    guest_proxy_env,
+    normalize_allowed_domain,
+    normalize_host,
+    proxy_url_with_token,
+)
 
 
 @dataclass
@@ -69,10 +79,10 @@ async def origin() -> AsyncIterator[Origin]:
 
 
 async def connect_via(
-    proxy: EgressProxy, target: str
+    proxy: EgressProxy, target: str, extra: str = ""
 ) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:
     reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-    writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n".encode())
     await writer.drain()
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
     return head, reader, writer
@@ -231,3 +241,120 @@ def test_guest_env_keeps_the_model_gateway_off_the_proxy() -> None:
     assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://10.0.2.101:3128"
     assert "10.0.2.100" in env["NO_PROXY"].split(",")
     assert env["no_proxy"] == env["NO_PROXY"]
+
+
+# --- the per-run token ----------------------------------------------------------------
+
+
+async def test_without_the_runs_token_the_proxy_answers_407_and_asks_nothing(
+    origin: Origin,
+) -> None:
+    """Any other local process finding the port gets nothing: no policy question, no connection."""
+    policy = Policy(allowed={"localhost"})
+    async with EgressProxy(policy, allow_private_networks=True, token="run-token") as proxy:
+        bad = ["", "Basic " + base64.b64encode(b"piwork:wrong").decode(), "Bearer run-token"]
+        for cred in bad:
+            auth = f"Proxy-Authorization: {cred}\r\n" if cred else ""
+            head, _, writer = await connect_via(proxy, f"localhost:{origin.echo_port}", auth)
+            writer.close()
+            assert head.startswith(b"HTTP/1.1 407 "), head
+            assert b'proxy-authenticate: basic realm="piwork"' in head.lower()
+        async with (
+            aiohttp.ClientSession() as client,
+            client.get(f"http://localhost:{origin.http_port}/", proxy=proxy.url) as resp,
+        ):
+            assert resp.status == 407
+    assert policy.asked == [] and origin.requests == [] and origin.echo_connections == []
+
+
+async def test_the_token_in_the_proxy_url_lets_curl_and_clients_through(origin: Origin) -> None:
+    """The guest's proxy URL carries the token as its password; curl (and undici, busybox
+    wget) send it as ``Proxy-Authorization: Basic`` on plain requests and on CONNECT."""
+    policy = Policy(allowed={"localhost"})
+    async with EgressProxy(policy, allow_private_networks=True, token="run-token") as proxy:
+        url = proxy_url_with_token(proxy.url, "run-token")
+        assert url == f"http://piwork:run-token@127.0.0.1:{proxy.port}"
+        proc = await asyncio.create_subprocess_exec(
+            "curl", "-sS", "--max-time", "10", "-x", url,
+            f"http://localhost:{origin.http_port}/via-curl",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err
+        assert out == b"hello from origin; got 0 bytes"
+        cred = base64.b64encode(b"piwork:run-token").decode()
+        head, reader, writer = await connect_via(
+            proxy, f"localhost:{origin.echo_port}", f"Proxy-Authorization: Basic {cred}\r\n"
+        )
+        assert head.startswith(b"HTTP/1.1 200 ")
+        writer.write(b"hi")
+        assert await asyncio.wait_for(reader.readexactly(2), 5) == b"HI"
+        writer.close()
+    [(_, path, headers)] = origin.requests
+    assert path == "/via-curl" and "Proxy-Authorization" not in headers
+
+
+def test_guest_proxy_env_carries_the_token_only_in_the_proxy_url() -> None:
+    env = guest_proxy_env(proxy_url_with_token("http://10.0.2.101:3128", "t0k"))
+    assert env["HTTPS_PROXY"] == env["http_proxy"] == "http://piwork:t0k@10.0.2.101:3128"
+    assert "t0k" not in env["NO_PROXY"]
+
+
+# --- --allow-net entries ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("entry", "normal"),
+    [
+        ("Example.com", "example.com"),
+        ("example.COM.", "example.com"),
+        ("*.example.com", "example.com"),
+        ("Bücher.de", "xn--bcher-kva.de"),
+        ("api.github.com", "api.github.com"),
+        ("foo.github.io", "foo.github.io"),
+        ("localhost", "localhost"),
+    ],
+)
+def test_allow_net_entries_are_normalised(entry: str, normal: str) -> None:
+    assert normalize_allowed_domain(entry) == normal
+
+
+@pytest.mark.parametrize(
+    ("entry", "why"),
+    [
+        ("com", "single label"),
+        ("internal", "single label"),
+        ("co.uk", "public suffix"),
+        ("github.io", "public suffix"),
+        ("COM.", "single label"),
+        ("*", "domain name"),
+        ("https://example.com", "domain name"),
+        ("example.com:443", "domain name"),
+        ("10.0.0.1", "IP address"),
+        ("exa mple.com", "domain name"),
+        ("", "domain name"),
+    ],
+)
+def test_allow_net_refuses_what_would_open_too_much(entry: str, why: str) -> None:
+    with pytest.raises(AllowNetError, match=why):
+        normalize_allowed_domain(entry)
+
+
+def test_a_normalised_entry_matches_the_names_the_proxy_sees() -> None:
+    allowed = (normalize_allowed_domain("Example.com."),)
+    assert domain_allowed(normalize_host("WWW.Example.COM"), allowed)
+    assert domain_allowed(normalize_host("example.com"), allowed)
+    assert not domain_allowed(normalize_host("badexample.com"), allowed)
+    assert not domain_allowed(normalize_host("example.com.evil.net"), allowed)
+
+
+def test_the_cli_refuses_a_bad_allow_net_entry_with_the_reason(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from piwork.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "hi", "--allow-net", "example.com", "co.uk"])
+    assert "public suffix" in capsys.readouterr().err
+    args = build_parser().parse_args(["run", "hi", "--allow-net", "Example.COM."])
+    assert args.allow_net == ["example.com"]

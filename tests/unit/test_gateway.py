@@ -868,3 +868,88 @@ async def test_pi_shows_gateway_errors_as_sentences(world: World, tmp_path: Any)
         assert result["stopReason"] == "error", result
         assert f"No API key for provider '{name}'" in result["errorMessage"], result
         assert "piwork auth set" in result["errorMessage"], result
+
+
+# --- one task, one provider, one model; every response counted ------------------------
+
+
+async def test_only_the_allowed_model_goes_upstream_even_in_a_chunked_body(world: World) -> None:
+    gateway = ModelGateway(
+        [world.providers[0]], _dict_keys, allowed_models=("gpt-test",), read_timeout=1.0
+    )
+
+    def body(model: str) -> Any:
+        async def gen() -> AsyncIterator[bytes]:
+            yield b'{"messages": [], "stream": false, '
+            await asyncio.sleep(0.01)
+            yield f'"model": "{model}"}}'.encode()
+
+        return gen()
+
+    async with gateway:
+        for model, status in (("gpt-pricey", 403), ("gpt-test", 200)):
+            async with world.client.post(
+                f"{gateway.url}/p/openai-test/v1/chat/completions",
+                headers=PLACEHOLDER_AUTH,
+                data=body(model),
+            ) as resp:
+                assert resp.status == status, await resp.text()
+        async with world.client.post(
+            f"{gateway.url}/p/anthropic-test/v1/messages", headers=PLACEHOLDER_AUTH, json={}
+        ) as resp:
+            assert resp.status == 404  # another provider is not routed at all
+    assert [json.loads(s.body)["model"] for s in world.openai.seen] == ["gpt-test"]
+    assert world.anthropic.seen == []
+
+
+async def test_a_response_without_readable_usage_is_counted_by_estimate(world: World) -> None:
+    async with world.client.get(
+        world.url("/p/openai-test/v1/models"), headers=PLACEHOLDER_AUTH
+    ) as r:
+        assert r.status == 200
+        size = len(await r.read())
+    [rec] = world.usage
+    assert rec.estimated and rec.output_tokens == -(-size // 4) and rec.output_tokens > 0
+
+
+async def test_a_refusing_admit_keeps_requests_from_going_upstream(world: World) -> None:
+    verdict: list[str | None] = ["this task reached its tokens limit"]
+    gateway = ModelGateway([world.providers[0]], _dict_keys, admit=lambda: verdict[0])
+
+    async def call() -> tuple[int, str]:
+        async with world.client.post(
+            f"{gateway.url}/p/openai-test/v1/chat/completions",
+            headers=PLACEHOLDER_AUTH,
+            json={"model": "gpt-test", "messages": []},
+        ) as resp:
+            return resp.status, await resp.text()
+
+    async with gateway:
+        status, text = await call()
+        assert status == 429 and "tokens limit" in text
+        assert world.openai.seen == []
+        verdict[0] = None  # the limit was raised
+        assert (await call())[0] == 200
+    assert len(world.openai.seen) == 1
+
+
+async def test_concurrent_model_requests_are_capped(world: World) -> None:
+    """Every request is admitted before any reports usage: a cap bounds the overshoot."""
+    gateway = ModelGateway([world.providers[0]], _dict_keys, max_concurrent=2, read_timeout=5.0)
+    body = {"model": "gpt-test", "stream": True, "messages": []}
+    async with gateway:
+        url = f"{gateway.url}/p/openai-test/v1/chat/completions"
+        held = [
+            await world.client.post(url, headers=PLACEHOLDER_AUTH, json=body) for _ in range(2)
+        ]  # both stream their first chunk, then wait on the upstream's gate
+        async with world.client.post(url, headers=PLACEHOLDER_AUTH, json=body) as third:
+            assert third.status == 429
+            assert "at most 2" in await third.text()
+        assert len(world.openai.seen) == 2
+        world.openai.gate.set()
+        for resp in held:
+            await resp.read()
+            resp.release()
+        async with world.client.post(url, headers=PLACEHOLDER_AUTH, json=body) as fourth:
+            assert fourth.status == 200
+            await fourth.read()

@@ -104,3 +104,45 @@ def test_walk_is_bounded(share: Path) -> None:
     for i in range(50):
         (share / f"f{i}").write_text("")
     assert len(list(walk_beneath(share, max_entries=10))) == 10
+
+
+def test_mkdir_creates_missing_dirs_and_never_follows_a_planted_link(
+    share: Path, tmp_path: Path
+) -> None:
+    from piwork.sharefs import mkdir_beneath
+
+    mkdir_beneath(share, "home")
+    assert (share / "home").is_dir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (share / "a").symlink_to(outside)
+    with pytest.raises(UnsafePathError):
+        mkdir_beneath(share, "a/b")
+    assert list(outside.iterdir()) == []
+    (share / "dangling").symlink_to(tmp_path / "made-by-host")
+    mkdir_beneath(share, "dangling")  # left alone, not followed
+    assert not (tmp_path / "made-by-host").exists()
+
+
+def test_unlink_and_readlink_act_on_the_link_itself(share: Path, victim: Path) -> None:
+    from piwork.sharefs import readlink_beneath, unlink_beneath
+
+    (share / "ln").symlink_to(victim)
+    assert readlink_beneath(share, "ln") == str(victim)
+    unlink_beneath(share, "ln")
+    assert not (share / "ln").is_symlink() and victim.read_text() == "host secret\n"
+
+
+def test_rmtree_of_a_share_removes_links_not_their_targets(share: Path, tmp_path: Path) -> None:
+    """``tasks rm`` relies on shutil.rmtree's fd-based walk: links are unlinked, never entered."""
+    import shutil
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    (share / "sub").mkdir()
+    (share / "sub" / "dir-link").symlink_to(outside)
+    (share / "file-link").symlink_to(outside / "keep.txt")
+    assert shutil.rmtree.avoids_symlink_attacks
+    shutil.rmtree(share)
+    assert (outside / "keep.txt").read_text() == "keep"

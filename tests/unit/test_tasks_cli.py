@@ -94,3 +94,40 @@ def test_export_writes_a_tarball(
     with tarfile.open(tmp_path / f"piwork-task-{done.id}.tar.gz") as tar:
         assert f"{done.id}/state" in tar.getnames()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_export_files_never_reads_through_a_link_the_guest_planted(
+    store: TaskStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guest can swap a file for a link after any listing: the export must not follow it."""
+    import os
+
+    task = store.create("exported")
+    victim = tmp_path / "host-secret.txt"
+    victim.write_text("HOST SECRET")
+    (task.state_dir / "notes.txt").write_text("guest notes")
+    (task.state_dir / "agent").mkdir()
+    (task.state_dir / "agent" / "models.json").symlink_to(victim)
+    (task.outputs_dir / "escape").symlink_to(tmp_path)
+    # Simulate the swap racing the listing: every lstat inside the task answers
+    # as if the link were still the regular file it replaced.
+    real_lstat = os.lstat
+
+    def racing_lstat(path: object, *a: object, **kw: object) -> os.stat_result:
+        if str(path).startswith(str(task.dir)) and not a and not kw:
+            return os.stat(path)  # type: ignore[arg-type]
+        return real_lstat(path, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "lstat", racing_lstat)
+    out = tmp_path / "files.tar.gz"
+    assert main(["tasks", "export", task.id, "--files", "-o", str(out)]) == 0
+    monkeypatch.setattr(os, "lstat", real_lstat)
+    with tarfile.open(out) as tar:
+        for member in tar.getmembers():
+            f = tar.extractfile(member) if member.isfile() else None
+            assert f is None or b"HOST SECRET" not in f.read(), member.name
+        link = tar.getmember(f"{task.id}/state/agent/models.json")
+        assert link.issym() and link.linkname == str(victim)
+        notes = tar.extractfile(f"{task.id}/state/notes.txt")
+        assert notes is not None and notes.read() == b"guest notes"
+        assert tar.getmember(f"{task.id}/outputs/escape").issym()

@@ -80,3 +80,45 @@ def test_piwork_own_data_and_its_ancestors_are_refused(tmp_path: Path) -> None:
         with pytest.raises(FolderError, match="piwork's") as info:
             validate_working_folder(path)
         assert info.value.code == "piwork"
+
+
+@pytest.mark.parametrize(
+    ("sub", "why"),
+    [
+        (".config", "settings and saved logins"),
+        (".config/gh", "settings and saved logins"),
+        (".local/share", "~/.local/bin"),
+        (".local", "~/.local/bin"),
+        (".gnupg", "credentials"),
+        (".password-store", "credentials"),
+        (".mozilla/firefox", "browser profile"),
+    ],
+)
+def test_settings_and_data_folders_in_home_are_refused_with_the_reason(
+    tmp_path: Path, sub: str, why: str
+) -> None:
+    home = tmp_path / "home"
+    (home / sub).mkdir(parents=True)
+    with pytest.raises(FolderError, match=why) as info:
+        validate_working_folder(home / sub, home=home)
+    assert info.value.code == "secrets"
+    assert "Choose a project folder" in str(info.value)
+
+
+def test_xdg_dirs_outside_home_are_refused_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf = tmp_path / "elsewhere" / "conf"
+    (conf / "app").mkdir(parents=True)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(conf))
+    with pytest.raises(FolderError, match="settings") as info:
+        validate_working_folder(conf / "app", home=tmp_path / "home")
+    assert info.value.code == "secrets"
+
+
+def test_a_project_beside_the_dot_folders_is_fine(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".config").mkdir(parents=True)
+    (home / "src" / ".config-project").mkdir(parents=True)
+    project = home / "src" / ".config-project"
+    assert validate_working_folder(project, home=home) == project.resolve()

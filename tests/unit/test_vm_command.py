@@ -76,8 +76,9 @@ def test_shares_become_9p_devices_readonly_where_asked() -> None:
     shares = [Share("pwstate", Path("/t/state")), Share("pwup", Path("/t/up,x"), readonly=True)]
     argv = build_command(spec(shares=shares))
     fsdevs = option(argv, "-fsdev")
-    assert fsdevs[0] == "local,id=fs0,path=/t/state,security_model=none,multidevs=remap"
-    assert fsdevs[1].endswith("path=/t/up,,x,security_model=none,multidevs=remap,readonly=on")
+    model = "security_model=mapped-xattr,fmode=0644,dmode=0755,multidevs=remap"
+    assert fsdevs[0] == f"local,id=fs0,path=/t/state,{model}"
+    assert fsdevs[1].endswith(f"path=/t/up,,x,{model},readonly=on")
     assert "virtio-9p-pci,fsdev=fs1,mount_tag=pwup" in option(argv, "-device")
 
 

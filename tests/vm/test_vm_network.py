@@ -19,6 +19,7 @@ Every prompt runs through :class:`TaskSession` with private ``Paths``.
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -441,17 +442,23 @@ echo PROBES-DONE
 
 class TestDefaultIsolation:
     async def test_a_denied_domain_fails_with_a_clear_reason(self, default: Live) -> None:
+        head = "CONNECT blocked.example.com:443 HTTP/1.1\\r\\nHost: blocked.example.com:443\\r\\n"
+        # The proxy serves only this run's VM: the token is in the guest's proxy URL.
+        cred = 'cred=$(printf %s "${HTTPS_PROXY#http://}" | sed "s/@.*//" | base64); '
         connect = (
-            "printf 'CONNECT blocked.example.com:443 HTTP/1.1\\r\\n"
-            "Host: blocked.example.com:443\\r\\n\\r\\n' | nc -w 10 10.0.2.101 3128"
+            f"{cred}printf '{head}Proxy-Authorization: Basic %s\\r\\n\\r\\n' \"$cred\""
+            " | nc -w 10 10.0.2.101 3128"
         )
+        anonymous = f"printf '{head}\\r\\n' | nc -w 10 10.0.2.101 3128"
         outcome, results = await default.run(
             "timeout 30 wget -O- http://blocked.example.com/x; echo wget-rc=$?",
             f"{connect}; echo nc-rc=$?",
+            f"{anonymous}; echo nc-rc=$?",
         )
         assert outcome.ok, outcome
-        print(f"\n--- denied domain ---\n{results[0]}\n{results[1]}")
-        plain, tunnel = results
+        print(f"\n--- denied domain ---\n{results[0]}\n{results[1]}\n{results[2]}")
+        plain, tunnel, without_token = results
+        assert "HTTP/1.1 407 Proxy Authentication Required" in without_token
         assert "403 Forbidden by piwork network policy: blocked.example.com" in plain
         assert "wget-rc=0" not in plain
         assert "HTTP/1.1 403 Forbidden by piwork network policy: blocked.example.com" in tunnel
@@ -507,7 +514,12 @@ class TestDefaultIsolation:
         # What the agent's tools get: every HTTP(S) client aims at the egress proxy,
         # and both no_proxy spellings exempt the gateway and the guest's own loopback.
         env = set(out.split("ENV ", 1)[1].splitlines()[0].split())
-        proxy, bypass = "http://10.0.2.101:3128", "localhost,127.0.0.1,10.0.2.100"
+        bypass = "localhost,127.0.0.1,10.0.2.100"
+        # The egress proxy URL carries this run's token (its password) and nothing else.
+        proxies = {e.split("=", 1)[1] for e in env if e.lower().startswith(("http_", "https_"))}
+        assert len(proxies) == 1, env
+        [proxy] = proxies
+        assert re.fullmatch(r"http://piwork:[A-Za-z0-9_-]{32}@10\.0\.2\.101:3128", proxy), proxy
         for name in ("http_proxy", "https_proxy"):
             assert {f"{name}={proxy}", f"{name.upper()}={proxy}"} <= env, env
         assert {f"no_proxy={bypass}", f"NO_PROXY={bypass}"} <= env, env

@@ -150,6 +150,8 @@ class RunRequest:
     """For tests and local setups only: let allowed names that resolve to loopback or
     private addresses through the egress proxy (it refuses them by default, so an
     allowed name cannot lead the guest to the host's own services)."""
+    warm_start: bool = True
+    """Restore the pack's saved VM template instead of booting (cold boot if it cannot)."""
 
 
 @dataclass

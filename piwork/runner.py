@@ -378,12 +378,15 @@ class TaskSession:
             model=model_id,
             extensions=[GATE_EXTENSION, f"{GUEST_EXTENSIONS}/ask-user.ts"],
             extra_env={"PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork"},
+            warm_start=self.req.warm_start,
         )
         agent = AgentVm(
             cfg,
             on_stage=lambda name, secs: self.emit(EventKind.BOOT, stage=name, seconds=secs),
             on_supervisor_event=self._on_supervisor_event,
             on_pi_line=self._on_pi_line,
+            # "restored in 1.2 s" / "cold boot: <reason>" (data: warm, restored, cold_reason)
+            on_boot_mode=lambda msg, data: self.emit(EventKind.NOTICE, message=msg, **data),
         )
         self.agent = agent
         agent.rpc.set_ui_handler(self._on_ui_request)

@@ -49,6 +49,7 @@ from piwork.vm.template import (
     build_lock,
     commit,
     default_root,
+    discard_template,
     restore_vm,
     save_vm,
     template_for,
@@ -322,6 +323,11 @@ class AgentVm:
         try:
             await asyncio.to_thread(tpl.check)
         except TemplateUnavailable as first:
+            if tpl.dir.exists():
+                # Present but unusable (truncated, corrupt, foreign): this task boots
+                # cold; the broken one goes, so the next task makes a new one.
+                await asyncio.to_thread(discard_template, tpl)
+                raise
             async with build_lock(root, tpl.dir.name):
                 try:
                     await asyncio.to_thread(tpl.check)  # another process may have made it
@@ -355,6 +361,7 @@ class AgentVm:
             self.vm = VirtualMachine(self.spec, on_stage=self.on_stage)
             self.channel = self._new_channel()
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]
+            await asyncio.to_thread(discard_template, tpl)
             raise TemplateUnavailable(f"restoring the saved VM failed ({short})") from exc
         restored = time.monotonic() - t
         self.timings["restored"] = restored

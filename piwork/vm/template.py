@@ -235,3 +235,11 @@ def commit(tmp_dir: Path, tpl: Template, extra: dict[str, Any]) -> None:
         shutil.rmtree(tpl.dir, ignore_errors=True)  # an invalid one (checked by the caller)
     os.rename(tmp_dir, tpl.dir)
     fsync_dir(tpl.dir.parent)
+
+
+def discard_template(tpl: Template) -> None:
+    """Move a broken template out of the way (a running clone keeps its mapping)."""
+    aside = tpl.dir.with_name(f"{tpl.dir.name}.bad-{os.getpid()}-{time.monotonic_ns()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(tpl.dir, aside)
+    shutil.rmtree(aside, ignore_errors=True)

@@ -33,7 +33,8 @@ async def test_two_restored_vms_at_once_each_work_in_their_own_folder_and_sessio
         ToolCalls(
             [
                 bash(
-                    "ls /mnt/work > /tmp/s; echo $PIWORK_TASK_ID >> /tmp/s; mv /tmp/s seen.txt; date +%Y"
+                    "ls /mnt/work > /tmp/s; echo $PIWORK_TASK_ID >> /tmp/s; "
+                    "mv /tmp/s seen.txt; date +%Y"
                 )
             ]
         ),

@@ -38,9 +38,25 @@ async function warmExtensions(paths) {
   } catch {
     return; /* pi loads the extensions itself, just slower */
   }
-  const jiti = createJiti(pathToFileURL(`${PI_DIR}/dist/core/extensions/loader.js`).href, {
-    moduleCache: false,
-  });
+  // The aliases pi's loader gives jiti for what extensions may import at run
+  // time (see getAliases in pi's dist/core/extensions/loader.js), resolved the
+  // same way, so the files jiti compiles here are the ones pi compiles later.
+  const loader = `${PI_DIR}/dist/core/extensions/loader.js`;
+  const alias = { "@mariozechner/pi-coding-agent": `${PI_DIR}/dist/index.js` };
+  try {
+    const r = createRequire(loader);
+    for (const [name, spec] of [
+      ["typebox", "typebox"],
+      ["typebox/compile", "typebox/compile"],
+      ["typebox/value", "typebox/value"],
+    ]) {
+      alias[name] = r.resolve(spec);
+      alias[`@sinclair/${name}`] = alias[name];
+    }
+  } catch {
+    /* without them only the extension files themselves are cached */
+  }
+  const jiti = createJiti(pathToFileURL(loader).href, { moduleCache: false, alias });
   for (const p of paths) {
     try {
       await jiti.import(p, { default: true });

@@ -162,7 +162,9 @@ async def build_lock(root: Path, digest: str) -> AsyncIterator[None]:
 
 
 def _open_lock(path: Path) -> int:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        path.parent.chmod(0o700)  # guest RAM images: this user's only
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
 
@@ -221,7 +223,7 @@ def commit(tmp_dir: Path, tpl: Template, extra: dict[str, Any]) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        (tmp_dir / name).chmod(0o444)
+        (tmp_dir / name).chmod(0o400)  # read-only, and only for this user
     state = tmp_dir / STATE
     meta = {
         "key": tpl.key,

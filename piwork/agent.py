@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -43,6 +43,20 @@ from piwork.vm.command import (
     VmSpec,
 )
 from piwork.vm.machine import VirtualMachine, VmError
+from piwork.vm.template import (
+    RAM,
+    STATE,
+    Template,
+    TemplateUnavailable,
+    build_lock,
+    commit,
+    default_root,
+    discard_template,
+    restore_vm,
+    save_vm,
+    template_for,
+    usable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +113,9 @@ class AgentVmConfig:
     model: str = "demo"
     extra_env: dict[str, str] = field(default_factory=dict)
     extensions: list[str] = field(default_factory=list)
+    warm_start: bool = False
+    """Restore the saved VM (piwork.vm.template) if it can; else boot, saying why."""
+    template_root: Path | None = None  # default: next to the pack cache
 
 
 def _free_tcp_port() -> int:
@@ -124,6 +141,7 @@ def relay_command(port: int) -> str:
 
 StageCallback = Callable[[str, float], None]
 LineCallback = Callable[[dict[str, Any]], None]
+BootModeCallback = Callable[[str, dict[str, Any]], None]
 
 
 class AgentVm:
@@ -136,8 +154,11 @@ class AgentVm:
         on_stage: StageCallback | None = None,
         on_supervisor_event: LineCallback | None = None,
         on_pi_line: Callable[[bytes], None] | None = None,
+        on_boot_mode: BootModeCallback | None = None,
     ) -> None:
         self.cfg = cfg
+        self.on_boot_mode = on_boot_mode
+        self.boot_mode: dict[str, Any] = {}
         self.on_pi_line = on_pi_line
         self.on_stage = on_stage
         self.on_supervisor_event = on_supervisor_event
@@ -169,15 +190,18 @@ class AgentVm:
             name=f"piwork-{cfg.task_id}",
         )
         self.vm = VirtualMachine(self.spec, on_stage=on_stage)
-        endpoint = Endpoint(unix_path=self.spec.rpc_socket, tcp_port=host_port)
-        self.channel = GuestChannel(
-            endpoint, self._on_pi_line, self._on_supervisor_event, alive=lambda: self.vm.running
-        )
+        self.channel = self._new_channel()
         self.pi_exit: asyncio.Future[dict[str, Any]] | None = None
         self._pi_started: asyncio.Future[int] | None = None
         self.timings: dict[str, float] = {}
         self.stderr_tail: list[str] = []
         self._vm_watch: asyncio.Task[None] | None = None
+
+    def _new_channel(self) -> GuestChannel:
+        endpoint = Endpoint(unix_path=self.spec.rpc_socket, tcp_port=self.spec.host_tcp_port)
+        return GuestChannel(
+            endpoint, self._on_pi_line, self._on_supervisor_event, alive=lambda: self.vm.running
+        )
 
     # ------------------------------------------------------------ plumbing
     async def _send_line(self, line: bytes) -> None:
@@ -272,8 +296,27 @@ class AgentVm:
     async def start(self) -> None:
         t0 = time.monotonic()
         sharefs.mkdir_beneath(self.cfg.dirs.state, "home")  # never through a guest link
-        await self.vm.launch()
+        reason = usable(self.spec) if self.cfg.warm_start else "warm start is off"
+        if reason is None:
+            try:
+                await self._start_warm(t0)
+            except TemplateUnavailable as exc:
+                reason = str(exc)
+        if reason is not None:
+            self._say_boot_mode(f"cold boot: {reason}", {"warm": False, "cold_reason": reason})
+            await self._start_cold(t0)
         self._vm_watch = asyncio.create_task(self._watch_vm(), name="agent-vm-watch")
+        self.timings["supervisor_ready"] = time.monotonic() - t0
+        await self.start_pi()
+        self.timings["pi_started"] = time.monotonic() - t0
+
+    def _say_boot_mode(self, message: str, data: dict[str, Any]) -> None:
+        self.boot_mode = {"message": message, **data}
+        if self.on_boot_mode is not None:
+            self.on_boot_mode(message, data)
+
+    async def _start_cold(self, t0: float) -> None:
+        await self.vm.launch()
         self.timings["qemu_started"] = time.monotonic() - t0
         boot = asyncio.create_task(self.vm.wait_booted(self.cfg.boot_stall_timeout))
         chan = asyncio.create_task(self.channel.start(timeout=600))
@@ -292,9 +335,119 @@ class AgentVm:
                     raise self.vm._error(f"the guest did not come up: {exc}") from exc
                 raise exc
         await asyncio.gather(boot, chan)
-        self.timings["supervisor_ready"] = time.monotonic() - t0
-        await self.start_pi()
-        self.timings["pi_started"] = time.monotonic() - t0
+
+    # ------------------------------------------------------------ warm start
+    async def _start_warm(self, t0: float) -> None:
+        """Restore the saved VM (making it first if there is none); TemplateUnavailable: boot."""
+        root = self.cfg.template_root or default_root(self.cfg.pack_dir)
+        tpl = template_for(self.spec, root)
+        built: float | None = None
+        try:
+            await asyncio.to_thread(tpl.check)
+        except TemplateUnavailable as first:
+            if tpl.dir.exists():
+                # Present but unusable (truncated, corrupt, foreign): this task boots
+                # cold; the broken one goes, so the next task makes a new one.
+                await asyncio.to_thread(discard_template, tpl)
+                raise
+            async with build_lock(root, tpl.dir.name):
+                try:
+                    await asyncio.to_thread(tpl.check)  # another process may have made it
+                except TemplateUnavailable:
+                    self._say_boot_mode(
+                        f"making the saved VM for warm starts (once per pack): {first}",
+                        {"warm": None, "building": True, "reason": str(first)},
+                    )
+                    t = time.monotonic()
+                    await self._build_template(tpl)
+                    built = time.monotonic() - t
+            await asyncio.to_thread(tpl.check)
+        cold_spec = self.spec
+        self.spec = replace(cold_spec, memory_file=tpl.ram, memory_shared=False, incoming=True)
+        self.vm = VirtualMachine(self.spec, on_stage=self.on_stage)
+        t = time.monotonic()
+        chan: asyncio.Task[None] | None = None
+        try:
+            await self.vm.launch()
+            self.timings["qemu_started"] = time.monotonic() - t0
+            # The host end connects first; QEMU tells the guest on load.
+            chan = asyncio.create_task(self.channel.start(timeout=60))
+            await restore_vm(self.vm.qmp_execute, tpl.state)
+            await chan
+        except (TemplateUnavailable, VmError, OSError, RuntimeError, TimeoutError) as exc:
+            if chan is not None:
+                discard(chan)
+            await self.channel.close()
+            await self.vm.shutdown(grace=0)
+            self.spec = cold_spec
+            self.vm = VirtualMachine(self.spec, on_stage=self.on_stage)
+            self.channel = self._new_channel()
+            short = getattr(exc, "short", None) or str(exc).splitlines()[0]
+            await asyncio.to_thread(discard_template, tpl)
+            raise TemplateUnavailable(f"restoring the saved VM failed ({short})") from exc
+        restored = time.monotonic() - t
+        self.timings["restored"] = restored
+        data: dict[str, Any] = {"warm": True, "restored": round(restored, 3)}
+        if built is not None:
+            data["template_built"] = round(built, 1)
+        self._say_boot_mode(f"restored in {restored:.1f} s", data)
+        if self.on_stage is not None:
+            self.on_stage("restored", restored)
+
+    async def _build_template(self, tpl: Template) -> None:
+        """Boot a VM with no task in it until pi is loaded, and save it."""
+        tmp = tpl.dir.parent / f"{tpl.dir.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        shares = []
+        for share in self.spec.shares:
+            (tmp / "shares" / share.tag).mkdir(parents=True)
+            shares.append(replace(share, host_path=tmp / "shares" / share.tag))
+        sock_dir = _socket_dir(tmp / "run")
+        spec = replace(
+            self.spec,
+            memory_file=tmp / RAM,
+            memory_shared=True,
+            incoming=False,
+            shares=shares,
+            forwards=[],  # nothing to reach: the template opens no connection
+            qmp_socket=sock_dir / "qmp.sock",
+            rpc_socket=sock_dir / "rpc.sock",
+            console_log=tmp / "console.log",
+            name="piwork-template",
+        )
+        vm = VirtualMachine(spec)
+        loaded = asyncio.Event()
+
+        def on_event(msg: dict[str, Any]) -> None:
+            if msg.get("ev") == "preloaded":
+                loaded.set()
+
+        channel = GuestChannel(
+            Endpoint(unix_path=spec.rpc_socket), lambda _l: None, on_event, alive=lambda: vm.running
+        )
+        try:
+            t = time.monotonic()
+            await vm.launch()
+            await asyncio.gather(
+                vm.wait_booted(self.cfg.boot_stall_timeout), channel.start(timeout=600)
+            )
+            await asyncio.wait_for(loaded.wait(), 600)
+            boot = time.monotonic() - t
+            await channel.close()  # no host connection in the saved state
+            await save_vm(vm.qmp_execute, tmp / STATE)
+            await vm.shutdown(grace=0)
+            await asyncio.to_thread(commit, tmp, tpl, {"boot_seconds": round(boot, 1)})
+        except (VmError, OSError, RuntimeError, TimeoutError) as exc:
+            short = getattr(exc, "short", None) or str(exc).splitlines()[0]
+            raise TemplateUnavailable(f"could not make the saved VM ({short})") from exc
+        finally:
+            await channel.close()
+            await vm.shutdown(grace=0)
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+            if sock_dir != tmp / "run":
+                shutil.rmtree(sock_dir, ignore_errors=True)
 
     async def _watch_vm(self) -> None:
         """A VM that dies (kill -9, crash) takes pi with it: say so to every waiter.
@@ -321,8 +474,15 @@ class AgentVm:
         self._pi_started = loop.create_future()
         self.pi_exit = loop.create_future()
         self.rpc.reset()
+        # mount: the task's 9p folders (the supervisor mounts them now, not /init);
+        # clock: wall time is stale after a restore.
         await self.channel.send_op(
-            "start", argv=self.pi_argv(), env=self.pi_env(), cwd=self.cfg.dirs.guest_cwd
+            "start",
+            argv=self.pi_argv(),
+            env=self.pi_env(),
+            cwd=self.cfg.dirs.guest_cwd,
+            mount=True,
+            clock=time.time(),
         )
         try:
             await asyncio.wait_for(self._pi_started, 30)

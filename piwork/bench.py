@@ -1,21 +1,58 @@
 """Start-up and task timings, measured with the real VM and the demo model.
 
 Figures, not assertions: tests check behaviour, this prints how fast it is.
-Each round boots a fresh VM, runs the demo task in a scratch folder and
-powers off; tasks go to a private data dir so your task list stays clean.
+One round runs every measurement in :data:`MEASUREMENTS` in order; each
+returns ``{figure name: value}``. Tasks go to a private data dir so your task
+list stays clean.
+
+Adding a figure: write ``def measure_x(ctx: BenchContext) -> dict[str, float]``
+and append it to :data:`MEASUREMENTS`, or put a ``measure(ctx)`` function in a
+module named in :data:`EXTRA_MEASUREMENT_MODULES` (loaded if importable, so a
+branch that adds the module needs no edit here).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import importlib
+import json
+import os
+import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from piwork.config import Paths, get_paths
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
 from piwork.vm.command import Transport
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDED_EVENTS = REPO / "benchmarks" / "pi-demo-events.jsonl"
+THROUGHPUT_EVENTS = 100_000
+
+# Key names are part of the interface (issue 8): do not rename.
+NATIVE = "native pi start"
+COLD = "cold start to first RPC reply"
+WARM = "warm start to first RPC reply"
+PROMPT = "prompt to task end"
+PSS = "QEMU PSS after start (MiB)"
+THROUGHPUT = "host event throughput (events/s)"
+
+
+@dataclass
+class BenchContext:
+    transport: Transport
+    accel: str | None
+    memory_mb: int
+    notes: list[str] = field(default_factory=list)
+    cache: dict[str, Any] = field(default_factory=dict)  # shared between rounds
 
 
 @dataclass
@@ -23,19 +60,24 @@ class Round:
     figures: dict[str, float] = field(default_factory=dict)
 
 
-def _rss_mib(pid: int | None) -> float:
+Measurement = Callable[[BenchContext], dict[str, float]]
+
+
+def pss_mib(pid: int | None) -> float:
+    """Proportional set size: shared pages (RAM template, page cache) count by share."""
     if pid is None:
         return float("nan")
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return float("nan")
 
 
-async def one_round(transport: Transport, accel: str | None, memory_mb: int) -> Round:
+@contextlib.contextmanager
+def _scratch() -> Iterator[tuple[Paths, Path]]:
     base = get_paths()
     with tempfile.TemporaryDirectory(prefix="piwork-bench-") as tmp:
         root = Path(tmp)
@@ -43,40 +85,217 @@ async def one_round(transport: Transport, accel: str | None, memory_mb: int) -> 
         folder = root / "folder"
         folder.mkdir()
         (folder / "README.md").write_text("# bench\n")
-        rnd = Round()
+        yield paths, folder
+
+
+# ---------------------------------------------------------------- native pi
+
+
+def _pi_cli() -> Path:
+    pkg = REPO / "runtime-pack" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent"
+    bin_entry: str = json.loads((pkg / "package.json").read_text())["bin"]["pi"]
+    return pkg / bin_entry
+
+
+async def _native_pi_start() -> float:
+    node = shutil.which("node")
+    if node is None:
+        raise RuntimeError("node is not on PATH: run scripts/setup.sh")
+    with tempfile.TemporaryDirectory(prefix="piwork-bench-native-") as tmp:
+        root = Path(tmp)
+        (root / "agent").mkdir()
+        (root / "home").mkdir()
+        env = {**os.environ, "PI_CODING_AGENT_DIR": str(root / "agent"), "HOME": str(root / "home")}
         t0 = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            node,
+            str(_pi_cli()),
+            "--mode", "rpc", "--offline", "--no-session",
+            "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
+            cwd=root,
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            limit=64 * 1024 * 1024,
+        )  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(b'{"id":"b1","type":"get_state"}\n')
+            await proc.stdin.drain()
+            async with asyncio.timeout(60):
+                while True:
+                    line = await proc.stdout.readline()
+                    if not line:
+                        raise RuntimeError("native pi exited before answering get_state")
+                    msg = orjson.loads(line)
+                    if msg.get("type") == "response" and msg.get("id") == "b1":
+                        return time.monotonic() - t0
+        finally:
+            proc.kill()
+            await proc.wait()
+
+
+def measure_native(ctx: BenchContext) -> dict[str, float]:
+    return {NATIVE: asyncio.run(_native_pi_start())}
+
+
+# ---------------------------------------------------------------- the VM
+
+
+async def _vm_round(ctx: BenchContext, *, warm: bool, prompt: bool) -> dict[str, float]:
+    figures: dict[str, float] = {}
+    label = "warm" if warm else "cold"
+    with _scratch() as (paths, folder):
+        t0 = time.monotonic()
+        how: list[str] = []
 
         def sink(ev: RunEvent) -> None:
-            if ev.kind is EventKind.BOOT:
-                rnd.figures[f"boot:{ev.data['stage']}"] = ev.elapsed
+            if ev.kind is EventKind.NOTICE and ev.data.get("warm") is not None:
+                how.append(str(ev.data["message"]))
+                if "template_built" in ev.data:  # the first restore made the template
+                    how.append("template built")
+                    figures["template build (s)"] = float(ev.data["template_built"])
 
         req = RunRequest(
             prompt=None,
             folder=folder,
             model="demo",
-            accel=accel,
-            transport=transport,
-            memory_mb=memory_mb,
+            accel=ctx.accel,
+            transport=ctx.transport,
+            memory_mb=ctx.memory_mb,
+            warm_start=warm,
         )
         async with TaskSession(req, sink, paths=paths) as session:
-            rnd.figures["first RPC reply"] = time.monotonic() - t0
+            figures[WARM if warm else COLD] = time.monotonic() - t0
             assert session.agent is not None
-            rnd.figures["QEMU RSS after start (MiB)"] = _rss_mib(session.agent.vm.pid)
-            pong = await session.agent.channel.ping()
-            rnd.figures["guest MemAvailable (MiB)"] = (pong.get("memAvailableKb") or 0) / 1024
-            rnd.figures["channel ping RTT (ms)"] = pong["rtt"] * 1000
+            figures[f"QEMU PSS after {label} start (MiB)"] = pss_mib(session.agent.vm.pid)
+            if warm and not (how and how[0].startswith("restored") and len(how) == 1):
+                # The warm figure is only a warm figure if the VM was restored.
+                ctx.notes.append(f"warm round not restored: {how[0] if how else 'no template'}")
+                figures.pop(WARM)
+            if prompt:
+                t = time.monotonic()
+                outcome = await session.run_prompt("Summarise this folder")
+                figures[PROMPT] = time.monotonic() - t
+                if not outcome.ok:
+                    raise RuntimeError(f"benchmark task did not complete: {outcome}")
             t = time.monotonic()
-            outcome = await session.run_prompt("Summarise this folder")
-            rnd.figures["prompt to task end"] = time.monotonic() - t
-            rnd.figures["QEMU RSS after task (MiB)"] = _rss_mib(session.agent.vm.pid)
-            if not outcome.ok:
-                raise RuntimeError(f"benchmark task did not complete: {outcome}")
-            t = time.monotonic()
-        rnd.figures["power off"] = time.monotonic() - t
-        rnd.figures["run to task end"] = (
-            rnd.figures["first RPC reply"] + rnd.figures["prompt to task end"]
-        )
-        return rnd
+        figures[f"power off ({label})"] = time.monotonic() - t
+    return figures
+
+
+def measure_cold(ctx: BenchContext) -> dict[str, float]:
+    figures = asyncio.run(_vm_round(ctx, warm=False, prompt=False))
+    ctx.cache["cold pss"] = figures["QEMU PSS after cold start (MiB)"]
+    return figures
+
+
+def measure_warm(ctx: BenchContext) -> dict[str, float]:
+    """The default path (warm start if it can), then the demo task in it."""
+    figures = asyncio.run(_vm_round(ctx, warm=True, prompt=True))
+    if "template build (s)" in figures:  # that round made the template: measure a restore
+        built = figures["template build (s)"]
+        figures = asyncio.run(_vm_round(ctx, warm=True, prompt=True))
+        figures["template build (s)"] = built
+    restored = WARM in figures
+    figures[PSS] = figures["QEMU PSS after warm start (MiB)"] if restored else ctx.cache["cold pss"]
+    return figures
+
+
+# ---------------------------------------------------------------- host event path
+
+
+def _recorded_stream() -> list[bytes]:
+    lines = [ln for ln in RECORDED_EVENTS.read_bytes().splitlines() if ln.strip()]
+    if not lines:
+        raise RuntimeError(f"{RECORDED_EVENTS} is empty")
+    return lines
+
+
+async def _throughput(lines: list[bytes], n: int, fsync_delay: float = 0.0) -> float:
+    """Frame, parse, dispatch and append ``n`` recorded pi lines, as a run does."""
+    from piwork.rpc.client import RpcClient
+    from piwork.tasks.transcript import TranscriptWriter
+    from piwork.vm.channel import Endpoint, GuestChannel
+
+    events = [lines[i % len(lines)] for i in range(n)]
+    framed = bytearray(b'0 !{"ev":"hello","bootId":"bench","lastSeq":0}\n')
+    for seq, line in enumerate(events, 1):
+        framed += b"%d " % seq + line + b"\n"
+    with tempfile.TemporaryDirectory(prefix="piwork-bench-tp-") as tmp:
+        writer = TranscriptWriter(Path(tmp) / "transcript.jsonl", fsync_delay=fsync_delay)
+
+        async def no_send(_line: bytes) -> None:
+            return None
+
+        rpc = RpcClient(send_line=no_send)
+        seen = [0]
+        rpc.add_listener(lambda _item: seen.__setitem__(0, seen[0] + 1))
+
+        def on_pi_line(raw: bytes) -> None:  # what TaskSession._on_pi_line + AgentVm do
+            try:
+                data: Any = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                data = {"malformed": raw[:2000].decode("utf-8", "replace")}
+            writer.append("pi", data)
+            rpc.feed_line(raw)
+
+        chan = GuestChannel(Endpoint(tcp_port=1), on_pi_line, lambda _m: None)
+        reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+        reader.feed_data(bytes(framed))
+        reader.feed_eof()
+        t = time.process_time()
+        await chan._read_loop(reader)
+        writer.close()
+        elapsed = time.process_time() - t
+        if chan.last_seq != n:
+            raise RuntimeError(f"throughput: {chan.last_seq} of {n} lines went through")
+    return n / elapsed
+
+
+def measure_throughput(ctx: BenchContext) -> dict[str, float]:
+    lines = ctx.cache.get("recorded") or _recorded_stream()
+    ctx.cache["recorded"] = lines
+    return {
+        # As the runner does it today: one fsync per event (TaskStore's fsync_delay=0).
+        THROUGHPUT: asyncio.run(_throughput(lines, THROUGHPUT_EVENTS)),
+        # For comparison: the same path with fsyncs batched every 50 ms.
+        "host event throughput, fsync batched 50 ms (events/s)": asyncio.run(
+            _throughput(lines, THROUGHPUT_EVENTS, fsync_delay=0.05)
+        ),
+    }
+
+
+MEASUREMENTS: list[Measurement] = [
+    measure_throughput,
+    measure_native,
+    measure_cold,
+    measure_warm,
+]
+
+# Modules with a ``measure(ctx) -> dict[str, float]`` function, run after the above.
+EXTRA_MEASUREMENT_MODULES = ["piwork.checkpoints.bench"]
+
+
+def all_measurements() -> list[Measurement]:
+    out = list(MEASUREMENTS)
+    for name in EXTRA_MEASUREMENT_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        fn = getattr(mod, "measure", None)
+        if callable(fn):
+            out.append(fn)
+    return out
+
+
+def one_round(ctx: BenchContext, measurements: list[Measurement] | None = None) -> Round:
+    rnd = Round()
+    for fn in measurements if measurements is not None else all_measurements():
+        rnd.figures.update(fn(ctx))
+    return rnd
 
 
 def summarise(rounds: list[Round]) -> list[tuple[str, float, float, float]]:

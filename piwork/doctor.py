@@ -102,6 +102,43 @@ def check_pack() -> Check:
     return Check("runtime pack", True, str(found))
 
 
+def check_warm_start() -> Check:
+    """Warm start is on by default; say whether the saved VM for this pack exists."""
+    try:
+        from piwork.agent import TaskDirs
+        from piwork.pack import find_pack, load_manifest
+        from piwork.vm.accel import probe
+        from piwork.vm.command import VmSpec
+        from piwork.vm.template import TemplateUnavailable, default_root, template_for
+
+        pack_dir = find_pack()
+        if pack_dir is None:
+            return Check("warm start", True, "on; no pack yet", warning=True)
+        dirs = TaskDirs(Path("s"), Path("o"), Path("u"), Path("w"))
+        spec = VmSpec(
+            pack_dir=pack_dir,
+            manifest=load_manifest(pack_dir),
+            accel=probe(None),
+            qmp_socket=Path("q"),
+            console_log=Path("c"),
+            rpc_socket=Path("r"),
+            shares=dirs.shares(),
+        )
+        tpl = template_for(spec, default_root(pack_dir))
+        try:
+            tpl.check()
+        except TemplateUnavailable as exc:
+            return Check(
+                "warm start",
+                True,
+                f"on; {exc}: the next task makes it (one boot), later tasks restore it",
+                warning=True,
+            )
+        return Check("warm start", True, f"on; saved VM ready at {tpl.dir}")
+    except Exception as exc:
+        return Check("warm start", True, f"on; cannot look for the saved VM: {exc}", warning=True)
+
+
 def check_disk(paths: Paths) -> Check:
     target = paths.cache
     probe_dir: Path = target
@@ -124,5 +161,6 @@ def run_checks(paths: Paths) -> list[Check]:
         *check_build_tools(),
         check_git(),
         check_pack(),
+        check_warm_start(),
         check_disk(paths),
     ]

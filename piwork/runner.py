@@ -174,6 +174,8 @@ class RunRequest:
     """For tests and local setups only: let allowed names that resolve to loopback or
     private addresses through the egress proxy (it refuses them by default, so an
     allowed name cannot lead the guest to the host's own services)."""
+    warm_start: bool = True
+    """Restore the pack's saved VM template instead of booting (cold boot if it cannot)."""
 
 
 @dataclass
@@ -481,11 +483,14 @@ class TaskSession:
                     (GATEWAY_GUEST_ADDR[0],),
                 ),
             },
+            warm_start=self.req.warm_start,
         )
         agent = AgentVm(
             cfg,
             on_stage=lambda name, secs: self.emit(EventKind.BOOT, stage=name, seconds=secs),
             on_supervisor_event=self._on_supervisor_event,
+            # "restored in 1.2 s" / "cold boot: <reason>" (data: warm, restored, cold_reason)
+            on_boot_mode=lambda msg, data: self.emit(EventKind.NOTICE, message=msg, **data),
         )
         self.agent = agent
         agent.rpc.set_line_tap(self._on_pi_line)

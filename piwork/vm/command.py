@@ -61,6 +61,11 @@ class VmSpec:
     name: str = "piwork"
     qemu_binary: str = "qemu-system-x86_64"
     extra_kernel_args: list[str] = field(default_factory=list)
+    # Warm start (piwork.vm.template): guest RAM in a file, shared while a
+    # template is made, a private copy-on-write mapping in a restored clone.
+    memory_file: Path | None = None
+    memory_shared: bool = False
+    incoming: bool = False  # wait for migrate-incoming (a restore) instead of booting
 
 
 def qemu_opt(value: str) -> str:
@@ -86,12 +91,23 @@ def build_command(spec: VmSpec) -> list[str]:
     if len(tags) != len(set(tags)):
         raise ValueError(f"duplicate 9p tags: {tags}")
 
+    machine = "pc"
+    memory: list[str] = []
+    if spec.memory_file is not None:
+        shared = "on" if spec.memory_shared else "off"
+        memory = [
+            "-object",
+            f"memory-backend-file,id=pwmem,size={spec.memory_mb}M,"
+            f"mem-path={qemu_opt(str(spec.memory_file))},share={shared}",
+        ]
+        machine = "pc,memory-backend=pwmem"
     argv: list[str] = [
         spec.qemu_binary,
         "-name",
         qemu_opt(spec.name),
         "-machine",
-        "pc",
+        machine,
+        *memory,
         *spec.accel.qemu_args,
         "-m",
         str(spec.memory_mb),
@@ -121,7 +137,12 @@ def build_command(spec: VmSpec) -> list[str]:
         "chardev=qmp,mode=control",
         "-device",
         "virtio-rng-pci",
+        # A restored clone gets a new generation id: the guest kernel reseeds its RNG.
+        "-device",
+        "vmgenid,guid=auto",
     ]
+    if spec.incoming:
+        argv += ["-incoming", "defer"]
 
     if spec.transport is Transport.VIRTIO:
         assert spec.rpc_socket is not None

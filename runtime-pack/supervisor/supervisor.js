@@ -24,6 +24,10 @@ const PI_CLI =
   process.env.PIWORK_PI_CLI ||
   "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
 const NODE = process.env.PIWORK_NODE || process.execPath;
+const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs";
+const EXTENSIONS_DIR = process.env.PIWORK_EXTENSIONS_DIR || "/opt/piwork/extensions";
+// 9p tags the host may give the VM, and where they are mounted (on "start").
+const SHARES = { pwstate: "/mnt/state", pwwork: "/mnt/work", pwout: "/mnt/outputs", pwup: "/mnt/uploads" };
 
 function log(msg) {
   // The console is a slow serial line under TCG: keep this rare.
@@ -137,33 +141,158 @@ const outbox = new Outbox(RING_LIMIT_BYTES);
 // ---------------------------------------------------------------- pi
 
 let pi = null; // ChildProcess
+let preloaded = null; // {child, ctl, loaded}: a launcher with pi loaded, waiting for "go"
+
+function childEnv(extra) {
+  const env = { ...process.env, ...(extra || {}) };
+  delete env.PIWORK_TRANSPORT;
+  delete env.PIWORK_PORT;
+  return env;
+}
+
+/** Start the launcher: it loads pi now and runs it when told (see launcher/launch.mjs). */
+function spawnLauncher() {
+  let warm = [];
+  try {
+    warm = fs
+      .readdirSync(EXTENSIONS_DIR)
+      .filter((n) => n.endsWith(".ts"))
+      .map((n) => path.join(EXTENSIONS_DIR, n));
+  } catch {
+    /* no extensions to warm */
+  }
+  const child = spawn(NODE, [LAUNCHER], {
+    cwd: "/",
+    env: childEnv({ PIWORK_WARM_EXTENSIONS: warm.join(":") }),
+    stdio: ["pipe", "pipe", "pipe", "pipe"],
+    detached: true, // own process group: stop kills pi and its tools together
+  });
+  const entry = { child, ctl: child.stdio[3], loaded: false };
+  const split = new LineSplitter((line) => {
+    let msg;
+    try {
+      msg = JSON.parse(line.toString("utf8"));
+    } catch {
+      return;
+    }
+    if (msg.ev === "loaded") {
+      entry.loaded = true;
+      outbox.event({ ev: "preloaded", ms: msg.ms ?? null });
+    }
+  });
+  entry.ctl.on("data", (c) => split.push(c));
+  entry.ctl.on("error", () => {});
+  return entry;
+}
+
+function preload() {
+  if (!preloaded && !pi && fs.existsSync(LAUNCHER)) {
+    try {
+      preloaded = spawnLauncher();
+    } catch (err) {
+      log(`cannot preload pi: ${err.message}`);
+      return;
+    }
+    const mine = preloaded;
+    mine.child.on("close", (code, signal) => {
+      if (preloaded === mine) {
+        preloaded = null;
+        log(`preloaded pi exited before start (${code ?? signal})`);
+      }
+    });
+    mine.child.on("error", () => {
+      if (preloaded === mine) preloaded = null;
+    });
+  }
+}
+
+function mountedDirs() {
+  try {
+    return new Set(
+      fs.readFileSync("/proc/mounts", "utf8").split("\n").map((l) => l.split(" ")[1]),
+    );
+  } catch {
+    return new Set();
+  }
+}
+
+/** Mount the 9p shares the VM has (after a restore they are this task's folders). */
+function mountShares() {
+  const base = "/sys/bus/virtio/drivers/9pnet_virtio";
+  let names = [];
+  try {
+    names = fs.readdirSync(base).filter((n) => n.startsWith("virtio"));
+  } catch {
+    return;
+  }
+  const mounted = mountedDirs();
+  for (const n of names) {
+    let tag;
+    try {
+      tag = fs.readFileSync(path.join(base, n, "mount_tag"), "utf8").replace(/\0/g, "").trim();
+    } catch {
+      continue;
+    }
+    const dir = Object.hasOwn(SHARES, tag) ? SHARES[tag] : null;
+    if (!dir || mounted.has(dir)) continue;
+    fs.mkdirSync(dir, { recursive: true });
+    let opts = "trans=virtio,version=9p2000.L,msize=512000,cache=none";
+    if (tag === "pwup") opts += ",ro";
+    const r = spawnSync("/bin/busybox", ["mount", "-t", "9p", "-o", opts, tag, dir]);
+    if (r.status !== 0) log(`mount ${tag} failed: ${r.stderr}`);
+  }
+}
+
+/** Wall-clock time is stale after a restore: take the host's. */
+function setClock(epochSeconds) {
+  const t = Number(epochSeconds);
+  if (!Number.isFinite(t) || t <= 0) return;
+  const d = new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19);
+  const r = spawnSync("/bin/busybox", ["date", "-u", "-s", d]);
+  if (r.status !== 0) log(`date -s failed: ${r.stderr}`);
+}
 
 function startPi(msg) {
   if (pi) {
     outbox.event({ ev: "error", message: `pi is already running (pid ${pi.pid})` });
     return;
   }
+  if (msg.clock) setClock(msg.clock);
+  if (msg.mount === true) mountShares();
   const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
-  const env = { ...process.env, ...(msg.env || {}) };
-  delete env.PIWORK_TRANSPORT;
-  delete env.PIWORK_PORT;
+  const env = childEnv(msg.env);
   const cwd = typeof msg.cwd === "string" && msg.cwd ? msg.cwd : "/root";
   try {
     fs.mkdirSync(cwd, { recursive: true });
   } catch {
     /* spawn reports the real problem */
   }
+  let entry = preloaded;
+  preloaded = null;
+  if (!entry || entry.child.exitCode !== null || entry.child.signalCode !== null) {
+    try {
+      entry = fs.existsSync(LAUNCHER) ? spawnLauncher() : null;
+    } catch (err) {
+      outbox.event({ ev: "error", message: `cannot start pi: ${err.message}` });
+      return;
+    }
+  }
   let child;
-  try {
-    child = spawn(NODE, [PI_CLI, ...argv], {
-      cwd,
-      env,
-      stdio: ["pipe", "pipe", "pipe"],
-      detached: true, // own process group: stop kills pi and its tools together
-    });
-  } catch (err) {
-    outbox.event({ ev: "error", message: `cannot start pi: ${err.message}` });
-    return;
+  if (entry) {
+    child = entry.child;
+    entry.ctl.write(`${JSON.stringify({ op: "go", argv, env, cwd })}\n`);
+  } else {
+    try {
+      child = spawn(NODE, [PI_CLI, ...argv], {
+        cwd,
+        env,
+        stdio: ["pipe", "pipe", "pipe"],
+        detached: true, // own process group: stop kills pi and its tools together
+      });
+    } catch (err) {
+      outbox.event({ ev: "error", message: `cannot start pi: ${err.message}` });
+      return;
+    }
   }
   pi = child;
   let reported = false;
@@ -184,7 +313,8 @@ function startPi(msg) {
       if (pi === child) pi = null;
     }
   });
-  child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid }));
+  if (entry) outbox.event({ ev: "started", pid: child.pid, preloaded: entry.loaded });
+  else child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid }));
   child.on("close", (code, signal) => {
     out.flush();
     errSplit.flush();
@@ -272,6 +402,7 @@ function handleControl(text) {
         bootId: BOOT_ID,
         lastSeq: outbox.lastSeq,
         pi: { running: Boolean(pi), pid: pi ? pi.pid : null },
+        preloaded: Boolean(preloaded && preloaded.loaded),
         version: VERSION,
       });
       outbox.replayAfter(Number(msg.after) || 0);
@@ -425,6 +556,7 @@ async function main() {
   process.on("SIGPIPE", () => {});
   process.on("uncaughtException", (err) => log(`uncaught: ${err.stack || err}`));
   outbox.event({ ev: "ready", bootId: BOOT_ID });
+  if (!process.env.PIWORK_NO_PRELOAD) preload();
   const transport = process.env.PIWORK_TRANSPORT || "virtio";
   if (transport === "tcp") {
     await runTcp(Number(process.env.PIWORK_PORT || 7000), process.env.PIWORK_LISTEN || "0.0.0.0");

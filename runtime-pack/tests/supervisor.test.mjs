@@ -179,3 +179,34 @@ test("a second start while pi runs is refused; bad control lines are reported", 
   assert.equal(code, 0);
   c.close();
 });
+
+test("the launcher loads the real pi before start, then runs it with the task's argv, env and cwd", async () => {
+  const piDir = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
+  const os = await import("node:os");
+  const fs = await import("node:fs");
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-launcher-"));
+  const { proc, port } = await startSupervisor({
+    PIWORK_LAUNCHER: path.join(here, "..", "launcher", "launch.mjs"),
+    PIWORK_PI_DIR: piDir,
+    PIWORK_EXTENSIONS_DIR: path.join(here, "..", "extensions"),
+  });
+  try {
+    const c = await connect(port);
+    c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
+    await c.waitFor(ev("preloaded"), 60000); // pi is loaded; no task is known yet
+    const cwd = path.join(tmp, "work");
+    const env = { HOME: tmp, PI_CODING_AGENT_DIR: path.join(tmp, "agent"), TASK_MARK: "t1" };
+    const argv = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
+    c.send(`!${JSON.stringify({ op: "start", argv, env, cwd })}`);
+    const started = JSON.parse((await c.waitFor(ev("started"))).payload.slice(1));
+    assert.equal(started.preloaded, true);
+    c.send(JSON.stringify({ id: "s1", type: "bash", command: "pwd; echo $TASK_MARK" }));
+    const reply = await c.waitFor(piLine((o) => o.type === "response" && o.id === "s1"), 30000);
+    const out = JSON.parse(reply.payload).data.output.trim().split("\n");
+    assert.deepEqual(out, [cwd, "t1"]);
+    c.close();
+  } finally {
+    proc.kill();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});

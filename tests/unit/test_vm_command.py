@@ -97,3 +97,29 @@ def test_no_secret_shaped_values_leak_into_the_command_line(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-live-should-never-appear")
     argv = build_command(spec())
     assert not any("sk-live" in a for a in argv)
+
+
+def test_cold_boot_has_private_ram_and_a_generation_id() -> None:
+    argv = build_command(spec())
+    assert option(argv, "-machine") == ["pc"]
+    assert "-incoming" not in argv and "-object" not in argv
+    assert "vmgenid,guid=auto" in option(argv, "-device")
+
+
+def test_template_ram_is_a_shared_file_and_a_clone_maps_it_privately() -> None:
+    tpl = build_command(spec(memory_file=Path("/t/ram,x"), memory_shared=True, memory_mb=512))
+    assert option(tpl, "-machine") == ["pc,memory-backend=pwmem"]
+    assert option(tpl, "-object") == [
+        "memory-backend-file,id=pwmem,size=512M,mem-path=/t/ram,,x,share=on"
+    ]
+    assert "-incoming" not in tpl
+    clone = build_command(spec(memory_file=Path("/t/ram"), incoming=True, memory_mb=512))
+    assert option(clone, "-object") == [
+        "memory-backend-file,id=pwmem,size=512M,mem-path=/t/ram,share=off"
+    ]
+    assert option(clone, "-incoming") == ["defer"]
+    # Same devices in the same order: only the RAM sharing and -incoming differ.
+    strip = {"-incoming", "defer"}
+    assert [a.replace("share=on", "share=off").replace(",,x", "") for a in tpl] == [
+        a for a in clone if a not in strip
+    ]

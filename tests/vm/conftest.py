@@ -72,7 +72,10 @@ def agent_config(
     log_dir: Path,
     *,
     transport: Transport = Transport.VIRTIO,
+    warm_start: bool = True,
+    template_root: Path | None = None,
 ) -> AgentVmConfig:
+    """Warm start by default: the suite restores one saved VM instead of booting each time."""
     return AgentVmConfig(
         pack_dir=pack[0],
         manifest=pack[1],
@@ -83,6 +86,8 @@ def agent_config(
         transport=transport,
         provider=SCRIPTED_PROVIDER,
         model="scripted",
+        warm_start=warm_start,
+        template_root=template_root,
     )
 
 

@@ -389,6 +389,9 @@ async def test_kill_9_piwork_mid_task_shows_interrupted_and_resumes(
     assert resumed.events[-1]["reason"] == "completed"
     ready = next(e for e in resumed.events if e["event"] == "ready")
     assert ready["messages"] >= 4
+    # The resume restored the saved VM (issue 8) rather than booting.
+    modes = [e for e in resumed.events if e["event"] == "notice" and "warm" in e]
+    assert [e["warm"] for e in modes] == [True], modes
     report_resume("after kill -9 of piwork", resumed, wall)
 
     check_model_saw_history(model_server, prompt, chats_before)

@@ -1,0 +1,247 @@
+"""Warm start: a saved VM with pi loaded, restored for each task.
+
+A *template* is one VM booted until the supervisor has pi's modules loaded
+(the launcher's "preloaded" event), with the 9p devices present but nothing
+mounted and no connection open to any host service, then saved with QEMU's
+migration: ``stop``, ``x-ignore-shared``, ``migrate exec:cat > state``. Guest
+RAM lives in ``ram`` (a ``memory-backend-file``: ``share=on`` while the
+template runs, so the file *is* the RAM); ``state`` holds only device state.
+
+A task restores it with its own command line (its own ``-fsdev`` folders in
+the same order and tags, sockets, guestfwd to its own gateway) plus
+``-incoming defer`` and ``migrate-incoming exec:cat state``; the RAM file is
+mapped ``share=off`` (copy-on-write, read on demand). The supervisor then
+mounts the task's folders, sets the clock and starts pi with the task's
+arguments and environment: nothing task-specific is in the template.
+
+A template belongs to one (pack, QEMU build, accelerator, machine shape):
+:func:`template_key` hashes all of them, so a change means another directory
+and a cold boot until it is built. Files are built in a temporary directory
+and renamed into place, then made read-only; ``meta.json`` records the
+state file's size and SHA-256, checked before every restore. Anything wrong
+raises :class:`TemplateUnavailable` with a reason: the caller boots cold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from piwork.fsutil import atomic_write_bytes, fsync_dir
+from piwork.vm.command import Transport, VmSpec
+
+TEMPLATE_FORMAT = 1
+META = "meta.json"
+RAM = "ram"
+STATE = "state"
+
+
+class TemplateUnavailable(Exception):
+    """No usable template: the message is the reason, shown as "cold boot: <reason>"."""
+
+
+@lru_cache(maxsize=8)
+def qemu_identity(binary: str) -> str:
+    """The QEMU build: its version line plus the binary's size and mtime."""
+    path = shutil.which(binary)
+    if path is None:
+        return "missing"
+    st = os.stat(path)
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout.splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        out = "unknown"
+    return f"{out}|{st.st_size}|{int(st.st_mtime)}"
+
+
+def template_key(spec: VmSpec) -> dict[str, Any]:
+    """Everything a restored VM must share with its template."""
+    return {
+        "format": TEMPLATE_FORMAT,
+        "pack": spec.manifest.pack_id,
+        "qemu": qemu_identity(spec.qemu_binary),
+        "accel": spec.accel.accel.value,
+        "accel_args": spec.accel.qemu_args,
+        "memory_mb": spec.memory_mb,
+        "cpus": spec.cpus,
+        "transport": spec.transport.value,
+        "cmdline": spec.manifest.cmdline,
+        "shares": [[s.tag, s.readonly] for s in spec.shares],
+        "extra_kernel_args": spec.extra_kernel_args,
+    }
+
+
+def key_digest(key: dict[str, Any]) -> str:
+    return hashlib.sha256(orjson.dumps(key, option=orjson.OPT_SORT_KEYS)).hexdigest()[:24]
+
+
+def default_root(pack_dir: Path) -> Path:
+    """Next to the pack cache (``<cache>/packs/<id>`` → ``<cache>/templates``)."""
+    return pack_dir.parent.parent / "templates"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Template:
+    dir: Path
+    key: dict[str, Any]
+
+    @property
+    def ram(self) -> Path:
+        return self.dir / RAM
+
+    @property
+    def state(self) -> Path:
+        return self.dir / STATE
+
+    def check(self) -> None:
+        """Raise TemplateUnavailable unless the files are complete and match the key."""
+        try:
+            meta = orjson.loads((self.dir / META).read_bytes())
+        except FileNotFoundError:
+            raise TemplateUnavailable("no saved VM for this pack and machine yet") from None
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise TemplateUnavailable(f"the saved VM's meta.json is unreadable ({exc})") from None
+        if meta.get("key") != self.key:
+            raise TemplateUnavailable("the saved VM belongs to another pack, QEMU or machine")
+        try:
+            size = self.state.stat().st_size
+            ram_size = self.ram.stat().st_size
+        except OSError as exc:
+            raise TemplateUnavailable(f"the saved VM is incomplete ({exc})") from None
+        if size != meta.get("state_size") or ram_size != self.key["memory_mb"] << 20:
+            raise TemplateUnavailable("the saved VM's state file is truncated or changed")
+        if _sha256(self.state) != meta.get("state_sha256"):
+            raise TemplateUnavailable("the saved VM's state file is corrupt")
+
+
+def template_for(spec: VmSpec, root: Path) -> Template:
+    key = template_key(spec)
+    return Template(root / key_digest(key), key)
+
+
+def usable(spec: VmSpec) -> str | None:
+    """Why this VM cannot be warm-started at all (None: it can)."""
+    if spec.transport is not Transport.VIRTIO:
+        return "warm start needs the virtio transport"
+    return None
+
+
+@contextlib.asynccontextmanager
+async def build_lock(root: Path, digest: str) -> AsyncIterator[None]:
+    """One builder per template across processes; others wait, then find it made."""
+    fd = await asyncio.to_thread(_open_lock, root / f".{digest}.lock")
+    try:
+        await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _open_lock(path: Path) -> int:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        path.parent.chmod(0o700)  # guest RAM images: this user's only
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+
+async def save_vm(qmp_execute: Any, state_path: Path, timeout: float = 120.0) -> None:
+    """Stop the VM and write its device state (RAM stays in the shared file)."""
+    await qmp_execute("stop")
+    await qmp_execute(
+        "migrate-set-capabilities",
+        {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
+    )
+    await qmp_execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(state_path))}"})
+    await _wait_migration(qmp_execute, timeout)
+
+
+async def restore_vm(qmp_execute: Any, state_path: Path, timeout: float = 60.0) -> None:
+    """Load a template's device state into a QEMU started with ``-incoming defer``."""
+    await qmp_execute(
+        "migrate-set-capabilities",
+        {"capabilities": [{"capability": "x-ignore-shared", "state": True}]},
+    )
+    await qmp_execute("migrate-incoming", {"uri": f"exec:cat {shlex.quote(str(state_path))}"})
+    deadline = time.monotonic() + timeout
+    while True:
+        mig = (await qmp_execute("query-migrate")).get("status")
+        if mig == "completed":
+            break
+        if mig in ("failed", "cancelled"):
+            raise TemplateUnavailable(f"restoring the saved VM failed (migration {mig})")
+        if time.monotonic() > deadline:
+            raise TemplateUnavailable(f"restoring the saved VM took over {timeout:.0f}s")
+        await asyncio.sleep(0.01)
+    # The template was saved stopped, so the clone arrives paused: run it.
+    if (await qmp_execute("query-status")).get("status") != "running":
+        await qmp_execute("cont")
+
+
+async def _wait_migration(qmp_execute: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = await qmp_execute("query-migrate")
+        status = info.get("status")
+        if status == "completed":
+            return
+        if status in ("failed", "cancelled"):
+            raise TemplateUnavailable(f"saving the VM failed: {info.get('error-desc', status)}")
+        if time.monotonic() > deadline:
+            raise TemplateUnavailable(f"saving the VM took over {timeout:.0f}s")
+        await asyncio.sleep(0.05)
+
+
+def commit(tmp_dir: Path, tpl: Template, extra: dict[str, Any]) -> None:
+    """Seal a built template: fsync, read-only, meta.json last, rename into place."""
+    for name in (RAM, STATE):
+        fd = os.open(tmp_dir / name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        (tmp_dir / name).chmod(0o400)  # read-only, and only for this user
+    state = tmp_dir / STATE
+    meta = {
+        "key": tpl.key,
+        "state_size": state.stat().st_size,
+        "state_sha256": _sha256(state),
+        "created_at": time.time(),
+        **extra,
+    }
+    atomic_write_bytes(tmp_dir / META, orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+    if tpl.dir.exists():
+        shutil.rmtree(tpl.dir, ignore_errors=True)  # an invalid one (checked by the caller)
+    os.rename(tmp_dir, tpl.dir)
+    fsync_dir(tpl.dir.parent)
+
+
+def discard_template(tpl: Template) -> None:
+    """Move a broken template out of the way (a running clone keeps its mapping)."""
+    aside = tpl.dir.with_name(f"{tpl.dir.name}.bad-{os.getpid()}-{time.monotonic_ns()}")
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(tpl.dir, aside)
+    shutil.rmtree(aside, ignore_errors=True)

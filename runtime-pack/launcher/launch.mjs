@@ -1,0 +1,104 @@
+// piwork pi launcher: load pi before the task is known, start it when it is.
+//
+// The supervisor spawns this process as soon as the guest is up, with pi's
+// stdin/stdout/stderr as usual and a control socket on fd 3. It imports pi's
+// modules (the slow part of pi's start under TCG: ~10 s), warms jiti's cache
+// for the extensions the host asks for, says {"ev":"loaded"} on fd 3, and
+// waits. The host can save the VM in that state (a template) and restore it
+// for any task: nothing task-specific is loaded yet. On {"op":"go", argv,
+// env, cwd} it applies the task's environment and working directory and runs
+// pi's own `main(argv)` exactly as pi's cli.js does.
+import fs from "node:fs";
+import net from "node:net";
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+
+const PI_DIR =
+  process.env.PIWORK_PI_DIR || "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent";
+const t0 = performance.now();
+const require = createRequire(`${PI_DIR}/package.json`);
+
+const ctl = new net.Socket({ fd: 3, readable: true, writable: true });
+const say = (obj) => ctl.write(`${JSON.stringify(obj)}\n`);
+
+const [{ main }, { EnvHttpProxyAgent, setGlobalDispatcher }] = await Promise.all([
+  import(pathToFileURL(`${PI_DIR}/dist/main.js`).href),
+  import(pathToFileURL(require.resolve("undici")).href),
+]);
+
+// Extensions are loaded by pi through jiti ("jiti/static", file cache in
+// /tmp). Importing them once here loads jiti and babel and fills that cache,
+// so pi's own load after "go" is a cache hit. Their imports of pi's packages
+// need pi's aliases and may fail here: the cache entry is written before that.
+async function warmExtensions(paths) {
+  if (!paths.length) return;
+  let createJiti;
+  try {
+    ({ createJiti } = await import(pathToFileURL(`${PI_DIR}/../../jiti/lib/jiti-static.mjs`).href));
+  } catch {
+    return; /* pi loads the extensions itself, just slower */
+  }
+  // The aliases pi's loader gives jiti for what extensions may import at run
+  // time (see getAliases in pi's dist/core/extensions/loader.js), resolved the
+  // same way, so the files jiti compiles here are the ones pi compiles later.
+  const loader = `${PI_DIR}/dist/core/extensions/loader.js`;
+  const alias = { "@mariozechner/pi-coding-agent": `${PI_DIR}/dist/index.js` };
+  try {
+    const r = createRequire(loader);
+    for (const [name, spec] of [
+      ["typebox", "typebox"],
+      ["typebox/compile", "typebox/compile"],
+      ["typebox/value", "typebox/value"],
+    ]) {
+      alias[name] = r.resolve(spec);
+      alias[`@sinclair/${name}`] = alias[name];
+    }
+  } catch {
+    /* without them only the extension files themselves are cached */
+  }
+  const jiti = createJiti(pathToFileURL(loader).href, { moduleCache: false, alias });
+  for (const p of paths) {
+    try {
+      await jiti.import(p, { default: true });
+    } catch {
+      /* see above */
+    }
+  }
+}
+const warm = (process.env.PIWORK_WARM_EXTENSIONS || "").split(":").filter(Boolean);
+await warmExtensions(warm);
+say({ ev: "loaded", ms: Math.round(performance.now() - t0) });
+
+function applyEnv(env) {
+  // In place: native code (os.homedir, child processes) reads the real environ.
+  for (const k of Object.keys(process.env)) if (!(k in env)) delete process.env[k];
+  for (const [k, v] of Object.entries(env)) process.env[k] = String(v);
+}
+
+let buf = "";
+let started = false;
+ctl.on("data", (chunk) => {
+  buf += chunk.toString("utf8");
+  const nl = buf.indexOf("\n");
+  if (nl === -1) return;
+  const msg = JSON.parse(buf.slice(0, nl));
+  started = true;
+  ctl.removeAllListeners("data");
+  ctl.destroy();
+  if (msg.op !== "go") {
+    process.stderr.write(`piwork-launcher: unexpected ${JSON.stringify(msg.op)}\n`);
+    process.exit(70);
+  }
+  applyEnv(msg.env || {});
+  if (msg.cwd) process.chdir(msg.cwd);
+  // What pi's cli.js does before main().
+  process.title = "pi";
+  process.env.PI_CODING_AGENT = "true";
+  process.emitWarning = () => {};
+  setGlobalDispatcher(new EnvHttpProxyAgent({ bodyTimeout: 0, headersTimeout: 0 }));
+  main((msg.argv || []).map(String));
+});
+ctl.on("error", () => process.exit(71));
+ctl.on("end", () => {
+  if (!started) process.exit(0); // the supervisor went away before "go"
+});

@@ -1,0 +1,135 @@
+"""Warm-start templates: what makes one usable, and every way it is refused."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import orjson
+import pytest
+
+from piwork.pack.manifest import Manifest
+from piwork.vm.accel import Accel, AccelChoice
+from piwork.vm.command import Share, Transport, VmSpec
+from piwork.vm.template import (
+    META,
+    RAM,
+    STATE,
+    TemplateUnavailable,
+    commit,
+    key_digest,
+    template_for,
+    template_key,
+    usable,
+)
+
+MANIFEST = Manifest(
+    pack_id="pack-1",
+    kernel="vmlinuz",
+    initrd="initrd.cpio",
+    cmdline="console=ttyS0",
+    versions={},
+    files=[],
+    created_at="2026-11-22T00:00:00Z",
+    builder="test",
+)
+TCG = AccelChoice(Accel.TCG, "test", ["-accel", "tcg"])
+
+
+def spec(**kw: object) -> VmSpec:
+    base: dict[str, object] = dict(
+        pack_dir=Path("/packs/pack-1"),
+        manifest=MANIFEST,
+        accel=TCG,
+        qmp_socket=Path("/run/q.sock"),
+        console_log=Path("/logs/console.log"),
+        rpc_socket=Path("/run/rpc.sock"),
+        memory_mb=1,
+        shares=[Share("pwstate", Path("/a")), Share("pwup", Path("/b"), readonly=True)],
+    )
+    base.update(kw)
+    return VmSpec(**base)  # type: ignore[arg-type]
+
+
+def make(root: Path, s: VmSpec, state: bytes = b"device state") -> Path:
+    tpl = template_for(s, root)
+    tmp = root / "tmp"
+    tmp.mkdir(parents=True)
+    (tmp / RAM).write_bytes(b"\0" * (s.memory_mb << 20))
+    (tmp / STATE).write_bytes(state)
+    commit(tmp, tpl, {})
+    return tpl.dir
+
+
+def test_a_committed_template_passes_its_check_and_is_read_only(tmp_path: Path) -> None:
+    d = make(tmp_path, spec())
+    template_for(spec(), tmp_path).check()
+    assert not (tmp_path / "tmp").exists()
+    for name in (RAM, STATE):
+        assert (d / name).stat().st_mode & 0o222 == 0
+    assert orjson.loads((d / META).read_bytes())["key"] == template_key(spec())
+
+
+def test_task_folders_and_sockets_do_not_change_the_key() -> None:
+    other = spec(
+        shares=[Share("pwstate", Path("/x")), Share("pwup", Path("/y"), readonly=True)],
+        rpc_socket=Path("/elsewhere.sock"),
+        console_log=Path("/other/console.log"),
+    )
+    assert key_digest(template_key(spec())) == key_digest(template_key(other))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"manifest": MANIFEST.model_copy(update={"pack_id": "pack-2"})},
+        {"memory_mb": 2},
+        {"cpus": 4},
+        {"accel": AccelChoice(Accel.KVM, "test", ["-accel", "kvm"])},
+        {"shares": [Share("pwstate", Path("/a"))]},
+        {"shares": [Share("pwstate", Path("/a")), Share("pwup", Path("/b"))]},
+    ],
+)
+def test_anything_a_restore_depends_on_changes_the_key(change: dict[str, object]) -> None:
+    assert key_digest(template_key(spec())) != key_digest(template_key(spec(**change)))
+
+
+def test_a_changed_pack_is_not_restored_from_another_packs_template(tmp_path: Path) -> None:
+    d = make(tmp_path, spec())
+    new = spec(manifest=MANIFEST.model_copy(update={"pack_id": "pack-2"}))
+    with pytest.raises(TemplateUnavailable, match="no saved VM"):
+        template_for(new, tmp_path).check()
+    # Even if the directory names collided, meta.json's key decides.
+    forged = replace(template_for(new, tmp_path), dir=d)
+    with pytest.raises(TemplateUnavailable, match="another pack"):
+        forged.check()
+
+
+def test_truncated_or_corrupt_state_is_refused(tmp_path: Path) -> None:
+    d = make(tmp_path, spec())
+    state = d / STATE
+    os.chmod(state, 0o644)
+    state.write_bytes(b"device")  # truncated
+    with pytest.raises(TemplateUnavailable, match="truncated"):
+        template_for(spec(), tmp_path).check()
+    state.write_bytes(b"device stat!")  # same size, other bytes
+    with pytest.raises(TemplateUnavailable, match="corrupt"):
+        template_for(spec(), tmp_path).check()
+
+
+def test_missing_ram_or_unreadable_meta_is_refused(tmp_path: Path) -> None:
+    d = make(tmp_path, spec())
+    os.chmod(d / RAM, 0o644)
+    with (d / RAM).open("r+b") as fh:
+        fh.truncate(100)
+    with pytest.raises(TemplateUnavailable, match="truncated"):
+        template_for(spec(), tmp_path).check()
+    (d / META).write_bytes(b"{not json")
+    with pytest.raises(TemplateUnavailable, match="unreadable"):
+        template_for(spec(), tmp_path).check()
+
+
+def test_only_the_virtio_transport_is_warm_started() -> None:
+    assert usable(spec()) is None
+    assert usable(spec(transport=Transport.TCP, host_tcp_port=5)) is not None

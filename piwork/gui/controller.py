@@ -168,7 +168,7 @@ class TaskController(QObject):
         self._inbox: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
         self._queued_prompt: str | None = None
         self.asker = GuiAsker(self)
-        self._loop = asyncio.get_event_loop()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ state
     @property
@@ -196,7 +196,8 @@ class TaskController(QObject):
         if threading.current_thread() is not threading.main_thread():
             # The runner reports pack-build progress from a worker thread: widgets
             # may only be touched on the Qt thread, so hop over to the loop.
-            self._loop.call_soon_threadsafe(self._sink, ev)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._sink, ev)
             return
         d = ev.data
         if ev.kind is EventKind.TASK:
@@ -258,6 +259,7 @@ class TaskController(QObject):
             **opts.extra,
         )
         result: Outcome | BaseException | None = None
+        self._loop = asyncio.get_running_loop()
         try:
             async with TaskSession(req, self._sink, self.asker, paths=self.pool.paths) as s:
                 self.session = s

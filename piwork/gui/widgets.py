@@ -245,6 +245,7 @@ class PermissionSheet(QFrame):
         what = QLabel(plain)
         what.setWordWrap(True)
         what.setObjectName("sheetWhat")
+        self.what = what
         lay.addWidget(what)
         if detail:
             d = QLabel(detail)

@@ -185,7 +185,7 @@ class MainWindow(QMainWindow):
         left = QWidget()
         ll = QVBoxLayout(left)
         ll.setContentsMargins(0, 0, 0, 0)
-        self.new_btn = QPushButton("＋ New task")
+        self.new_btn = QPushButton("+ New task")
         self.new_btn.setToolTip("Ctrl+N")
         self.new_btn.clicked.connect(self.new_task)
         ll.addWidget(self.new_btn)

@@ -116,6 +116,7 @@ class ContextPanel(QWidget):
         self.task_id: str | None = None
         self.changed: dict[str, str] = {}  # display name -> status
         self._watch: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
         self._last_turn: int | None = None
         self._undo_checkpoint: str | None = None
         self._refresh_checkpoints()
@@ -131,20 +132,35 @@ class ContextPanel(QWidget):
             f"Working folder: {folder}" if folder else "Working folder: (none for this task)"
         )
         self.open_btn.setEnabled(folder is not None)
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
+        self.stop_watching()
         roots = [p for p in (folder, outputs) if p is not None and p.is_dir()]
         if roots:
             self._watch = asyncio.ensure_future(self._watch_files(roots))
         self._refresh_checkpoints()
 
+    def stop_watching(self) -> None:
+        """End the watcher (its thread polls ``stop``; a loop cannot close with it running)."""
+        if self._stop is not None:
+            self._stop.set()
+            self._stop = None
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
     async def _watch_files(self, roots: list[Path]) -> None:
         from watchfiles import Change, awatch
 
         names = {Change.added: "added", Change.modified: "modified", Change.deleted: "deleted"}
+        self._stop = asyncio.Event()
         try:
-            async for changes in awatch(*roots, recursive=True, step=200, debounce=400):
+            async for changes in awatch(
+                *roots,
+                recursive=True,
+                step=200,
+                debounce=400,
+                rust_timeout=1000,
+                stop_event=self._stop,
+            ):
                 for kind, p in changes:
                     for root in roots:
                         rel = relative_beneath(root, p)
@@ -231,6 +247,7 @@ class ContextPanel(QWidget):
             for r, row in enumerate(rows[1:]):
                 for c, cell in enumerate(row):
                     self.preview_table.setItem(r, c, QTableWidgetItem(cell))
+            self.preview_table.resizeColumnsToContents()
             self.preview.setCurrentWidget(self.preview_table)
         elif kind == "markdown":
             self.preview_text.setMarkdown(text)

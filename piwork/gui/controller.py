@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,7 +216,7 @@ class TaskController(QObject):
         elif ev.kind is EventKind.DONE:
             self.tokens = int(d.get("tokens") or self.tokens)
         self.elapsed = ev.elapsed
-        self.last_activity = ev.kind.value
+        self.last_activity = time.strftime("%H:%M:%S")
         self.run_event.emit(ev)
         self.changed.emit()
 

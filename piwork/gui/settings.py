@@ -104,8 +104,15 @@ class SettingsDialog(QDialog):
         add.clicked.connect(self._add_custom)
         rm = QPushButton("Remove")
         rm.clicked.connect(self._remove_custom)
-        for x in (self.c_name, self.c_url, self.c_models, self.c_key, add, rm):
-            crow.addWidget(x)
+        for x, stretch in (
+            (self.c_name, 1),
+            (self.c_url, 3),
+            (self.c_models, 2),
+            (self.c_key, 0),
+            (add, 0),
+            (rm, 0),
+        ):
+            crow.addWidget(x, stretch)
         form.addRow("", crow)
         self.custom_list.currentRowChanged.connect(self._custom_selected)
         return w

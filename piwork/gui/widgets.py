@@ -29,7 +29,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QTextBrowser,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -151,13 +150,15 @@ class MessageView(QFrame):
 class ToolRow(QFrame):
     """One tool step: icon, tool, key argument, ok/error, duration; click to see the output."""
 
+    # Symbols DejaVu Sans has (emoji fonts are often missing on Linux desktops).
     ICONS: ClassVar[dict[str, str]] = {
-        "bash": "⌘",
-        "read": "📄",
+        "bash": "$",
+        "read": "≡",
         "write": "✎",
         "edit": "✎",
-        "ls": "📁",
-        "grep": "🔎",
+        "ls": "▦",
+        "grep": "⌕",
+        "ask_user": "?",
     }
 
     def __init__(self, call_id: str, name: str, arg: str) -> None:
@@ -171,9 +172,9 @@ class ToolRow(QFrame):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 2, 8, 2)
         lay.setSpacing(0)
-        self.head = QToolButton()
+        self.head = QPushButton()
         self.head.setObjectName("toolHead")
-        self.head.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        self.head.setFlat(True)
         self.head.setCheckable(True)
         self.head.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.head.toggled.connect(self._toggle)

@@ -372,7 +372,7 @@ class MainWindow(QMainWindow):
             if (ctl.permissions or ctl.question) and ctl is not sel:
                 n = len(ctl.permissions) + (1 if ctl.question else 0)
                 badge = f"  ⚠ {n}"
-            when = f" · {ctl.last_activity}" if ctl.last_activity else ""
+            when = f" · last activity {ctl.last_activity}" if ctl.last_activity else ""
             item.setText(
                 f"{sanitize(ctl.title, limit=60, keep_newlines=False)}{badge}\n{spin}{label}{when}"
             )
@@ -399,6 +399,16 @@ class MainWindow(QMainWindow):
         self.send_btn.setText("Stop" if running else "Send")
         self.model_pick.setEnabled(ctl is None)
         self.folder_btn.setEnabled(ctl is None)
+        if ctl is not None:  # show the task's own model and folder, not the new-task choice
+            ref = ctl.model or "demo"
+            i = self.model_pick.findData(ref)
+            if i < 0:
+                self.model_pick.addItem(ref, ref)
+                i = self.model_pick.count() - 1
+            self.model_pick.setCurrentIndex(i)
+            self.folder_lbl.setText(str(ctl.folder) if ctl.folder else "no folder")
+        elif self.new_folder is None:
+            self.folder_lbl.setText("no folder")
         self.pause_btn.setVisible(running)
         if ctl is not None and ctl.status == "paused":
             self.pause_btn.setText("Continue")
@@ -744,6 +754,7 @@ class MainWindow(QMainWindow):
             return
         e.accept()
         self._quitting = True
+        self.context.stop_watching()
         QApplication.quit()
 
     def request_quit(self, *, confirmed: bool = False) -> None:
@@ -764,6 +775,7 @@ class MainWindow(QMainWindow):
     async def quit_cleanly(self) -> None:
         self._quitting = True
         await asyncio.gather(*(c.shut_down() for c in self.tasks), return_exceptions=True)
+        self.context.stop_watching()
         if self.tray is not None:
             self.tray.hide()
         self.close()

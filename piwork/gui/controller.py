@@ -216,7 +216,7 @@ class TaskController(QObject):
         elif ev.kind is EventKind.DONE:
             self.tokens = int(d.get("tokens") or self.tokens)
         self.elapsed = ev.elapsed
-        self.last_activity = time.strftime("%H:%M:%S")
+        self.last_activity = time.strftime("%H:%M")
         self.run_event.emit(ev)
         self.changed.emit()
 

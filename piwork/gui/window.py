@@ -192,6 +192,8 @@ class MainWindow(QMainWindow):
         self.rail = QListWidget()
         self.rail.setObjectName("rail")
         self.rail.setIconSize(QSize(10, 10))
+        self.rail.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.rail.setWordWrap(True)
         self.rail.currentRowChanged.connect(self._select_row)
         self.rail.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.rail.customContextMenuRequested.connect(self._rail_menu)
@@ -372,7 +374,7 @@ class MainWindow(QMainWindow):
             if (ctl.permissions or ctl.question) and ctl is not sel:
                 n = len(ctl.permissions) + (1 if ctl.question else 0)
                 badge = f"  ⚠ {n}"
-            when = f" · last activity {ctl.last_activity}" if ctl.last_activity else ""
+            when = f" · {ctl.last_activity}" if ctl.last_activity else ""
             item.setText(
                 f"{sanitize(ctl.title, limit=60, keep_newlines=False)}{badge}\n{spin}{label}{when}"
             )

@@ -115,43 +115,54 @@ class ContextPanel(QWidget):
         self.outputs: Path | None = None
         self.task_id: str | None = None
         self.changed: dict[str, str] = {}  # display name -> status
-        self._watch: asyncio.Task[None] | None = None
-        self._stop: asyncio.Event | None = None
+        self._watches: dict[str, tuple[asyncio.Future[None], asyncio.Event]] = {}
+        self._changes: dict[str, dict[str, str]] = {}
         self._last_turn: int | None = None
         self._undo_checkpoint: str | None = None
         self._refresh_checkpoints()
 
     # ------------------------------------------------------------ task binding
     def show_task(self, task_id: str | None, folder: Path | None, outputs: Path | None) -> None:
-        if (task_id, folder) == (self.task_id, self.root) and self._watch is not None:
-            return
+        """Show ``task_id``'s folder and the changes recorded for it (watched while it runs)."""
         self.task_id, self.root, self.outputs = task_id, folder, outputs
-        self.changed.clear()
+        self.changed = self._changes.setdefault(task_id or "", {})
         self.files.clear()
+        for rel, status in self.changed.items():
+            self._add_item(rel, status)
         self.folder_label.setText(
             f"Working folder: {folder}" if folder else "Working folder: (none for this task)"
         )
         self.open_btn.setEnabled(folder is not None)
-        self.stop_watching()
-        roots = [p for p in (folder, outputs) if p is not None and p.is_dir()]
-        if roots:
-            self._watch = asyncio.ensure_future(self._watch_files(roots))
         self._refresh_checkpoints()
 
-    def stop_watching(self) -> None:
-        """End the watcher (its thread polls ``stop``; a loop cannot close with it running)."""
-        if self._stop is not None:
-            self._stop.set()
-            self._stop = None
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
+    def watch(self, task_id: str, folder: Path | None, outputs: Path | None) -> None:
+        """Record changes under the task's folder and outputs, selected or not."""
+        if task_id in self._watches:
+            return
+        roots = [p for p in (folder, outputs) if p is not None and p.is_dir()]
+        if not roots:
+            return
+        stop = asyncio.Event()
+        job = asyncio.ensure_future(self._watch_files(task_id, folder, roots, stop))
+        self._watches[task_id] = (job, stop)
 
-    async def _watch_files(self, roots: list[Path]) -> None:
+    def unwatch(self, task_id: str) -> None:
+        entry = self._watches.pop(task_id, None)
+        if entry is not None:
+            job, stop = entry
+            stop.set()  # the watcher's thread polls it; a loop cannot close while it runs
+            job.cancel()
+
+    def stop_watching(self) -> None:
+        for task_id in list(self._watches):
+            self.unwatch(task_id)
+
+    async def _watch_files(
+        self, task_id: str, folder: Path | None, roots: list[Path], stop: asyncio.Event
+    ) -> None:
         from watchfiles import Change, awatch
 
         names = {Change.added: "added", Change.modified: "modified", Change.deleted: "deleted"}
-        self._stop = asyncio.Event()
         try:
             async for changes in awatch(
                 *roots,
@@ -159,31 +170,37 @@ class ContextPanel(QWidget):
                 step=200,
                 debounce=400,
                 rust_timeout=1000,
-                stop_event=self._stop,
+                stop_event=stop,
             ):
                 for kind, p in changes:
                     for root in roots:
                         rel = relative_beneath(root, p)
                         if rel is None:
                             continue
-                        label = rel if root == self.root else f"outputs/{rel}"
-                        self.note_change(label, names.get(kind, "modified"))
+                        label = rel if root == folder else f"outputs/{rel}"
+                        self.note_change(label, names.get(kind, "modified"), task_id=task_id)
                         break
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a watcher failure must not take the window down
             log.warning("file watcher stopped: %s", exc)
 
-    def note_change(self, rel: str, status: str) -> None:
+    def note_change(self, rel: str, status: str, *, task_id: str | None = None) -> None:
         rel = sanitize(rel, limit=300, keep_newlines=False)
-        if rel not in self.changed and len(self.changed) >= MAX_FILES:
+        changes = self._changes.setdefault(task_id or self.task_id or "", {})
+        if rel not in changes and len(changes) >= MAX_FILES:
             return
-        self.changed[rel] = status
+        changes[rel] = status
+        if changes is not self.changed:
+            return  # another task's change: shown when that task is selected
         for i in range(self.files.count()):
             it = self.files.item(i)
             if it.data(Qt.ItemDataRole.UserRole) == rel:
                 it.setText(f"{status[:1].upper()}  {rel}")
                 return
+        self._add_item(rel, status)
+
+    def _add_item(self, rel: str, status: str) -> None:
         it = QListWidgetItem(f"{status[:1].upper()}  {rel}")
         it.setData(Qt.ItemDataRole.UserRole, rel)
         it.setToolTip(status)

@@ -137,6 +137,7 @@ class TaskController(QObject):
     permission_asked = Signal(object)  # PendingPermission
     question_asked = Signal(object)  # PendingQuestion
     finished = Signal(object)  # Outcome | Exception
+    closed = Signal()  # the session ended (VM powered off)
 
     def __init__(
         self,
@@ -282,6 +283,7 @@ class TaskController(QObject):
         finally:
             self.session = None
             self._cancel_questions()
+            self.closed.emit()
             self.changed.emit()
             self.pool.released(self)
 

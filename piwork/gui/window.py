@@ -321,6 +321,7 @@ class MainWindow(QMainWindow):
         ctl.permission_asked.connect(lambda p, c=ctl: self._on_permission(c, p))
         ctl.question_asked.connect(lambda q, c=ctl: self._on_question(c, q))
         ctl.finished.connect(lambda r, c=ctl: self._on_finished(c, r))
+        ctl.closed.connect(lambda c=ctl: self.context.unwatch(c.task_id or ""))
         self.tasks.insert(0, ctl)
         item = QListWidgetItem()
         self.rail.insertItem(0, item)
@@ -545,9 +546,10 @@ class MainWindow(QMainWindow):
                 )
             if dec == "cancelled":
                 self._show_sheets()
-        elif k is EventKind.TASK:
+        elif k is EventKind.TASK and ctl.task_id:
+            outputs = self.paths.tasks / ctl.task_id / "outputs"
+            self.context.watch(ctl.task_id, ctl.folder, outputs)
             if self.current() is ctl:
-                outputs = self.paths.tasks / str(d.get("id")) / "outputs"
                 self.context.show_task(ctl.task_id, ctl.folder, outputs)
         elif k is EventKind.DONE:
             conv.text_end()

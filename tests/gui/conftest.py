@@ -62,6 +62,14 @@ def activate(w: Any) -> None:
     assert QTest.qWaitForWindowActive(w)
 
 
+async def shown(w: Any) -> None:
+    """``activate`` for code already running on the qasync loop: no nested event loop
+    (a nested loop would step other asyncio tasks re-entrantly, which asyncio refuses)."""
+    w.show()
+    w.activateWindow()
+    await until(w.isActiveWindow, 10, "the window becomes active")
+
+
 async def until(cond: Callable[[], object], timeout: float, what: str) -> None:
     """Let the loop (and Qt) run until ``cond()`` is true."""
     deadline = time.monotonic() + timeout

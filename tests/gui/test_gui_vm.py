@@ -44,7 +44,7 @@ from piwork.policy import Choice, PolicyStore
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
 
-from .conftest import activate, scripted_provider, until
+from .conftest import scripted_provider, shown, until
 
 pytestmark = pytest.mark.vm
 
@@ -62,7 +62,7 @@ def router(scripts: dict[str, list[Step]]) -> Callable[[ChatRequest], Step]:
     """The model's reply depends on which prompt (by its tag) it is answering."""
 
     def choose(req: ChatRequest) -> Step:
-        user = req.last_user_text()
+        user = req.last_user_text
         for tag, steps in scripts.items():
             if tag in user:
                 i = req.assistant_turns_since_user
@@ -127,7 +127,7 @@ def test_the_window_drives_real_tasks(
             win = MainWindow(paths=gui_paths, prefs=prefs)
             win.extra_run_args = {"extra_providers": (scripted_provider(server),)}
             qtbot.addWidget(win)
-            activate(win)
+            await shown(win)
             win.model_pick.addItem("scripted", "scripted/scripted")
             win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
             texts: dict[str, list[RunEvent]] = {}
@@ -232,7 +232,7 @@ def test_the_window_drives_real_tasks(
                 lambda: any("sleep 45" in r.arg for r in conv_a.tool_rows()), STEP, "sleep row"
             )
             win.show_from_tray()
-            activate(win)
+            await shown(win)
             assert win.isVisible() and win.current() is a
             assert any(m.text.startswith("[A3]") for m in conv_a.messages())
             assert any("sleep 45" in r.arg and r.ok is None for r in conv_a.tool_rows())

@@ -224,14 +224,20 @@ def test_changed_files_show_new_files_and_not_links(
     root.mkdir()
     outside = tmp_path / "outside"
     outside.mkdir()
+    other = tmp_path / "other-task"
+    other.mkdir()
     panel = ContextPanel()
     qtbot.addWidget(panel)
     seen: dict[str, str] = {}
+    shown: list[str] = []
 
     async def go() -> None:
+        panel.watch("t1", root, None)
+        panel.watch("t2", other, None)
         panel.show_task("t1", root, None)
         await asyncio.sleep(0.8)
         (root / "new.txt").write_text("x")
+        (other / "theirs.txt").write_text("z")
         (root / "planted").symlink_to(outside / "target")
         for _ in range(100):
             if "new.txt" in panel.changed:
@@ -239,11 +245,14 @@ def test_changed_files_show_new_files_and_not_links(
             await asyncio.sleep(0.1)
         await asyncio.sleep(0.6)
         seen.update(panel.changed)
-        panel.show_task(None, None, None)
+        panel.show_task("t2", other, None)  # the other task's changes were kept for it
+        shown.extend(panel.files.item(i).text() for i in range(panel.files.count()))
+        panel.stop_watching()
 
     qloop.run_until_complete(go())
     assert seen.get("new.txt") == "added"
-    assert "planted" not in seen
+    assert "planted" not in seen and "theirs.txt" not in seen
+    assert shown == ["A  theirs.txt"]
 
 
 # ----------------------------------------------------------------------------- history, rail

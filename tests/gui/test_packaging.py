@@ -38,3 +38,29 @@ def test_desktop_entry_opens_the_app() -> None:
     text = (ROOT / "packaging/piwork.desktop").read_text()
     assert "Exec=piwork gui" in text and "Icon=piwork" in text
     assert (ROOT / "packaging/piwork.svg").read_text().startswith("<svg")
+
+
+def test_doctor_lists_the_qt_runtime() -> None:
+    from piwork.doctor import QT_RUNTIME_LIBS, check_qt_runtime
+
+    check = check_qt_runtime()
+    assert check.name == "desktop app (Qt)" and check.ok  # installed by scripts/setup.sh here
+    assert {"libegl1", "libxcb-cursor0", "libxkbcommon0"} <= {p for p, _ in QT_RUNTIME_LIBS}
+    apt = (ROOT / "scripts/apt-packages.txt").read_text()
+    for pkg, _ in QT_RUNTIME_LIBS:
+        assert f"\n{pkg}=" in apt, pkg  # pinned where setup.sh installs from
+
+
+def test_piwork_alone_without_a_display_says_what_to_do(
+    monkeypatch: object, capsys: object
+) -> None:
+    import pytest
+
+    from piwork.cli.main import main
+
+    mp: pytest.MonkeyPatch = monkeypatch  # type: ignore[assignment]
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        mp.delenv(var, raising=False)
+    assert main([]) == 2
+    err = capsys.readouterr().err  # type: ignore[attr-defined]
+    assert "no display" in err and "piwork run" in err

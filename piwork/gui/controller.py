@@ -335,8 +335,9 @@ class TaskController(QObject):
         await self.stop()
         job = self._job
         if job is not None and not job.done():
-            if self.session is not None and not self.busy:
-                self._inbox.put_nowait(_CLOSE)  # leave the warm wait: graceful power-off
+            if self.session is not None:
+                # Leave the warm wait once the (stopped) run has ended: graceful power-off.
+                self._inbox.put_nowait(_CLOSE)
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(job), timeout=60)
             if not job.done():

@@ -776,12 +776,13 @@ class MainWindow(QMainWindow):
                 return
         spawn(self.quit_cleanly())
 
-    async def quit_cleanly(self) -> None:
+    async def quit_cleanly(self, *, exit_app: bool = True) -> None:
         self._quitting = True
         await asyncio.gather(*(c.shut_down() for c in self.tasks), return_exceptions=True)
         self.context.stop_watching()
         if self.tray is not None:
             self.tray.hide()
         self.close()
-        with contextlib.suppress(RuntimeError):
-            QApplication.quit()
+        if exit_app:
+            with contextlib.suppress(RuntimeError):
+                QApplication.quit()

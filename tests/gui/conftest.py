@@ -34,6 +34,11 @@ def qloop(qapp: object) -> Iterator[asyncio.AbstractEventLoop]:
     loop = qasync.QEventLoop(qapp)
     asyncio.set_event_loop(loop)
     yield loop
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=30))
     loop.close()
     asyncio.set_event_loop(None)
 

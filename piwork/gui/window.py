@@ -723,6 +723,9 @@ class MainWindow(QMainWindow):
         self.notifications: list[str] = []
         self.tray: QSystemTrayIcon | None = None
         self.tray = QSystemTrayIcon(QIcon(str(ICON)), self)
+        # Closing the window keeps running tasks in the tray: hiding the last window
+        # must not end the event loop (quit goes through request_quit).
+        QApplication.setQuitOnLastWindowClosed(False)
         menu = QMenu()
         self.show_action = QAction("Show piwork", menu)
         self.show_action.triggered.connect(self.show_from_tray)

@@ -464,6 +464,12 @@ class MainWindow(QMainWindow):
             ctl.submit(text, self.run_options(model))
             return
         if ctl.busy:
+            if ctl.session is None:  # still booting: keep the text rather than drop it
+                self.composer.setPlainText(text)
+                self.conversation(ctl).notice(
+                    "the agent is still starting: send again once it is ready"
+                )
+                return
             spawn(ctl.steer(text))
             return
         ctl.submit(text, self.run_options(None))
@@ -473,6 +479,11 @@ class MainWindow(QMainWindow):
         ctl = self.current()
         if ctl is None or not ctl.busy:
             self._send_text(text)
+            return
+        if ctl.session is None:
+            self.conversation(ctl).notice(
+                "the agent is still starting: queue again once it is ready"
+            )
             return
         self.composer.clear()
         spawn(ctl.follow_up(text))

@@ -368,7 +368,7 @@ def test_rail_lists_tasks_renames_archives_and_deletes(
     assert win2.current() is None and win2.send_btn.text() == "Send"
 
 
-def test_closing_with_no_task_running_quits_and_notifications_wait_for_unfocus(
+def test_a_notification_is_sent_while_the_window_is_not_focused(
     qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
 ) -> None:
     win = _window(qtbot, gui_paths)

@@ -88,5 +88,13 @@ def get_paths() -> Paths:
 
 
 def repo_root() -> Path:
-    """The source checkout holding ``runtime-pack/`` and ``vm-image/``."""
-    return Path(__file__).resolve().parent.parent
+    """Where ``runtime-pack/`` and ``vm-image/`` are: the source checkout, or the copy an
+    installed wheel carries in ``piwork/_sources`` (setup.py puts it there)."""
+    here = Path(__file__).resolve().parent
+    checkout = here.parent
+    if (checkout / "vm-image").is_dir() and (checkout / "runtime-pack").is_dir():
+        return checkout
+    installed = here / "_sources"
+    if (installed / "vm-image").is_dir():
+        return installed
+    return checkout

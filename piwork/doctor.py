@@ -154,6 +154,50 @@ def check_disk(paths: Paths) -> Check:
     )
 
 
+# The shared libraries the PySide6 wheels load (Debian package -> library).
+QT_RUNTIME_LIBS: tuple[tuple[str, str], ...] = (
+    ("libegl1", "libEGL.so.1"),
+    ("libgl1", "libGL.so.1"),
+    ("libfontconfig1", "libfontconfig.so.1"),
+    ("libxkbcommon0", "libxkbcommon.so.0"),
+    ("libdbus-1-3", "libdbus-1.so.3"),
+    ("libxcb-cursor0", "libxcb-cursor.so.0"),
+    ("libxcb-icccm4", "libxcb-icccm.so.4"),
+    ("libxcb-keysyms1", "libxcb-keysyms.so.1"),
+    ("libxkbcommon-x11-0", "libxkbcommon-x11.so.0"),
+)
+
+
+def check_qt_runtime() -> Check:
+    """The desktop app's libraries (a warning: the headless commands work without them)."""
+    import ctypes.util
+
+    missing = [
+        pkg
+        for pkg, lib in QT_RUNTIME_LIBS
+        if ctypes.util.find_library(lib[3:].split(".so")[0]) is None
+    ]
+    try:
+        import importlib.util
+
+        pyside = importlib.util.find_spec("PySide6") is not None
+    except (ImportError, ValueError):
+        pyside = False
+    if not pyside:
+        missing.insert(0, "PySide6 (pip install 'piwork[gui]')")
+    if not missing:
+        return Check("desktop app (Qt)", True, "PySide6 and the Qt runtime libraries are present")
+    return Check(
+        "desktop app (Qt)",
+        True,  # the headless commands work without them: a warning, not a failure
+        "missing: " + ", ".join(missing),
+        "scripts/setup.sh (or apt-get install -y "
+        + " ".join(p for p, _ in QT_RUNTIME_LIBS if p in missing)
+        + "); needed only for the window",
+        warning=True,
+    )
+
+
 def run_checks(paths: Paths) -> list[Check]:
     return [
         check_qemu(),
@@ -163,4 +207,5 @@ def run_checks(paths: Paths) -> list[Check]:
         check_pack(),
         check_warm_start(),
         check_disk(paths),
+        check_qt_runtime(),
     ]

@@ -48,7 +48,7 @@ fi
 stamp=.venv/.piwork-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     say "installing piwork and its pinned dependencies into .venv"
-    .venv/bin/pip install -q --disable-pip-version-check -e '.[dev]'
+    .venv/bin/pip install -q --disable-pip-version-check -e '.[gui,dev]'
     touch "$stamp"
 fi
 

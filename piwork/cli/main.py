@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "piwork.cli.models_cmd",
     "piwork.cli.bench_cmd",
     "piwork.cli.changes_cmd",
+    "piwork.gui.cli",
 )
 
 
@@ -48,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None and not (sys.argv[1:] if argv is None else list(argv)):
+        # `piwork` alone opens the desktop app (`piwork gui`).
+        from piwork.gui.cli import open_app
+
+        return open_app()
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

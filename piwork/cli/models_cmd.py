@@ -25,6 +25,82 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(func=_cmd_models)
+    sub = parser.add_subparsers(dest="models_command", metavar="ACTION")
+    add = sub.add_parser(
+        "add",
+        help="add or change a custom OpenAI-compatible provider",
+        description="Add (or replace) an OpenAI-compatible endpoint (Ollama, vLLM, LM Studio) "
+        "in providers.json. Store its key with `piwork auth set NAME` if it needs one.",
+    )
+    add.add_argument("name", help="provider name (lowercase letters, digits, . _ -)")
+    add.add_argument("base_url", help="e.g. http://localhost:11434/v1")
+    add.add_argument("models", nargs="+", help="model ids it serves")
+    add.add_argument("--key-required", action="store_true", help="the endpoint needs a key")
+    add.set_defaults(func=_cmd_add)
+    rm = sub.add_parser("rm", help="remove a custom provider")
+    rm.add_argument("name")
+    rm.set_defaults(func=_cmd_rm)
+    default = sub.add_parser(
+        "default", help="show or set the default model (used by `piwork run` and the app)"
+    )
+    default.add_argument("model", nargs="?", help="PROVIDER/MODEL, or 'demo'")
+    default.set_defaults(func=_cmd_default)
+
+
+def _cmd_add(args: argparse.Namespace) -> int:
+    from piwork.models.custom import add_provider
+
+    try:
+        add_provider(args.name, args.base_url, args.models, key_required=args.key_required)
+    except (ProviderConfigError, ValueError) as exc:
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 1
+    print(f"added {args.name} ({args.base_url}): {', '.join(args.models)}")
+    return 0
+
+
+def _cmd_rm(args: argparse.Namespace) -> int:
+    from piwork.models.custom import remove_provider
+
+    try:
+        gone = remove_provider(args.name)
+    except (ProviderConfigError, ValueError) as exc:
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 1
+    if not gone:
+        print(
+            f"piwork: no custom provider named {args.name!r} (see `piwork models`)", file=sys.stderr
+        )
+        return 1
+    print(f"removed {args.name}")
+    return 0
+
+
+def _cmd_default(args: argparse.Namespace) -> int:
+    from piwork.models.defaults import DEMO, default_model, set_default_model
+
+    if args.model is None:
+        ref = default_model()
+        print(
+            ref
+            + (
+                "  (the offline demo; set a real one with `piwork models default P/M`)"
+                if ref == DEMO
+                else ""
+            )
+        )
+        return 0
+    if args.model != DEMO:
+        from piwork.models.providers import parse_model_ref
+
+        try:
+            parse_model_ref(args.model, load_providers())
+        except Exception as exc:
+            print(f"piwork: unknown model {args.model!r}: {exc}", file=sys.stderr)
+            return 1
+    set_default_model(args.model)
+    print(f"default model: {args.model}")
+    return 0
 
 
 def _key_status(provider: Provider, store: KeyStore | None, store_error: str | None) -> str:

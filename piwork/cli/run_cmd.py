@@ -345,7 +345,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     req.prompt = args.prompt
     req.title = args.title
     if req.model is None:
-        req.model = "demo"
+        from piwork.models.defaults import default_model
+
+        req.model = default_model()  # settings' models.default, else the demo
     return _handle_errors(lambda: _run(args, req, args.prompt))
 
 

@@ -1,0 +1,85 @@
+"""Start the app: QApplication + qasync loop (see controller.py for why qasync)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+
+from PySide6.QtCore import QEvent, QObject, QTimer
+from PySide6.QtWidgets import QApplication
+
+from piwork.config import get_paths
+from piwork.doctor import run_checks
+from piwork.gui.setup_screen import SetupScreen, blocking
+
+T0 = time.monotonic()
+
+
+class FirstPaint(QObject):
+    def __init__(self, exit_after: bool) -> None:
+        super().__init__()
+        self.exit_after = exit_after
+        self.done = False
+
+    def eventFilter(self, obj: QObject, event: QEvent) -> bool:
+        if not self.done and event.type() == QEvent.Type.Paint:
+            self.done = True
+            print(f"first paint {time.monotonic() - T0:.2f}s after import", flush=True)
+            if self.exit_after:
+                QTimer.singleShot(0, QApplication.quit)
+        return False
+
+
+def make_app(argv: list[str] | None = None) -> QApplication:
+    app = QApplication.instance()
+    if isinstance(app, QApplication):
+        return app
+    # Qt 6 scales for high-DPI screens by itself; keep fractional factors as they are.
+    os.environ.setdefault("QT_ENABLE_HIGHDPI_SCALING", "1")
+    app = QApplication(argv or sys.argv[:1])
+    app.setApplicationName("piwork")
+    app.setDesktopFileName("piwork")
+    app.setQuitOnLastWindowClosed(False)  # the tray keeps running tasks alive
+    return app
+
+
+def main(*, force_setup: bool = False) -> int:
+    import qasync
+
+    from piwork.gui.window import MainWindow
+
+    app = make_app()
+    loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    paths = get_paths()
+    quit_event = asyncio.Event()
+    app.aboutToQuit.connect(quit_event.set)
+
+    async def run() -> None:
+        checks = await asyncio.to_thread(run_checks, paths)
+        if (
+            force_setup
+            or blocking(checks)
+            or any(c.name == "runtime pack" and not c.ok for c in checks)
+        ):
+            setup = SetupScreen(paths)
+            setup.show()
+            done = asyncio.Event()
+            setup.finished.connect(lambda _r: done.set())
+            await done.wait()
+        win = MainWindow(paths=paths)
+        timing = os.environ.get("PIWORK_GUI_TIMING")
+        if timing:
+            # Measuring start-up: print when the window's first frame is painted
+            # (and quit there with PIWORK_GUI_TIMING=exit, for `time piwork gui`).
+            probe = FirstPaint(timing == "exit")
+            win.installEventFilter(probe)
+            win._first_paint = probe  # type: ignore[attr-defined]
+        win.show()
+        await quit_event.wait()
+
+    with loop:
+        loop.run_until_complete(run())
+    return 0

@@ -1,0 +1,406 @@
+"""Tasks as the window sees them: one ``TaskController`` per task, a ``Pool`` for the limit.
+
+Async model: the whole app runs on ONE thread under ``qasync`` — asyncio's
+selector loop driven by Qt's event loop. We chose it over PySide6's QtAsyncio
+because QtAsyncio cannot run subprocesses, sockets or ``add_reader``, all of
+which the runner needs (QEMU, QMP, virtio-serial, the model gateway); and over
+a separate asyncio thread because then every runner event and every Asker
+answer would have to cross threads. Under qasync the runner's event sink and
+the Asker run on the Qt thread, so they touch widgets and emit signals
+directly, and nothing in the window ever blocks on QEMU, sockets or disk: the
+runner awaits them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from piwork.config import Paths, get_paths
+from piwork.policy import Choice, PermissionRequest
+from piwork.runner import EventKind, Outcome, RunEvent, RunRequest, TaskSession
+
+log = logging.getLogger(__name__)
+_CLOSE = "\x00close"  # inbox sentinel: power the warm VM off
+
+
+_BACKGROUND: set[asyncio.Future[Any]] = set()
+
+
+def spawn(coro: Any) -> asyncio.Future[Any]:
+    """Run ``coro`` in the background, keeping a reference until it ends (and logging failures)."""
+    fut: asyncio.Future[Any] = asyncio.ensure_future(coro)
+    _BACKGROUND.add(fut)
+
+    def done(f: asyncio.Future[Any]) -> None:
+        _BACKGROUND.discard(f)
+        if not f.cancelled() and f.exception() is not None:
+            log.error("background job failed", exc_info=f.exception())
+
+    fut.add_done_callback(done)
+    return fut
+
+
+@dataclass
+class PendingPermission:
+    request: PermissionRequest
+    future: asyncio.Future[Choice | None]
+
+
+@dataclass
+class PendingQuestion:
+    method: str
+    title: str
+    message: str | None
+    options: list[str] | None
+    future: asyncio.Future[str | bool | None]
+
+
+class GuiAsker:
+    """The runner's ``Asker``: each question becomes a future the window answers."""
+
+    def __init__(self, ctl: TaskController) -> None:
+        self.ctl = ctl
+
+    async def permission(self, request: PermissionRequest) -> Choice | None:
+        fut: asyncio.Future[Choice | None] = asyncio.get_running_loop().create_future()
+        pending = PendingPermission(request, fut)
+        self.ctl.permissions.append(pending)
+        self.ctl.changed.emit()
+        self.ctl.permission_asked.emit(pending)
+        try:
+            return await fut
+        finally:
+            with contextlib.suppress(ValueError):
+                self.ctl.permissions.remove(pending)
+            self.ctl.changed.emit()
+
+    async def question(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> str | bool | None:
+        fut: asyncio.Future[str | bool | None] = asyncio.get_running_loop().create_future()
+        self.ctl.question = PendingQuestion(method, title, message, options, fut)
+        self.ctl.changed.emit()
+        self.ctl.question_asked.emit(self.ctl.question)
+        try:
+            return await fut
+        finally:
+            self.ctl.question = None
+            self.ctl.changed.emit()
+
+
+# What the rail shows for each state (status, stop reason) -> label.
+def status_label(status: str, reason: str | None) -> str:
+    if status == "stopped":
+        return {
+            "completed": "done",
+            "cancelled": "cancelled",
+            "error": "failed",
+            "limit": "stopped at a limit",
+        }.get(reason or "", "done")
+    return {
+        "running": "running",
+        "waiting_permission": "waiting for you",
+        "waiting_input": "waiting for you",
+        "paused": "paused",
+        "interrupted": "interrupted",
+        "idle": "new",
+        "queued": "queued",
+        "starting": "starting",
+    }.get(status, status)
+
+
+@dataclass
+class RunOptions:
+    model: str | None = None
+    folder: Path | None = None
+    memory_mb: int = 1024
+    cpus: int = 2
+    accel: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TaskController(QObject):
+    """One task in the window: its live session (if any), pending questions, status."""
+
+    run_event = Signal(object)  # RunEvent (not "event": that is QObject.event)
+    changed = Signal()
+    permission_asked = Signal(object)  # PendingPermission
+    question_asked = Signal(object)  # PendingQuestion
+    finished = Signal(object)  # Outcome | Exception
+    closed = Signal()  # the session ended (VM powered off)
+
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        task_id: str | None = None,
+        title: str = "new task",
+        status: str = "idle",
+        reason: str | None = None,
+        folder: Path | None = None,
+        model: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.pool = pool
+        self.task_id = task_id
+        self.title = title
+        self.status = status
+        self.reason = reason
+        self.folder = folder
+        self.model = model
+        self.session: TaskSession | None = None
+        self.permissions: list[PendingPermission] = []
+        self.question: PendingQuestion | None = None
+        self.last_activity = ""
+        self.tokens = 0
+        self.cost = 0.0
+        self.started: float | None = None
+        self.elapsed = 0.0
+        self._job: asyncio.Task[None] | None = None
+        self._inbox: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
+        self._queued_prompt: str | None = None
+        self.asker = GuiAsker(self)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------ state
+    @property
+    def label(self) -> str:
+        if self.permissions or self.question:
+            return "waiting for you"
+        return status_label(self.status, self.reason)
+
+    @property
+    def live(self) -> bool:
+        return self._job is not None and not self._job.done()
+
+    @property
+    def busy(self) -> bool:
+        """A prompt is being worked on (not just a warm idle VM)."""
+        return self.live and self.status in (
+            "starting",
+            "running",
+            "waiting_permission",
+            "waiting_input",
+            "paused",
+        )
+
+    def _sink(self, ev: RunEvent) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            # The runner reports pack-build progress from a worker thread: widgets
+            # may only be touched on the Qt thread, so hop over to the loop.
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._sink, ev)
+            return
+        d = ev.data
+        if ev.kind is EventKind.TASK:
+            self.task_id = d.get("id") or self.task_id
+            self.title = str(d.get("title") or self.title)
+            self.model = d.get("model") or self.model
+            if d.get("folder"):
+                self.folder = Path(d["folder"])
+        elif ev.kind is EventKind.STATUS:
+            self.status = str(d.get("status"))
+            self.reason = d.get("reason")
+        elif ev.kind is EventKind.USAGE:
+            self.tokens = int(d.get("tokens") or 0)
+            self.cost = float(d.get("cost") or 0.0)
+        elif ev.kind is EventKind.DONE:
+            self.tokens = int(d.get("tokens") or self.tokens)
+        self.elapsed = ev.elapsed
+        self.last_activity = time.strftime("%H:%M")
+        self.run_event.emit(ev)
+        self.changed.emit()
+
+    # ------------------------------------------------------------ running
+    def submit(self, prompt: str, opts: RunOptions) -> None:
+        """Send a message: to the warm session, or start (resume) one, or queue it."""
+        if self.live and self.session is not None and not self.busy:
+            self._inbox.put_nowait(prompt)
+            return
+        if self.live:
+            raise RuntimeError("the task is running: steer or queue a follow-up instead")
+        self._opts = opts
+        if not self.pool.has_slot(self):
+            self._queued_prompt = prompt
+            self.status, self.reason = "queued", None
+            self.pool.enqueue(self)
+            self.changed.emit()
+            return
+        self._start(prompt)
+
+    def _start(self, prompt: str) -> None:
+        self.status, self.reason = "starting", None
+        self.changed.emit()
+        self._job = asyncio.ensure_future(self._run(prompt, self._opts))
+        self.pool.track(self)
+
+    def start_queued(self) -> None:
+        prompt, self._queued_prompt = self._queued_prompt, None
+        if prompt is not None:
+            self._start(prompt)
+
+    async def _run(self, prompt: str, opts: RunOptions) -> None:
+        req = RunRequest(
+            prompt=prompt,
+            folder=None if self.task_id else opts.folder,
+            model=opts.model,
+            task_id=self.task_id,
+            memory_mb=opts.memory_mb,
+            cpus=opts.cpus,
+            accel=opts.accel,
+            **opts.extra,
+        )
+        result: Outcome | BaseException | None = None
+        self._loop = asyncio.get_running_loop()
+        try:
+            async with TaskSession(req, self._sink, self.asker, paths=self.pool.paths) as s:
+                self.session = s
+                while True:
+                    result = await s.run_prompt(prompt)
+                    self.finished.emit(result)
+                    # Keep the VM warm for a follow-up, unless another task needs the slot.
+                    try:
+                        prompt = await self._next_prompt()
+                    except TimeoutError:
+                        break
+        except asyncio.CancelledError:
+            self.status, self.reason = "stopped", "cancelled"
+        except Exception as exc:  # shown to the person; the task record says what happened
+            log.exception("task failed")
+            self.status, self.reason = "stopped", "error"
+            self.run_event.emit(RunEvent(EventKind.ERROR, {"message": str(exc)}, 0.0, self.task_id))
+            self.finished.emit(exc)
+        finally:
+            self.session = None
+            self._cancel_questions()
+            self.closed.emit()
+            self.changed.emit()
+            self.pool.released(self)
+
+    async def _next_prompt(self) -> str:
+        deadline = asyncio.get_running_loop().time() + self.pool.keep_warm
+        while True:
+            if self.pool.waiting():
+                raise TimeoutError
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                raise TimeoutError
+            with contextlib.suppress(TimeoutError):
+                text = await asyncio.wait_for(self._inbox.get(), timeout=min(remaining, 1.0))
+                if text == _CLOSE:
+                    raise TimeoutError
+                return text
+
+    def _cancel_questions(self) -> None:
+        for p in list(self.permissions):
+            if not p.future.done():
+                p.future.set_result(None)
+        if self.question is not None and not self.question.future.done():
+            self.question.future.set_result(None)
+
+    def answer_permission(self, pending: PendingPermission, choice: Choice) -> None:
+        if not pending.future.done():
+            pending.future.set_result(choice)
+
+    def answer_question(self, answer: str | bool | None) -> None:
+        q = self.question
+        if q is not None and not q.future.done():
+            q.future.set_result(answer)
+
+    async def stop(self) -> None:
+        """Cancel the current run (ends "cancelled", resumable); a queued task leaves the queue."""
+        if self.status == "queued":
+            self.pool.dequeue(self)
+            self._queued_prompt = None
+            self.status, self.reason = "stopped", "cancelled"
+            self.changed.emit()
+            return
+        if self.session is not None and self.busy:
+            await self.session.stop()
+        elif self._job is not None and not self._job.done() and self.session is None:
+            self._job.cancel()  # still booting: cancelling start-up closes the VM
+
+    async def shut_down(self) -> None:
+        """Stop and power off (quit): the task stays resumable."""
+        await self.stop()
+        job = self._job
+        if job is not None and not job.done():
+            if self.session is not None:
+                # Leave the warm wait once the (stopped) run has ended: graceful power-off.
+                self._inbox.put_nowait(_CLOSE)
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(job), timeout=60)
+            if not job.done():
+                job.cancel()
+                with contextlib.suppress(BaseException):
+                    await job
+
+    async def steer(self, text: str) -> None:
+        if self.session is not None:
+            await self.session.steer(text)
+
+    async def follow_up(self, text: str) -> None:
+        if self.session is not None:
+            await self.session.follow_up(text)
+
+    async def pause(self) -> None:
+        if self.session is not None:
+            await self.session.pause_vm()
+
+    async def resume_vm(self) -> None:
+        if self.session is not None:
+            await self.session.resume_vm()
+
+
+class Pool:
+    """Several tasks at once, each in its own VM, up to ``limit``; the rest wait "queued"."""
+
+    def __init__(
+        self, limit: int = 2, *, paths: Paths | None = None, keep_warm: float = 300.0
+    ) -> None:
+        self.limit = max(1, limit)
+        self.paths = paths or get_paths()
+        self.keep_warm = keep_warm
+        self._live: list[TaskController] = []
+        self._queue: list[TaskController] = []
+        self.on_change: Callable[[], None] = lambda: None
+
+    def has_slot(self, ctl: TaskController) -> bool:
+        return len([c for c in self._live if c is not ctl]) < self.limit
+
+    def track(self, ctl: TaskController) -> None:
+        if ctl not in self._live:
+            self._live.append(ctl)
+
+    def enqueue(self, ctl: TaskController) -> None:
+        if ctl not in self._queue:
+            self._queue.append(ctl)
+
+    def dequeue(self, ctl: TaskController) -> None:
+        with contextlib.suppress(ValueError):
+            self._queue.remove(ctl)
+
+    def waiting(self) -> bool:
+        return bool(self._queue)
+
+    def released(self, ctl: TaskController) -> None:
+        with contextlib.suppress(ValueError):
+            self._live.remove(ctl)
+        while self._queue and len(self._live) < self.limit:
+            nxt = self._queue.pop(0)
+            nxt.start_queued()
+        self.on_change()
+
+    @property
+    def running(self) -> list[TaskController]:
+        return [c for c in self._live if c.live]

@@ -1,0 +1,411 @@
+"""Settings: models and keys, custom providers, policy rules and audit, limits and VM, packs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from piwork.auth import KeyStore
+from piwork.config import Paths
+from piwork.gui.controller import spawn
+from piwork.gui.prefs import Prefs, model_choices
+from piwork.gui.text import sanitize
+from piwork.models.custom import add_provider, remove_provider
+from piwork.models.defaults import DEMO, set_default_model
+from piwork.models.providers import (
+    PROVIDERS_FILE_NAME,
+    Provider,
+    load_custom_providers,
+    load_providers,
+)
+from piwork.policy import AuditLog, PolicyStore
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, paths: Paths, prefs: Prefs, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.paths, self.prefs = paths, prefs
+        self.setWindowTitle("piwork settings")
+        self.resize(860, 560)
+        lay = QVBoxLayout(self)
+        self.tabs = QTabWidget()
+        lay.addWidget(self.tabs)
+        self.tabs.addTab(self._models_tab(), "Models")
+        self.tabs.addTab(self._policy_tab(), "Permissions")
+        self.tabs.addTab(self._limits_tab(), "Limits and VM")
+        self.tabs.addTab(self._packs_tab(), "Packs")
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        lay.addWidget(buttons)
+
+    # ------------------------------------------------------------ models
+    def _models_tab(self) -> QWidget:
+        w = QWidget()
+        form = QFormLayout(w)
+        self.default_pick = QComboBox()
+        self._fill_default()
+        self.default_pick.currentIndexChanged.connect(self._default_changed)
+        self.default_note = QLabel()
+        form.addRow("Default model", self.default_pick)
+        form.addRow("", self.default_note)
+        self._update_default_note()
+        # keys: written to the keyring, never read back into the window
+        krow = QHBoxLayout()
+        self.key_provider = QComboBox()
+        for p in self._catalog().values():
+            if p.auth != "none":
+                self.key_provider.addItem(p.name, p.credential_name)
+        self.key_field = QLineEdit()
+        self.key_field.setEchoMode(QLineEdit.EchoMode.Password)
+        self.key_field.setPlaceholderText("paste a key (stored in the keyring, never shown)")
+        save = QPushButton("Save key")
+        save.clicked.connect(self._save_key)
+        krow.addWidget(self.key_provider)
+        krow.addWidget(self.key_field, 1)
+        krow.addWidget(save)
+        form.addRow("Provider key", krow)
+        self.key_status = QLabel()
+        form.addRow("", self.key_status)
+        # custom providers
+        self.custom_list = QListWidget()
+        self._fill_custom()
+        form.addRow("Custom providers", self.custom_list)
+        crow = QHBoxLayout()
+        self.c_name = QLineEdit()
+        self.c_name.setPlaceholderText("name")
+        self.c_url = QLineEdit()
+        self.c_url.setPlaceholderText("http://localhost:11434/v1")
+        self.c_models = QLineEdit()
+        self.c_models.setPlaceholderText("model ids, comma separated")
+        self.c_key = QCheckBox("needs a key")
+        add = QPushButton("Add / update")
+        add.clicked.connect(self._add_custom)
+        rm = QPushButton("Remove")
+        rm.clicked.connect(self._remove_custom)
+        for x, stretch in (
+            (self.c_name, 1),
+            (self.c_url, 3),
+            (self.c_models, 2),
+            (self.c_key, 0),
+            (add, 0),
+            (rm, 0),
+        ):
+            crow.addWidget(x, stretch)
+        form.addRow("", crow)
+        self.custom_list.currentRowChanged.connect(self._custom_selected)
+        return w
+
+    def _catalog(self) -> dict[str, Provider]:
+        try:
+            return dict(load_providers(self.paths.config / PROVIDERS_FILE_NAME))
+        except Exception:
+            return {}
+
+    def _fill_default(self) -> None:
+        self.default_pick.blockSignals(True)
+        self.default_pick.clear()
+        for ref, label in model_choices(self.paths):
+            self.default_pick.addItem(label, ref)
+        i = self.default_pick.findData(self.prefs.default_model)
+        self.default_pick.setCurrentIndex(max(0, i))
+        self.default_pick.blockSignals(False)
+
+    def _update_default_note(self) -> None:
+        self.default_note.setText(
+            "The demo is an offline script, not a real LLM: pick a real model once configured."
+            if self.prefs.default_model == DEMO
+            else "Used by new tasks here and by `piwork run` without --model."
+        )
+
+    def _default_changed(self) -> None:
+        ref = self.default_pick.currentData()
+        if ref:
+            set_default_model(ref, self.paths.settings_file)
+            self.prefs.default_model = ref
+            self._update_default_note()
+
+    def _save_key(self) -> None:
+        value = self.key_field.text().strip()
+        name = self.key_provider.currentData()
+        self.key_field.clear()
+        if not value or not name:
+            return
+        try:
+            KeyStore(paths=self.paths).set(name, value)
+        except Exception as exc:
+            self.key_status.setText(f"not saved: {sanitize(exc, limit=300)}")
+            return
+        self.key_status.setText(f"key for {name} saved")
+
+    def _fill_custom(self) -> None:
+        self.custom_list.clear()
+        try:
+            self._custom = load_custom_providers(self.paths.config / PROVIDERS_FILE_NAME)
+        except Exception as exc:
+            self._custom = []
+            self.custom_list.addItem(f"providers.json problem: {sanitize(exc, limit=300)}")
+            return
+        for p in self._custom:
+            self.custom_list.addItem(f"{p.name}  {p.base_url}  {', '.join(p.model_ids())}")
+
+    def _custom_selected(self, row: int) -> None:
+        if 0 <= row < len(self._custom):
+            p = self._custom[row]
+            self.c_name.setText(p.name)
+            self.c_url.setText(p.base_url)
+            self.c_models.setText(", ".join(p.model_ids()))
+            self.c_key.setChecked(p.key_required)
+
+    def _add_custom(self) -> None:
+        models = [m.strip() for m in self.c_models.text().split(",") if m.strip()]
+        try:
+            add_provider(
+                self.c_name.text().strip(),
+                self.c_url.text().strip(),
+                models,
+                key_required=self.c_key.isChecked(),
+                path=self.paths.config / PROVIDERS_FILE_NAME,
+            )
+        except Exception as exc:
+            QMessageBox.warning(self, "Provider not saved", sanitize(exc, limit=1500))
+            return
+        self._fill_custom()
+        self._fill_default()
+
+    def _remove_custom(self) -> None:
+        name = self.c_name.text().strip()
+        if name:
+            remove_provider(name, path=self.paths.config / PROVIDERS_FILE_NAME)
+            self._fill_custom()
+            self._fill_default()
+
+    # ------------------------------------------------------------ policy
+    def _policy_tab(self) -> QWidget:
+        w = QWidget()
+        lay = QVBoxLayout(w)
+        lay.addWidget(QLabel("Rules you saved with “Always allow” (defaults are built in):"))
+        self.rules = QTableWidget(0, 5)
+        self.rules.setObjectName("rulesTable")
+        self.rules.setHorizontalHeaderLabels(["Rule", "Action", "Scope", "Pattern", "Created"])
+        self.rules.horizontalHeader().setStretchLastSection(True)
+        lay.addWidget(self.rules, 2)
+        row = QHBoxLayout()
+        delete = QPushButton("Delete selected rule")
+        delete.clicked.connect(self._delete_rule)
+        reset = QPushButton("Reset to defaults…")
+        reset.clicked.connect(self._reset_rules)
+        row.addWidget(delete)
+        row.addWidget(reset)
+        row.addStretch(1)
+        lay.addLayout(row)
+        lay.addWidget(QLabel("Audit log (newest first):"))
+        self.audit = QPlainTextEdit()
+        self.audit.setReadOnly(True)
+        lay.addWidget(self.audit, 1)
+        self.refresh_policy()
+        return w
+
+    def refresh_policy(self) -> None:
+        try:
+            rules = PolicyStore(self.paths.policy_file).load()
+        except Exception as exc:
+            rules = []
+            self.audit.setPlainText(f"cannot read the policy: {exc}")
+        self._rules = rules
+        self.rules.setRowCount(len(rules))
+        for i, r in enumerate(rules):
+            for j, v in enumerate(
+                [r.describe(), r.action.value, r.scope.describe(), r.pattern or "", r.created]
+            ):
+                self.rules.setItem(i, j, QTableWidgetItem(sanitize(v, limit=400)))
+        self.rules.resizeColumnsToContents()
+        with contextlib.suppress(Exception):
+            entries = list(AuditLog(self.paths.audit_log).read())[-200:]
+            lines = [
+                f"{e.get('ts') or e.get('time') or ''}  {e.get('task') or '-'}  "
+                f"{e.get('action')} {e.get('target')}: {e.get('decision')} "
+                f"({e.get('decidedBy')})"
+                for e in reversed(entries)
+            ]
+            self.audit.setPlainText(sanitize("\n".join(lines) or "(empty)", limit=200_000))
+
+    def rule_texts(self) -> list[str]:
+        items = [self.rules.item(i, 0) for i in range(self.rules.rowCount())]
+        return [it.text() for it in items if it is not None]
+
+    def _delete_rule(self) -> None:
+        row = self.rules.currentRow()
+        if 0 <= row < len(self._rules):
+            PolicyStore(self.paths.policy_file).remove(self._rules[row].id)
+            self.refresh_policy()
+
+    def _reset_rules(self) -> None:
+        ans = QMessageBox.question(self, "Reset permissions?", "Remove every saved rule?")
+        if ans == QMessageBox.StandardButton.Yes:
+            PolicyStore(self.paths.policy_file).reset()
+            self.refresh_policy()
+
+    # ------------------------------------------------------------ limits / VM
+    def _limits_tab(self) -> QWidget:
+        w = QWidget()
+        form = QFormLayout(w)
+        self.max_tasks = QSpinBox()
+        self.max_tasks.setRange(1, 16)
+        self.max_tasks.setValue(self.prefs.max_tasks)
+        form.addRow("Tasks running at once (more wait “queued”)", self.max_tasks)
+        self.memory = QSpinBox()
+        self.memory.setRange(256, 65536)
+        self.memory.setSingleStep(256)
+        self.memory.setSuffix(" MB")
+        self.memory.setValue(self.prefs.memory_mb)
+        form.addRow("VM memory", self.memory)
+        self.cpus = QSpinBox()
+        self.cpus.setRange(1, 64)
+        self.cpus.setValue(self.prefs.cpus)
+        form.addRow("VM CPUs", self.cpus)
+        self.accel = QComboBox()
+        for label, val in (("best available", ""), ("KVM", "kvm"), ("HVF", "hvf"), ("TCG", "tcg")):
+            self.accel.addItem(label, val)
+        self.accel.setCurrentIndex(max(0, self.accel.findData(self.prefs.accel)))
+        form.addRow("Accelerator", self.accel)
+        self.keep_warm = QSpinBox()
+        self.keep_warm.setRange(0, 3600)
+        self.keep_warm.setSuffix(" s")
+        self.keep_warm.setValue(int(self.prefs.keep_warm_seconds))
+        form.addRow("Keep a finished task's VM for a follow-up", self.keep_warm)
+        try:
+            from piwork.tasks.settings import load_task_settings
+
+            lim = load_task_settings(self.paths.settings_file).default_limits
+            form.addRow(
+                "Task limits (settings.json)",
+                QLabel(
+                    f"turns {lim.max_turns}, wall time {lim.max_wall_time_seconds}s, "
+                    f"tokens {lim.max_tokens}, cost {lim.max_cost_usd}"
+                ),
+            )
+        except Exception as exc:
+            form.addRow("Task limits", QLabel(sanitize(exc, limit=300)))
+        save = QPushButton("Save")
+        save.clicked.connect(self._save_limits)
+        form.addRow("", save)
+        return w
+
+    def _save_limits(self) -> None:
+        self.prefs.max_tasks = self.max_tasks.value()
+        self.prefs.memory_mb = self.memory.value()
+        self.prefs.cpus = self.cpus.value()
+        self.prefs.accel = self.accel.currentData() or ""
+        self.prefs.keep_warm_seconds = float(self.keep_warm.value())
+        self.prefs.save(self.paths)
+
+    # ------------------------------------------------------------ packs
+    def _packs_tab(self) -> QWidget:
+        w = QWidget()
+        lay = QVBoxLayout(w)
+        self.packs = QListWidget()
+        lay.addWidget(self.packs, 1)
+        row = QHBoxLayout()
+        for label, fn in (
+            ("Build", self._build_pack),
+            ("Verify", self._verify_pack),
+            ("Remove unused", self._remove_unused),
+        ):
+            b = QPushButton(label)
+            b.clicked.connect(fn)
+            row.addWidget(b)
+        row.addStretch(1)
+        lay.addLayout(row)
+        self.pack_status = QLabel()
+        self.pack_status.setWordWrap(True)
+        lay.addWidget(self.pack_status)
+        self._fill_packs()
+        return w
+
+    def _fill_packs(self) -> None:
+        from piwork.pack import find_pack, list_packs
+
+        self.packs.clear()
+        try:
+            current = find_pack()
+            self._pack_infos = list_packs()
+        except Exception as exc:
+            self.pack_status.setText(sanitize(exc, limit=500))
+            self._pack_infos = []
+            current = None
+        self._current_pack = current
+        for p in self._pack_infos:
+            mark = "● current" if current is not None and p.path == current else ""
+            ok = "complete" if p.complete else f"incomplete {p.error}"
+            self.packs.addItem(f"{p.pack_id[:16]}  {p.size / 1e6:.0f} MB  {ok}  {mark}")
+
+    def _build_pack(self) -> None:
+        from piwork.pack import ensure_pack
+
+        self.pack_status.setText("building the pack…")
+
+        async def go() -> None:
+            try:
+                await asyncio.to_thread(ensure_pack, log=lambda m: print(f"pack: {m}", flush=True))
+                self.pack_status.setText("pack ready")
+            except Exception as exc:
+                self.pack_status.setText(f"build failed: {sanitize(exc, limit=800)}")
+            self._fill_packs()
+
+        spawn(go())
+
+    def _verify_pack(self) -> None:
+        from piwork.pack import verify
+
+        if self._current_pack is None:
+            self.pack_status.setText("no pack for this source tree: Build one")
+            return
+        res = verify(self._current_pack)
+        self.pack_status.setText(
+            "pack verified" if res.ok else "problems: " + "; ".join(res.problems()[:5])
+        )
+
+    def _remove_unused(self) -> None:
+        unused = [
+            p
+            for p in self._pack_infos
+            if self._current_pack is None or p.path != self._current_pack
+        ]
+        ans = QMessageBox.question(
+            self,
+            "Remove unused packs?",
+            f"Remove {len(unused)} pack(s) not built from this piwork's sources? "
+            "Another piwork install sharing this cache rebuilds its pack when it next runs.",
+        )
+        if ans != QMessageBox.StandardButton.Yes:
+            return
+        gone = 0
+        for p in self._pack_infos:
+            if self._current_pack is not None and p.path == self._current_pack:
+                continue
+            shutil.rmtree(p.path, ignore_errors=True)
+            gone += 1
+        self.pack_status.setText(f"removed {gone} unused pack(s)")
+        self._fill_packs()

@@ -1,0 +1,416 @@
+"""The conversation's pieces: messages (Markdown, highlighted code), tool rows, sheets."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+from pygments.lexers import TextLexer, get_lexer_by_name
+from pygments.token import Comment, Keyword, Name, Number, Operator, String, Token
+from pygments.util import ClassNotFound
+from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtGui import (
+    QColor,
+    QFont,
+    QKeyEvent,
+    QSyntaxHighlighter,
+    QTextCharFormat,
+    QTextDocument,
+    QTextFormat,
+)
+from PySide6.QtWidgets import (
+    QFrame,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QTextBrowser,
+    QVBoxLayout,
+    QWidget,
+)
+
+from piwork.gui.text import sanitize
+from piwork.policy import Choice
+
+_COLOURS: list[tuple[object, str]] = [
+    (Comment, "#6a737d"),
+    (Keyword, "#d73a49"),
+    (String, "#032f62"),
+    (Number, "#005cc5"),
+    (Name.Function, "#6f42c1"),
+    (Name.Builtin, "#005cc5"),
+    (Operator, "#d73a49"),
+]
+
+
+class CodeHighlighter(QSyntaxHighlighter):
+    """Colours fenced code blocks of a Markdown document with pygments, line by line."""
+
+    def highlightBlock(self, text: str) -> None:
+        fmt = self.currentBlock().blockFormat()
+        if not fmt.hasProperty(QTextFormat.Property.BlockCodeFence) and not fmt.hasProperty(
+            QTextFormat.Property.BlockCodeLanguage
+        ):
+            return
+        lang = str(fmt.property(QTextFormat.Property.BlockCodeLanguage) or "")
+        try:
+            lexer = get_lexer_by_name(lang) if lang else TextLexer()
+        except ClassNotFound:
+            lexer = TextLexer()
+        pos = 0
+        for ttype, value in lexer.get_tokens(text):
+            colour = None
+            for base, c in _COLOURS:
+                if ttype in base:  # type: ignore[operator]
+                    colour = c
+                    break
+            if colour and ttype is not Token.Text:
+                f = QTextCharFormat()
+                f.setForeground(QColor(colour))
+                self.setFormat(pos, len(value), f)
+            pos += len(value)
+
+
+class AutoHeightBrowser(QTextBrowser):
+    """A read-only rich text view as tall as its content (the conversation scrolls, not it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setOpenExternalLinks(True)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.document().documentLayout().documentSizeChanged.connect(self._fit)
+
+    def _fit(self) -> None:
+        h = int(self.document().size().height()) + 8
+        if h != self.height():
+            self.setFixedHeight(h)
+
+    def resizeEvent(self, e: object) -> None:
+        super().resizeEvent(e)  # type: ignore[arg-type]
+        self.document().setTextWidth(self.viewport().width())
+        self._fit()
+
+
+class MessageView(QFrame):
+    """One message. The agent's streams in: re-rendered as Markdown at most every
+    ``interval`` ms (longer when rendering is slow), so a 50 KB answer is not re-parsed
+    per token."""
+
+    def __init__(self, who: str, text: str = "", *, markdown: bool = True) -> None:
+        super().__init__()
+        self.who = who
+        self.setObjectName("msg-" + who)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(10, 6, 10, 6)
+        lay.setSpacing(2)
+        head = QLabel({"you": "You", "agent": "Agent"}.get(who, who))
+        head.setObjectName("msgHead")
+        lay.addWidget(head)
+        self.body = AutoHeightBrowser()
+        self.body.setObjectName("msgBody")
+        self.highlighter = CodeHighlighter(self.body.document())
+        lay.addWidget(self.body)
+        self.text = ""
+        self.markdown = markdown
+        self.renders = 0
+        self._pending = False
+        self._interval = 80
+        if text:
+            self.append(text)
+            self.flush()
+
+    def append(self, delta: str) -> None:
+        self.text += delta
+        if not self._pending:
+            self._pending = True
+            QTimer.singleShot(self._interval, self.flush)
+
+    def flush(self) -> None:
+        self._pending = False
+        t = time.monotonic()
+        shown = sanitize(self.text, limit=500_000)
+        if self.markdown:
+            self.body.document().setMarkdown(
+                shown, QTextDocument.MarkdownFeature.MarkdownDialectGitHub
+            )
+        else:
+            self.body.setPlainText(shown)
+        self.renders += 1
+        cost_ms = (time.monotonic() - t) * 1000
+        self._interval = int(min(1000, max(80, cost_ms * 4)))
+
+
+class ToolRow(QFrame):
+    """One tool step: icon, tool, key argument, ok/error, duration; click to see the output."""
+
+    # Symbols DejaVu Sans has (emoji fonts are often missing on Linux desktops).
+    ICONS: ClassVar[dict[str, str]] = {
+        "bash": "$",
+        "read": "≡",
+        "write": "✎",
+        "edit": "✎",
+        "ls": "▦",
+        "grep": "⌕",
+        "ask_user": "?",
+    }
+
+    def __init__(self, call_id: str, name: str, arg: str) -> None:
+        super().__init__()
+        self.setObjectName("toolRow")
+        self.call_id = call_id
+        self.name = sanitize(name, limit=60, keep_newlines=False)
+        self.arg = sanitize(arg, limit=160, keep_newlines=False)
+        self.t0 = time.monotonic()
+        self.ok: bool | None = None
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(8, 2, 8, 2)
+        lay.setSpacing(0)
+        self.head = QPushButton()
+        self.head.setObjectName("toolHead")
+        self.head.setFlat(True)
+        self.head.setCheckable(True)
+        self.head.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.head.toggled.connect(self._toggle)
+        lay.addWidget(self.head)
+        self.output = QPlainTextEdit()
+        self.output.setReadOnly(True)
+        self.output.setObjectName("toolOutput")
+        self.output.setMaximumHeight(220)
+        self.output.setFont(QFont("DejaVu Sans Mono", 9))
+        self.output.hide()
+        lay.addWidget(self.output)
+        self._render()
+
+    def _render(self) -> None:
+        icon = self.ICONS.get(self.name, "•")
+        if self.ok is None:
+            state = "…"
+        else:
+            state = ("✓" if self.ok else "✗ error") + f"  {self.duration:.1f}s"
+        arrow = "▾" if self.head.isChecked() else "▸"
+        self.head.setText(f"{arrow} {icon} {self.name}  {self.arg}   {state}")
+        self.head.setProperty("state", "run" if self.ok is None else ("ok" if self.ok else "err"))
+        self.head.style().unpolish(self.head)
+        self.head.style().polish(self.head)
+
+    def finish(self, ok: bool, text: str) -> None:
+        self.ok = ok
+        self.duration = time.monotonic() - self.t0
+        self.output.setPlainText(sanitize(text or "(no output)", limit=20_000))
+        self._render()
+
+    def _toggle(self, on: bool) -> None:
+        self.output.setVisible(on)
+        self._render()
+
+
+class NoticeRow(QLabel):
+    def __init__(self, text: str, kind: str = "notice") -> None:
+        super().__init__(sanitize(text, limit=2000))
+        self.setObjectName("notice-" + kind)
+        self.setWordWrap(True)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+
+
+class PermissionSheet(QFrame):
+    """One permission request: plain words, the rule "Always" would save, four answers.
+
+    Enter answers "Deny" (the default button); it is never an "Always" button.
+    """
+
+    answered = Signal(object)  # Choice
+
+    def __init__(
+        self,
+        plain: str,
+        detail: str,
+        folder: str | None,
+        folder_rules: list[str],
+        everywhere_rules: list[str],
+        queued: int = 0,
+    ) -> None:
+        super().__init__()
+        self.setObjectName("permissionSheet")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        lay = QVBoxLayout(self)
+        title = QLabel("Permission needed" + (f"  ({queued} more waiting)" if queued else ""))
+        title.setObjectName("sheetTitle")
+        lay.addWidget(title)
+        what = QLabel(plain)
+        what.setWordWrap(True)
+        what.setObjectName("sheetWhat")
+        self.what = what
+        lay.addWidget(what)
+        if detail:
+            d = QLabel(detail)
+            d.setWordWrap(True)
+            d.setObjectName("sheetDetail")
+            lay.addWidget(d)
+        lay.addWidget(QLabel(f"Working folder: {folder or '(none)'}"))
+        self.rule_label = QLabel(self._rule_text(folder_rules, everywhere_rules))
+        self.rule_label.setObjectName("sheetRule")
+        self.rule_label.setWordWrap(True)
+        self.rule_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.rule_label)
+        row = QHBoxLayout()
+        self.buttons: dict[Choice, QPushButton] = {}
+        for choice, label in (
+            (Choice.ALLOW_ONCE, "Allow once"),
+            (Choice.ALWAYS_FOLDER, "Always allow in this folder"),
+            (Choice.ALWAYS_EVERYWHERE, "Always allow everywhere"),
+            (Choice.DENY, "Deny"),
+        ):
+            b = QPushButton(label)
+            b.setAutoDefault(choice is Choice.DENY)
+            b.setDefault(choice is Choice.DENY)
+            b.clicked.connect(lambda _=False, c=choice: self.answered.emit(c))
+            if choice.persists and not (
+                folder_rules if choice is Choice.ALWAYS_FOLDER else everywhere_rules
+            ):
+                b.setEnabled(False)
+                b.setToolTip("this request cannot be remembered as a rule")
+            self.buttons[choice] = b
+            row.addWidget(b)
+        lay.addLayout(row)
+
+    @staticmethod
+    def _rule_text(folder_rules: list[str], everywhere_rules: list[str]) -> str:
+        def lines(rules: list[str]) -> str:
+            return "; ".join(rules) if rules else "(nothing can be remembered)"
+
+        return (
+            f"“Always allow in this folder” saves: {lines(folder_rules)}\n"
+            f"“Always allow everywhere” saves: {lines(everywhere_rules)}"
+        )
+
+    def keyPressEvent(self, e: QKeyEvent) -> None:
+        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            focused = self.focusWidget()
+            # Enter on a focused "Allow once" button answers it; anywhere else it denies.
+            for choice, b in self.buttons.items():
+                if b is focused and not choice.persists:
+                    self.answered.emit(choice)
+                    return
+            self.answered.emit(Choice.DENY)
+            return
+        super().keyPressEvent(e)
+
+
+class QuestionBar(QFrame):
+    """The agent's ``ask_user`` question in the composer: buttons for a select, else a field."""
+
+    answered = Signal(object)
+
+    def __init__(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> None:
+        super().__init__()
+        self.setObjectName("questionBar")
+        lay = QVBoxLayout(self)
+        q = QLabel("The agent asks: " + sanitize(title, limit=1000))
+        q.setWordWrap(True)
+        q.setObjectName("questionText")
+        lay.addWidget(q)
+        if message:
+            m = QLabel(sanitize(message, limit=2000))
+            m.setWordWrap(True)
+            lay.addWidget(m)
+        row = QHBoxLayout()
+        self.option_buttons: list[QPushButton] = []
+        if method == "select" and options:
+            for opt in options[:20]:
+                b = QPushButton(sanitize(opt, limit=120, keep_newlines=False))
+                b.clicked.connect(lambda _=False, o=opt: self.answered.emit(o))
+                self.option_buttons.append(b)
+                row.addWidget(b)
+        elif method == "confirm":
+            for label, val in (("Yes", True), ("No", False)):
+                b = QPushButton(label)
+                b.clicked.connect(lambda _=False, v=val: self.answered.emit(v))
+                self.option_buttons.append(b)
+                row.addWidget(b)
+        else:
+            self.field = QLineEdit()
+            self.field.returnPressed.connect(lambda: self.answered.emit(self.field.text()))
+            row.addWidget(self.field)
+            ok = QPushButton("Answer")
+            ok.clicked.connect(lambda: self.answered.emit(self.field.text()))
+            row.addWidget(ok)
+        skip = QPushButton("Skip")
+        skip.clicked.connect(lambda: self.answered.emit(None))
+        row.addWidget(skip)
+        lay.addLayout(row)
+
+
+class Composer(QPlainTextEdit):
+    """Enter sends (steers while running), Alt+Enter queues a follow-up, Shift+Enter: newline."""
+
+    send = Signal(str)
+    queue_follow_up = Signal(str)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setPlaceholderText(
+            "Describe a task…  Enter sends (steers while running) · Alt+Enter queues "
+            "a follow-up · Shift+Enter new line"
+        )
+        self.setMaximumHeight(110)
+        self.setTabChangesFocus(True)
+
+    def sizeHint(self) -> QSize:
+        return QSize(400, 70)
+
+    def keyPressEvent(self, e: QKeyEvent) -> None:
+        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            mods = e.modifiers()
+            if mods & Qt.KeyboardModifier.ShiftModifier:
+                super().keyPressEvent(e)
+                return
+            text = self.toPlainText().strip()
+            if not text:
+                return
+            if mods & Qt.KeyboardModifier.AltModifier:
+                self.queue_follow_up.emit(text)
+            else:
+                self.send.emit(text)
+            return
+        super().keyPressEvent(e)
+
+
+def file_kind(path: str) -> str:
+    ext = Path(path).suffix.lower()
+    if ext in (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp", ".svg"):
+        return "image"
+    if ext in (".md", ".markdown"):
+        return "markdown"
+    if ext in (".csv", ".tsv"):
+        return "csv"
+    if ext in (".html", ".htm"):
+        return "html"
+    return "text"
+
+
+def debounce(ms: int, fn: Callable[[], None]) -> Callable[[], None]:
+    timer = QTimer()
+    timer.setSingleShot(True)
+    timer.setInterval(ms)
+    timer.timeout.connect(fn)
+
+    def kick() -> None:
+        timer.start()
+
+    kick.timer = timer  # type: ignore[attr-defined]
+    return kick
+
+
+def spacer() -> QWidget:
+    w = QWidget()
+    w.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+    return w

@@ -1,0 +1,802 @@
+"""The main window: task rail | conversation + composer | context panel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QSize, Qt, QTimer
+from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QApplication,
+    QComboBox,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QPushButton,
+    QScrollArea,
+    QSplitter,
+    QStackedWidget,
+    QSystemTrayIcon,
+    QVBoxLayout,
+    QWidget,
+)
+
+from piwork.config import Paths, get_paths
+from piwork.gui.context import ContextPanel
+from piwork.gui.controller import (
+    PendingPermission,
+    PendingQuestion,
+    Pool,
+    RunOptions,
+    TaskController,
+    spawn,
+)
+from piwork.gui.history import load_history
+from piwork.gui.prefs import Prefs, model_choices
+from piwork.gui.text import always_rules, plain_request, sanitize
+from piwork.gui.widgets import (
+    Composer,
+    MessageView,
+    NoticeRow,
+    PermissionSheet,
+    QuestionBar,
+    ToolRow,
+)
+from piwork.policy import Choice
+from piwork.runner import EventKind, RunEvent
+from piwork.tasks import TaskStore
+
+SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+ICON = Path(__file__).with_name("icons") / "piwork.svg"
+STYLE = """
+#rail { background: #f4f5f7; border: none; }
+#rail::item { padding: 6px 8px; border-bottom: 1px solid #e3e5e8; }
+#rail::item:selected { background: #dbe7ff; color: black; }
+#msg-you { background: #eef3ff; border-radius: 8px; }
+#msg-agent { background: white; border: 1px solid #e6e6e6; border-radius: 8px; }
+#msgHead { color: #555; font-weight: bold; }
+#toolHead { text-align: left; border: none; padding: 3px; color: #333; }
+#toolHead[state="err"] { color: #b00020; }
+#toolHead[state="ok"] { color: #1b5e20; }
+#notice-notice { color: #777; padding: 2px 10px; }
+#notice-error { color: #b00020; padding: 2px 10px; }
+#notice-boot { color: #555; padding: 2px 10px; }
+#permissionSheet { background: #fff8e1; border: 1px solid #f0c36d; border-radius: 8px; }
+#sheetTitle { font-weight: bold; font-size: 11pt; }
+#sheetRule { font-family: "DejaVu Sans Mono"; background: #fffdf5; padding: 4px; }
+#questionBar { background: #e8f5e9; border: 1px solid #a5d6a7; border-radius: 8px; }
+#usage { color: #444; }
+"""
+
+
+class Conversation(QScrollArea):
+    """One task's conversation: a column of messages, tool rows and notices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        inner = QWidget()
+        self.col = QVBoxLayout(inner)
+        self.col.setContentsMargins(12, 12, 12, 12)
+        self.col.setSpacing(6)
+        self.col.addStretch(1)
+        self.setWidget(inner)
+        self.current: MessageView | None = None
+        self.tools: dict[str, ToolRow] = {}
+        self.verticalScrollBar().rangeChanged.connect(self._stick)
+        self._follow = True
+
+    def _stick(self, _min: int, maximum: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(maximum)
+
+    def add(self, w: QWidget) -> QWidget:
+        self.col.insertWidget(self.col.count() - 1, w)
+        return w
+
+    def user(self, text: str, mode: str | None = None) -> None:
+        who = {"steer": "you (steer)", "follow_up": "you (queued follow-up)"}.get(mode or "", "you")
+        self.current = None
+        self.add(MessageView(who if who != "you" else "you", text, markdown=False))
+
+    def text(self, delta: str) -> None:
+        if self.current is None:
+            self.current = MessageView("agent")
+            self.add(self.current)
+        self.current.append(delta)
+
+    def text_end(self) -> None:
+        if self.current is not None:
+            self.current.flush()
+        self.current = None
+
+    def tool_start(self, call_id: str, name: str, arg: str) -> None:
+        if self.current is not None:
+            self.current.flush()
+        self.current = None
+        row = ToolRow(call_id, name, arg)
+        self.tools[call_id] = row
+        self.add(row)
+
+    def tool_end(self, call_id: str, name: str, ok: bool, text: str) -> None:
+        row = self.tools.get(call_id)
+        if row is None:
+            row = ToolRow(call_id, name, "")
+            self.tools[call_id] = row
+            self.add(row)
+        row.finish(ok, text)
+
+    def notice(self, text: str, kind: str = "notice") -> None:
+        self.add(NoticeRow(text, kind))
+
+    def messages(self) -> list[MessageView]:
+        out = []
+        for i in range(self.col.count()):
+            item = self.col.itemAt(i)
+            w = item.widget() if item is not None else None
+            if isinstance(w, MessageView):
+                out.append(w)
+        return out
+
+    def tool_rows(self) -> list[ToolRow]:
+        return list(self.tools.values())
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, *, paths: Paths | None = None, prefs: Prefs | None = None) -> None:
+        super().__init__()
+        self.paths = paths or get_paths()
+        self.prefs = prefs or Prefs.load(self.paths)
+        self.setWindowTitle("piwork")
+        self.setWindowIcon(QIcon(str(ICON)))
+        self.pool = Pool(
+            self.prefs.max_tasks, paths=self.paths, keep_warm=self.prefs.keep_warm_seconds
+        )
+        self.pool.on_change = self._refresh_rail
+        self.extra_run_args: dict[str, Any] = {}
+        self.tasks: list[TaskController] = []
+        self.conversations: dict[int, Conversation] = {}
+        self._spin = 0
+        self._quitting = False
+        self._build()
+        self._load_tasks()
+        self._tray_setup()
+        self._timer = QTimer(self)
+        self._timer.setInterval(120)
+        self._timer.timeout.connect(self._tick)
+        self._timer.start()
+
+    # ------------------------------------------------------------ layout
+    def _build(self) -> None:
+        self.setStyleSheet(STYLE)
+        split = QSplitter()
+        # Rail
+        left = QWidget()
+        ll = QVBoxLayout(left)
+        ll.setContentsMargins(0, 0, 0, 0)
+        self.new_btn = QPushButton("+ New task")
+        self.new_btn.setToolTip("Ctrl+N")
+        self.new_btn.clicked.connect(self.new_task)
+        ll.addWidget(self.new_btn)
+        self.rail = QListWidget()
+        self.rail.setObjectName("rail")
+        self.rail.setIconSize(QSize(10, 10))
+        self.rail.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.rail.setWordWrap(True)
+        self.rail.currentRowChanged.connect(self._select_row)
+        self.rail.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.rail.customContextMenuRequested.connect(self._rail_menu)
+        ll.addWidget(self.rail)
+        self.settings_btn = QPushButton("Settings")
+        self.settings_btn.clicked.connect(self.open_settings)
+        ll.addWidget(self.settings_btn)
+        left.setMinimumWidth(220)
+        split.addWidget(left)
+        # Centre
+        centre = QWidget()
+        cl = QVBoxLayout(centre)
+        cl.setContentsMargins(0, 0, 0, 0)
+        self.header = QLabel("")
+        self.header.setObjectName("taskHeader")
+        self.header.setContentsMargins(12, 6, 12, 0)
+        cl.addWidget(self.header)
+        self.stack = QStackedWidget()
+        self.empty = QLabel(
+            "Start a task: describe it below, pick a folder and a model, press Enter.\n"
+            "Ctrl+N new task · Ctrl+1..9 switch · Esc stop"
+        )
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.stack.addWidget(self.empty)
+        cl.addWidget(self.stack, 1)
+        self.sheet_host = QVBoxLayout()
+        cl.addLayout(self.sheet_host)
+        self.question_host = QVBoxLayout()
+        cl.addLayout(self.question_host)
+        bar = QHBoxLayout()
+        self.model_pick = QComboBox()
+        self.model_pick.setToolTip("Model for a new task")
+        self._fill_models()
+        bar.addWidget(self.model_pick)
+        self.folder_btn = QPushButton("Folder…")
+        self.folder_btn.setToolTip("Working folder for a new task")
+        self.folder_btn.clicked.connect(self._pick_folder)
+        bar.addWidget(self.folder_btn)
+        self.folder_lbl = QLabel("no folder")
+        bar.addWidget(self.folder_lbl, 1)
+        self.pause_btn = QPushButton("Pause")
+        self.pause_btn.clicked.connect(self._pause_clicked)
+        bar.addWidget(self.pause_btn)
+        cl.addLayout(bar)
+        row = QHBoxLayout()
+        self.composer = Composer()
+        self.composer.send.connect(self._send_text)
+        self.composer.queue_follow_up.connect(self._queue_text)
+        row.addWidget(self.composer, 1)
+        self.send_btn = QPushButton("Send")
+        self.send_btn.setMinimumWidth(80)
+        self.send_btn.clicked.connect(self._send_clicked)
+        row.addWidget(self.send_btn)
+        cl.addLayout(row)
+        split.addWidget(centre)
+        # Context
+        self.context = ContextPanel()
+        split.addWidget(self.context)
+        split.setSizes([240, 620, 320])
+        split.setStretchFactor(1, 1)
+        self.setCentralWidget(split)
+        self.new_folder: Path | None = None
+        self.resize(1280, 800)
+        # Keyboard
+        QShortcut(QKeySequence("Ctrl+N"), self, self.new_task)
+        QShortcut(QKeySequence("Ctrl+Return"), self, self._send_clicked)
+        QShortcut(QKeySequence("Ctrl+Enter"), self, self._send_clicked)
+        QShortcut(QKeySequence("Escape"), self, self._esc)
+        QShortcut(QKeySequence("Ctrl+,"), self, self.open_settings)
+        for i in range(1, 10):
+            QShortcut(QKeySequence(f"Ctrl+{i}"), self, lambda i=i: self.select_index(i - 1))
+        self.setTabOrder(self.composer, self.send_btn)
+        self.setTabOrder(self.send_btn, self.model_pick)
+        self.setTabOrder(self.model_pick, self.folder_btn)
+        self.setTabOrder(self.folder_btn, self.pause_btn)
+        self.setTabOrder(self.pause_btn, self.rail)
+        self.setTabOrder(self.rail, self.new_btn)
+        self._update_composer()
+
+    def _fill_models(self) -> None:
+        self.model_pick.clear()
+        default = self.prefs.default_model
+        for ref, label in model_choices(self.paths):
+            self.model_pick.addItem(label, ref)
+        i = self.model_pick.findData(default)
+        if i < 0:
+            self.model_pick.addItem(default, default)
+            i = self.model_pick.count() - 1
+        self.model_pick.setCurrentIndex(i)
+
+    # ------------------------------------------------------------ tasks
+    def _load_tasks(self) -> None:
+        store = TaskStore(self.paths.tasks)
+        try:
+            for t in store.list():
+                r = t.record
+                if t.id in self.prefs.archived:
+                    continue
+                ctl = TaskController(
+                    self.pool,
+                    task_id=t.id,
+                    title=r.title,
+                    status=r.status.value,
+                    reason=r.stop.reason.value if r.stop else None,
+                    folder=r.working_folder,
+                    model=r.model,
+                )
+                ctl.tokens = r.usage.total_tokens
+                ctl.cost = r.usage.cost_usd
+                ctl.elapsed = r.wall_seconds()
+                self._add(ctl, history=True)
+        finally:
+            store.close()
+        if self.tasks:
+            self.rail.setCurrentRow(0)
+
+    def _add(self, ctl: TaskController, *, history: bool = False) -> None:
+        conv = Conversation()
+        self.conversations[id(ctl)] = conv
+        self.stack.addWidget(conv)
+        if history and ctl.task_id:
+            load_history(self.paths.tasks / ctl.task_id / "transcript.jsonl", conv)
+        ctl.run_event.connect(lambda ev, c=ctl: self._on_event(c, ev))
+        ctl.changed.connect(self._refresh_rail)
+        ctl.permission_asked.connect(lambda p, c=ctl: self._on_permission(c, p))
+        ctl.question_asked.connect(lambda q, c=ctl: self._on_question(c, q))
+        ctl.finished.connect(lambda r, c=ctl: self._on_finished(c, r))
+        ctl.closed.connect(lambda c=ctl: self.context.unwatch(c.task_id or ""))
+        self.tasks.insert(0, ctl)
+        item = QListWidgetItem()
+        self.rail.insertItem(0, item)
+        self._refresh_rail()
+
+    def current(self) -> TaskController | None:
+        row = self.rail.currentRow()
+        return self.tasks[row] if 0 <= row < len(self.tasks) else None
+
+    def conversation(self, ctl: TaskController) -> Conversation:
+        return self.conversations[id(ctl)]
+
+    def new_task(self) -> None:
+        self.rail.clearSelection()
+        self.rail.setCurrentRow(-1)
+        self.stack.setCurrentWidget(self.empty)
+        self.new_folder = None
+        self.folder_lbl.setText("no folder")
+        self._update_composer()
+        self.composer.setFocus()
+
+    def select_index(self, i: int) -> None:
+        if 0 <= i < len(self.tasks):
+            self.rail.setCurrentRow(i)
+
+    def select(self, ctl: TaskController) -> None:
+        self.select_index(self.tasks.index(ctl))
+
+    def _select_row(self, row: int) -> None:
+        ctl = self.current()
+        if ctl is None:
+            self.stack.setCurrentWidget(self.empty)
+            self.context.show_task(None, None, None)
+        else:
+            self.stack.setCurrentWidget(self.conversation(ctl))
+            outputs = self.paths.tasks / ctl.task_id / "outputs" if ctl.task_id else None
+            self.context.show_task(ctl.task_id, ctl.folder, outputs)
+            self.context.set_usage(ctl.tokens, ctl.cost, ctl.elapsed)
+        self._show_sheets()
+        self._update_composer()
+
+    def _refresh_rail(self) -> None:
+        sel = self.current()
+        for i, ctl in enumerate(self.tasks):
+            item = self.rail.item(i)
+            if item is None:
+                continue
+            label = ctl.label
+            spin = SPINNER[self._spin % len(SPINNER)] + " " if ctl.busy else ""
+            badge = ""
+            if (ctl.permissions or ctl.question) and ctl is not sel:
+                n = len(ctl.permissions) + (1 if ctl.question else 0)
+                badge = f"  ⚠ {n}"
+            when = f" · {ctl.last_activity}" if ctl.last_activity else ""
+            item.setText(
+                f"{sanitize(ctl.title, limit=60, keep_newlines=False)}{badge}\n{spin}{label}{when}"
+            )
+            item.setToolTip(f"{ctl.task_id or 'not started'} — Ctrl+{i + 1}" if i < 9 else "")
+        if sel is not None:
+            self.header.setText(
+                f"<b>{sanitize(sel.title, limit=120)}</b> — {sel.label}"
+                + (f" · {sel.model}" if sel.model else "")
+            )
+            self.context.set_usage(sel.tokens, sel.cost, sel.elapsed)
+        else:
+            self.header.setText("New task")
+        self._update_composer()
+
+    def _tick(self) -> None:
+        if any(c.busy for c in self.tasks):
+            self._spin += 1
+            self._refresh_rail()
+
+    # ------------------------------------------------------------ composer
+    def _update_composer(self) -> None:
+        ctl = self.current()
+        running = ctl is not None and ctl.busy
+        self.send_btn.setText("Stop" if running else "Send")
+        self.model_pick.setEnabled(ctl is None)
+        self.folder_btn.setEnabled(ctl is None)
+        if ctl is not None:  # show the task's own model and folder, not the new-task choice
+            ref = ctl.model or "demo"
+            i = self.model_pick.findData(ref)
+            if i < 0:
+                self.model_pick.addItem(ref, ref)
+                i = self.model_pick.count() - 1
+            self.model_pick.setCurrentIndex(i)
+            self.folder_lbl.setText(str(ctl.folder) if ctl.folder else "no folder")
+        elif self.new_folder is None:
+            self.folder_lbl.setText("no folder")
+        self.pause_btn.setVisible(running)
+        if ctl is not None and ctl.status == "paused":
+            self.pause_btn.setText("Continue")
+        else:
+            self.pause_btn.setText("Pause")
+        if ctl is None:
+            self.composer.setPlaceholderText("Describe a new task… (Enter sends)")
+        elif running:
+            self.composer.setPlaceholderText(
+                "Enter steers the running task · Alt+Enter queues a follow-up"
+            )
+        else:
+            self.composer.setPlaceholderText("Continue this task with a new message… (Enter)")
+
+    def _pick_folder(self) -> None:
+        d = QFileDialog.getExistingDirectory(self, "Working folder for the new task")
+        if d:
+            self.new_folder = Path(d)
+            self.folder_lbl.setText(d)
+
+    def _send_clicked(self) -> None:
+        ctl = self.current()
+        if ctl is not None and ctl.busy:
+            self.confirm_stop(ctl)
+            return
+        text = self.composer.toPlainText().strip()
+        if text:
+            self._send_text(text)
+
+    def run_options(self, model: str | None) -> RunOptions:
+        return RunOptions(
+            model=model,
+            folder=self.new_folder,
+            memory_mb=self.prefs.memory_mb,
+            cpus=self.prefs.cpus,
+            accel=self.prefs.accel or None,
+            extra=dict(self.extra_run_args),
+        )
+
+    def _send_text(self, text: str) -> None:
+        ctl = self.current()
+        self.composer.clear()
+        if ctl is None:
+            model = self.model_pick.currentData() or self.prefs.default_model
+            ctl = TaskController(
+                self.pool, title=text.splitlines()[0][:80], folder=self.new_folder, model=model
+            )
+            self._add(ctl)
+            self.select(ctl)
+            ctl.submit(text, self.run_options(model))
+            return
+        if ctl.busy:
+            if ctl.session is None:  # still booting: keep the text rather than drop it
+                self.composer.setPlainText(text)
+                self.conversation(ctl).notice(
+                    "the agent is still starting: send again once it is ready"
+                )
+                return
+            spawn(ctl.steer(text))
+            return
+        ctl.submit(text, self.run_options(None))
+        self._update_composer()
+
+    def _queue_text(self, text: str) -> None:
+        ctl = self.current()
+        if ctl is None or not ctl.busy:
+            self._send_text(text)
+            return
+        if ctl.session is None:
+            self.conversation(ctl).notice(
+                "the agent is still starting: queue again once it is ready"
+            )
+            return
+        self.composer.clear()
+        spawn(ctl.follow_up(text))
+
+    def _pause_clicked(self) -> None:
+        ctl = self.current()
+        if ctl is None:
+            return
+        if ctl.status == "paused":
+            spawn(ctl.resume_vm())
+        else:
+            spawn(ctl.pause())
+
+    def _esc(self) -> None:
+        ctl = self.current()
+        if ctl is not None and (ctl.busy or ctl.status == "queued"):
+            self.confirm_stop(ctl)
+
+    def confirm_stop(self, ctl: TaskController) -> None:
+        box = QMessageBox(self)
+        box.setWindowTitle("Stop the task?")
+        box.setText(f"Stop “{sanitize(ctl.title, limit=80)}”? You can continue it later.")
+        stop = box.addButton("Stop", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton("Keep running", QMessageBox.ButtonRole.RejectRole)
+        box.setDefaultButton(stop)
+        self._stop_box = box
+        box.finished.connect(lambda _r: self._stop_answer(ctl, box.clickedButton() is stop))
+        box.open()
+
+    def _stop_answer(self, ctl: TaskController, yes: bool) -> None:
+        if yes:
+            spawn(ctl.stop())
+
+    # ------------------------------------------------------------ events
+    def _on_event(self, ctl: TaskController, ev: RunEvent) -> None:
+        conv = self.conversation(ctl)
+        d = ev.data
+        k = ev.kind
+        if k is EventKind.PROMPT:
+            conv.user(str(d.get("message", "")), d.get("mode"))
+        elif k is EventKind.TEXT:
+            conv.text(str(d.get("delta", "")))
+        elif k is EventKind.TEXT_END:
+            conv.text_end()
+            if d.get("error"):
+                conv.notice(f"model error: {d['error']}", "error")
+        elif k is EventKind.TOOL_START:
+            conv.tool_start(str(d.get("id")), str(d.get("name")), str(d.get("arg") or ""))
+        elif k is EventKind.TOOL_END:
+            conv.tool_end(
+                str(d.get("id")), str(d.get("name")), bool(d.get("ok")), str(d.get("text") or "")
+            )
+        elif k is EventKind.BOOT:
+            conv.notice(
+                f"booting the VM: {d.get('stage')} ({float(d.get('seconds') or 0):.1f}s)", "boot"
+            )
+        elif k is EventKind.READY:
+            conv.notice(f"agent ready after {float(d.get('seconds') or 0):.1f}s", "boot")
+        elif k is EventKind.NOTICE:
+            conv.notice(str(d.get("message", "")))
+        elif k is EventKind.ERROR:
+            conv.notice(str(d.get("message", "")), "error")
+        elif k is EventKind.PERMISSION:
+            dec = d.get("decision")
+            if dec != "ask":
+                rule = d.get("rule") or ", ".join(d.get("rules") or [])
+                conv.notice(
+                    f"permission {d.get('action')} {d.get('target')}: {dec}"
+                    + (f" by {d.get('by')}" if d.get("by") else "")
+                    + (f" — rule {rule}" if rule else "")
+                )
+            if dec == "cancelled":
+                self._show_sheets()
+        elif k is EventKind.TASK and ctl.task_id:
+            outputs = self.paths.tasks / ctl.task_id / "outputs"
+            self.context.watch(ctl.task_id, ctl.folder, outputs)
+            if self.current() is ctl:
+                self.context.show_task(ctl.task_id, ctl.folder, outputs)
+        elif k is EventKind.DONE:
+            conv.text_end()
+            msg = d.get("message")
+            conv.notice(
+                f"— {ctl.label}"
+                + (f": {msg}" if msg else "")
+                + f" · {d.get('tokens', 0)} tokens, {d.get('turns', 0)} turns —"
+            )
+        elif str(k.value) == "changes" and self.current() is ctl:  # checkpoints branch
+            self.context.on_changes_event(d)
+
+    def _notify(self, ctl: TaskController, what: str) -> None:
+        if self.isActiveWindow() or self.tray is None:
+            return
+        self.tray.showMessage(
+            "piwork",
+            f"{sanitize(ctl.title, limit=60)}: {what}",
+            QSystemTrayIcon.MessageIcon.Information,
+            8000,
+        )
+        self.notifications.append(what)
+
+    def _on_finished(self, ctl: TaskController, result: object) -> None:
+        self._notify(ctl, ctl.label)
+        self._update_composer()
+
+    # ------------------------------------------------------------ questions
+    def _on_permission(self, ctl: TaskController, pending: PendingPermission) -> None:
+        self._notify(ctl, "waiting for your permission")
+        self._show_sheets()
+
+    def _on_question(self, ctl: TaskController, q: PendingQuestion) -> None:
+        self._notify(ctl, "the agent asks you something")
+        self._show_sheets()
+
+    def _clear(self, layout: QVBoxLayout) -> None:
+        while layout.count():
+            item = layout.takeAt(0)
+            w = item.widget() if item is not None else None
+            if w is not None:
+                w.hide()
+                w.deleteLater()
+
+    def _show_sheets(self) -> None:
+        """Show the selected task's first pending permission (the rest queue) and question."""
+        self._clear(self.sheet_host)
+        self._clear(self.question_host)
+        self.sheet: PermissionSheet | None = None
+        self.question_bar: QuestionBar | None = None
+        ctl = self.current()
+        if ctl is None:
+            return
+        pending = [p for p in ctl.permissions if not p.future.done()]
+        if pending:
+            p = pending[0]
+            req = p.request
+            folder = ctl.folder
+            kw = dict(task_id=ctl.task_id, folder=folder, policy_file=self.paths.policy_file)
+            sheet = PermissionSheet(
+                plain_request(req),
+                sanitize(req.question, limit=600),
+                str(folder) if folder else None,
+                always_rules(req, Choice.ALWAYS_FOLDER, **kw),  # type: ignore[arg-type]
+                always_rules(req, Choice.ALWAYS_EVERYWHERE, **kw),  # type: ignore[arg-type]
+                queued=len(pending) - 1,
+            )
+            sheet.answered.connect(lambda c, p=p, t=ctl: self._answer(t, p, c))
+            self.sheet_host.addWidget(sheet)
+            self.sheet = sheet
+            sheet.buttons[Choice.DENY].setFocus()
+        q = ctl.question
+        if q is not None and not q.future.done():
+            bar = QuestionBar(q.method, q.title, q.message, q.options)
+            bar.answered.connect(lambda a, t=ctl: self._answer_q(t, a))
+            self.question_host.addWidget(bar)
+            self.question_bar = bar
+
+    def _answer(self, ctl: TaskController, p: PendingPermission, c: Choice) -> None:
+        ctl.answer_permission(p, c)
+        QTimer.singleShot(0, self._show_sheets)
+
+    def _answer_q(self, ctl: TaskController, answer: object) -> None:
+        ctl.answer_question(answer)  # type: ignore[arg-type]
+        QTimer.singleShot(0, self._show_sheets)
+
+    # ------------------------------------------------------------ rail menu
+    def _rail_menu(self, pos: Any) -> None:
+        ctl = self.current()
+        if ctl is None:
+            return
+        menu = QMenu(self)
+        menu.addAction("Rename…", lambda: self.rename(ctl))
+        menu.addAction("Archive", lambda: self.archive(ctl))
+        menu.addAction("Delete…", lambda: self.delete(ctl))
+        menu.exec(self.rail.mapToGlobal(pos))
+
+    def rename(self, ctl: TaskController, title: str | None = None) -> None:
+        if title is None:
+            title, ok = QInputDialog.getText(self, "Rename task", "Title", text=ctl.title)
+            if not ok:
+                return
+        title = " ".join(title.split())
+        if not title:
+            return
+        if ctl.task_id:
+            store = TaskStore(self.paths.tasks)
+            try:
+                store.update(ctl.task_id, title=title)
+            finally:
+                store.close()
+        ctl.title = title
+        self._refresh_rail()
+
+    def _remove(self, ctl: TaskController) -> None:
+        i = self.tasks.index(ctl)
+        self.rail.takeItem(i)
+        self.tasks.pop(i)
+        conv = self.conversations.pop(id(ctl))
+        self.stack.removeWidget(conv)
+        conv.deleteLater()
+        self._refresh_rail()
+
+    def archive(self, ctl: TaskController) -> None:
+        if ctl.live:
+            QMessageBox.information(self, "piwork", "Stop the task before archiving it.")
+            return
+        if ctl.task_id:
+            self.prefs.archived.add(ctl.task_id)
+            self.prefs.save(self.paths)
+        self._remove(ctl)
+
+    def delete(self, ctl: TaskController, *, confirmed: bool = False) -> None:
+        if ctl.live:
+            QMessageBox.information(self, "piwork", "Stop the task before deleting it.")
+            return
+        if not confirmed:
+            ans = QMessageBox.question(
+                self,
+                "Delete task?",
+                f"Delete “{sanitize(ctl.title, limit=80)}” and its transcript? "
+                "Files in its working folder are kept.",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+                QMessageBox.StandardButton.Cancel,
+            )
+            if ans != QMessageBox.StandardButton.Yes:
+                return
+        if ctl.task_id:
+            store = TaskStore(self.paths.tasks)
+            try:
+                store.rm(ctl.task_id)
+            finally:
+                store.close()
+        self._remove(ctl)
+
+    # ------------------------------------------------------------ settings
+    def open_settings(self) -> None:
+        from piwork.gui.settings import SettingsDialog
+
+        dlg = SettingsDialog(self.paths, self.prefs, self)
+        dlg.finished.connect(lambda _r: self._settings_closed())
+        self.settings_dialog = dlg
+        dlg.open()
+
+    def _settings_closed(self) -> None:
+        self.pool.limit = self.prefs.max_tasks
+        self._fill_models()
+
+    # ------------------------------------------------------------ tray and quit
+    def _tray_setup(self) -> None:
+        self.notifications: list[str] = []
+        self.tray: QSystemTrayIcon | None = None
+        self.tray = QSystemTrayIcon(QIcon(str(ICON)), self)
+        # Closing the window keeps running tasks in the tray: hiding the last window
+        # must not end the event loop (quit goes through request_quit).
+        QApplication.setQuitOnLastWindowClosed(False)
+        menu = QMenu()
+        self.show_action = QAction("Show piwork", menu)
+        self.show_action.triggered.connect(self.show_from_tray)
+        menu.addAction(self.show_action)
+        quit_action = QAction("Quit", menu)
+        quit_action.triggered.connect(self.request_quit)
+        menu.addAction(quit_action)
+        self.tray_menu = menu
+        self.tray.setContextMenu(menu)
+        self.tray.activated.connect(lambda _r: self.show_from_tray())
+        self.tray.setToolTip("piwork")
+        self.tray.show()
+
+    def show_from_tray(self) -> None:
+        self.show()
+        self.raise_()
+        self.activateWindow()
+
+    def closeEvent(self, e: QCloseEvent) -> None:
+        if self._quitting:
+            e.accept()
+            return
+        if any(c.live for c in self.tasks):
+            e.ignore()
+            self.hide()
+            if self.tray is not None:
+                self.tray.showMessage(
+                    "piwork",
+                    "Tasks keep running here. Quit from this menu.",
+                    QSystemTrayIcon.MessageIcon.Information,
+                    5000,
+                )
+            return
+        e.accept()
+        self._quitting = True
+        self.context.stop_watching()
+        QApplication.quit()
+
+    def request_quit(self, *, confirmed: bool = False) -> None:
+        live = [c for c in self.tasks if c.live or c.status == "queued"]
+        if live and not confirmed:
+            ans = QMessageBox.question(
+                self,
+                "Quit piwork?",
+                f"{len(live)} task(s) are running. Quitting stops them cleanly; "
+                "you can continue each later.",
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel,
+                QMessageBox.StandardButton.Cancel,
+            )
+            if ans != QMessageBox.StandardButton.Yes:
+                return
+        spawn(self.quit_cleanly())
+
+    async def quit_cleanly(self, *, exit_app: bool = True) -> None:
+        self._quitting = True
+        await asyncio.gather(*(c.shut_down() for c in self.tasks), return_exceptions=True)
+        self.context.stop_watching()
+        if self.tray is not None:
+            self.tray.hide()
+        self.close()
+        if exit_app:
+            with contextlib.suppress(RuntimeError):
+                QApplication.quit()

@@ -1,0 +1,84 @@
+"""GUI tests run headless on Qt's offscreen platform (the screenshot test uses Xvfb in a
+subprocess). The platform must be chosen before pytest-qt creates the QApplication."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ["QT_QPA_PLATFORM"] = "offscreen"
+
+from piwork.config import Paths, get_paths
+
+
+@pytest.fixture
+def gui_paths(tmp_path: Path) -> Paths:
+    """A private piwork home (tasks, policy, settings); the pack cache stays shared."""
+    home = tmp_path / "home"
+    return Paths(
+        data=home / "data", cache=get_paths().cache, state=home / "state", config=home / "config"
+    )
+
+
+@pytest.fixture
+def qloop(qapp: object) -> Iterator[asyncio.AbstractEventLoop]:
+    """A qasync loop on pytest-qt's QApplication, as the app runs (one thread)."""
+    import qasync
+
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    yield loop
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        loop.run_until_complete(asyncio.wait(pending, timeout=30))
+    loop.close()
+    asyncio.set_event_loop(None)
+
+
+def scripted_provider(server: Any) -> Any:
+    """The scripted server as a custom provider: the runner reaches it through its gateway."""
+    from piwork.models.providers import ModelSpec, Provider
+
+    return Provider(
+        name="scripted",
+        api="openai-completions",
+        base_url=server.base_url,
+        auth="none",
+        key_required=False,
+        default_model="scripted",
+        models=(ModelSpec(id="scripted", name="scripted test model"),),
+    )
+
+
+def activate(w: Any) -> None:
+    """Show ``w`` as the active window (shortcuts only reach the active window)."""
+    from PySide6.QtTest import QTest
+
+    w.show()
+    w.activateWindow()
+    assert QTest.qWaitForWindowActive(w)
+
+
+async def shown(w: Any) -> None:
+    """``activate`` for code already running on the qasync loop: no nested event loop
+    (a nested loop would step other asyncio tasks re-entrantly, which asyncio refuses)."""
+    w.show()
+    w.activateWindow()
+    await until(w.isActiveWindow, 10, "the window becomes active")
+
+
+async def until(cond: Callable[[], object], timeout: float, what: str) -> None:
+    """Let the loop (and Qt) run until ``cond()`` is true."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for: {what}")
+        await asyncio.sleep(0.05)

@@ -878,6 +878,8 @@ function classifySimple(cmd, ctx, effects) {
         effects.push(effect(op, { raw: null, cwd: ctx.cwd, command, reason: `${name} passes arguments from its input to ${innerName}`, unknownTarget: true }));
       } else {
         for (const e of sub) effects.push(e);
+        // the files it reads come from its input: not known to be in scope
+        if (SPECS[innerName]?.pos !== "none") effects.push(effect("read", { raw: null, cwd: ctx.cwd, command, reason: `${name} passes file names from its input to ${innerName}`, unknownTarget: true }));
       }
       return;
     }
@@ -1072,7 +1074,7 @@ function classifySimple(cmd, ctx, effects) {
 
   if (name === "trap") {
     // trap 'CMD' SIGNAL...: CMD runs later, in this shell
-    const pos = words.slice(1).filter((w) => !["-p", "-l", "--"].includes(w.text));
+    const pos = words.slice(1).filter((w) => !["-p", "-l", "--", "-", ""].includes(w.text));
     if (pos.length >= 2 || (pos.length === 1 && !/^-?[0-9A-Z]+$/.test(pos[0].text))) recurseString(pos[0], ctx, effects, command);
     return;
   }

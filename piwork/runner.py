@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import logging
 import secrets
@@ -42,7 +43,12 @@ from piwork.models.providers import (
 from piwork.models.scripted import ScriptedModelServer
 from piwork.pack import ensure_pack, load_manifest
 from piwork.policy import AuditLog, Choice, DecidedBy, Decider, PolicyStore
-from piwork.policy.request import PermissionPayloadError, PermissionRequest, parse_request
+from piwork.policy.request import (
+    PermissionPayloadError,
+    PermissionRequest,
+    parse_request,
+    validate_request,
+)
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
 from piwork.proxy.egress import (
     AllowNetError,
@@ -771,6 +777,7 @@ class TaskSession:
         return await self._answer_question(req)
 
     async def _answer_permission(self, perm: PermissionRequest) -> Choice:
+        perm = validate_request(perm, self._ctx)  # the guest's request is untrusted input
         # The policy read and the audit fsync happen off the event loop.
         decision = await asyncio.to_thread(self.decider.decide, perm, self._ctx)
         base = dict(
@@ -789,6 +796,8 @@ class TaskSession:
             return choice
         self._set_status(TaskStatus.WAITING_PERMISSION)
         self.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
+        # Front ends show exactly the rules each "Always" would store (host-derived).
+        perm = dataclasses.replace(perm, proposals=self.decider.proposals(perm, self._ctx))
         try:
             answer = await self.asker.permission(perm)
         finally:

@@ -7,7 +7,9 @@ from typing import Any, TextIO
 
 import orjson
 
+from piwork.policy.request import Choice, PermissionRequest
 from piwork.runner import RunEvent
+from piwork.textsafe import sanitize
 
 BOOT_LABELS = {
     "init": "kernel up",
@@ -21,7 +23,7 @@ BOOT_LABELS = {
 def _one_line(text: str | None, width: int = 90) -> str:
     if not text:
         return ""
-    line = " ".join(text.split())
+    line = sanitize(" ".join(text.split()), one_line=True)
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -69,7 +71,7 @@ class TerminalRenderer:
         self._line(self._style(f"piwork: {verb} {d['id']} “{d['title']}”{folder}", "2"), err=True)
 
     def _on_notice(self, d: dict[str, Any], ev: RunEvent) -> None:
-        self._line(self._style(f"piwork: {d['message']}", "2"), err=True)
+        self._line(self._style(f"piwork: {sanitize(d['message'])}", "2"), err=True)
 
     def _on_boot(self, d: dict[str, Any], ev: RunEvent) -> None:
         label = BOOT_LABELS.get(d["stage"], d["stage"])
@@ -84,7 +86,7 @@ class TerminalRenderer:
             self._line(self._style(f"» ({mode}) {_one_line(d['message'])}", "36"), err=True)
 
     def _on_text(self, d: dict[str, Any], ev: RunEvent) -> None:
-        self.out.write(d["delta"])
+        self.out.write(sanitize(d["delta"]))
         self.out.flush()
         self._mid_line = not d["delta"].endswith("\n")
 
@@ -94,7 +96,7 @@ class TerminalRenderer:
             self.out.flush()
             self._mid_line = False
         if d.get("stop_reason") == "error" and d.get("error"):
-            self._line(self._style(f"model error: {d['error']}", "31"), err=True)
+            self._line(self._style(f"model error: {sanitize(d['error'])}", "31"), err=True)
 
     def _on_tool_start(self, d: dict[str, Any], ev: RunEvent) -> None:
         self._tools[d["id"]] = (d["name"], _one_line(d.get("arg"), 70))
@@ -105,7 +107,7 @@ class TerminalRenderer:
             status = self._style("ok", "32")
         else:
             status = self._style("error", "31") + ": " + _one_line(d.get("text"), 80)
-        self._line(f"  ▸ {self._style(name, '1')} {arg}  {status}")
+        self._line(f"  ▸ {self._style(sanitize(name, one_line=True), '1')} {arg}  {status}")
 
     def _on_permission(self, d: dict[str, Any], ev: RunEvent) -> None:
         if d["decision"] == "ask":
@@ -118,11 +120,12 @@ class TerminalRenderer:
             "cancelled": "the task stopped first",
         }.get(d.get("by") or "", d.get("by") or "")
         color = "32" if d["decision"] not in ("Deny", "cancelled") else "33"
-        text = f"  ⚑ {d['action']}: {_one_line(d['target'], 60)} — {d['decision']} ({who})"
+        action, decision = sanitize(d["action"], one_line=True), sanitize(d["decision"])
+        text = f"  ⚑ {action}: {_one_line(d['target'], 60)} — {decision} ({sanitize(who)})"
         self._line(self._style(text, color), err=True)
 
     def _on_error(self, d: dict[str, Any], ev: RunEvent) -> None:
-        self._line(self._style(f"piwork: error: {d['message']}", "31"), err=True)
+        self._line(self._style(f"piwork: error: {sanitize(d['message'])}", "31"), err=True)
 
     def _on_done(self, d: dict[str, Any], ev: RunEvent) -> None:
         reason = d.get("reason")
@@ -131,9 +134,30 @@ class TerminalRenderer:
         if reason == "completed":
             text = self._style(f"✓ completed in {took} ({stats}; task {ev.task_id})", "32")
         else:
-            msg = f": {d['message']}" if d.get("message") else ""
+            msg = f": {sanitize(d['message'])}" if d.get("message") else ""
             text = self._style(f"✗ {reason}{msg} (after {took}; task {ev.task_id})", "31")
         self._line(text, err=True)
+
+
+ALWAYS_LABELS = {
+    Choice.ALWAYS_FOLDER: "[a] always in this folder",
+    Choice.ALWAYS_EVERYWHERE: "[e] always everywhere",
+}
+
+
+def permission_prompt_text(request: PermissionRequest, *, color: bool = True) -> str:
+    """What the terminal shows before asking: the (sanitized) guest question, then
+    for each "Always" choice exactly the rule(s) it would store, derived by the host
+    (``request.proposals``, see ``Decider.proposed_rules``)."""
+    from piwork.policy.decider import describe_rules
+
+    bold = ("\x1b[1m", "\x1b[0m") if color else ("", "")
+    lines = [f"\n{bold[0]}{sanitize(request.question)}{bold[1]}"]
+    if request.proposals:
+        for choice, label in ALWAYS_LABELS.items():
+            rules = request.proposals.get(choice, ())
+            lines.append(f"  {label} stores: {sanitize(describe_rules(rules), one_line=True)}")
+    return "\n".join(lines)
 
 
 def renderer_for(json_mode: bool) -> JsonRenderer | TerminalRenderer:

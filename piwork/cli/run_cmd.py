@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from piwork.cli.render import renderer_for
-from piwork.policy import Choice
+from piwork.cli.render import permission_prompt_text, renderer_for
+from piwork.policy import Choice, describe_rules, needs_confirmation
 from piwork.policy.request import PermissionRequest
 from piwork.proxy.egress import AllowNetError, normalize_allowed_domain
 from piwork.runner import (
@@ -28,6 +28,7 @@ from piwork.runner import (
     RunRequest,
     TaskSession,
 )
+from piwork.textsafe import sanitize
 from piwork.vm.command import Transport
 
 PERMISSION_KEYS = {
@@ -170,7 +171,7 @@ class TerminalAsker:
             return await self._question(method, title, message, options)
 
     async def _permission(self, request: PermissionRequest) -> Choice | None:
-        print(f"\n\x1b[1m{request.question}\x1b[0m", file=sys.stderr)
+        print(permission_prompt_text(request), file=sys.stderr)
         while True:
             answer = await self.console.ask(
                 "  [y] allow once  [a] always in this folder  [e] always everywhere  [n] deny > "
@@ -178,21 +179,36 @@ class TerminalAsker:
             if answer is None:
                 return None
             choice = PERMISSION_KEYS.get(answer.strip().lower()[:1])
-            if choice is not None:
-                return choice
+            if choice is None:
+                continue
+            rules = request.proposals.get(choice, ())
+            if choice is Choice.ALWAYS_EVERYWHERE and needs_confirmation(rules):
+                print(
+                    "  This stores a rule for EVERY task, in every folder:\n"
+                    f"    {sanitize(describe_rules(rules))}",
+                    file=sys.stderr,
+                )
+                confirm = await self.console.ask(
+                    "  Type 'yes' to store it (anything else: back) > "
+                )
+                if confirm is None:
+                    return None
+                if confirm.strip().lower() != "yes":
+                    continue
+            return choice
 
     async def _question(
         self, method: str, title: str, message: str | None, options: list[str] | None
     ) -> str | bool | None:
-        print(f"\n\x1b[1mThe agent asks:\x1b[0m {_clip(title)}", file=sys.stderr)
+        print(f"\n\x1b[1mThe agent asks:\x1b[0m {_clip(sanitize(title))}", file=sys.stderr)
         if message:
-            print(f"  {_clip(message)}", file=sys.stderr)
+            print(f"  {_clip(sanitize(message))}", file=sys.stderr)
         if method == "confirm":
             answer = await self.console.ask("  [y/n] > ")
             return None if answer is None else answer.strip().lower().startswith("y")
         if options:
             for i, opt in enumerate(options[:MAX_SHOWN_OPTIONS], 1):
-                print(f"  {i}. {_clip(opt, 200)}", file=sys.stderr)
+                print(f"  {i}. {_clip(sanitize(opt, one_line=True), 200)}", file=sys.stderr)
             if len(options) > MAX_SHOWN_OPTIONS:
                 print(
                     f"  … {len(options) - MAX_SHOWN_OPTIONS} more (type a number)", file=sys.stderr

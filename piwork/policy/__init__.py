@@ -7,7 +7,16 @@ the reply. The wire format is in docs/permission-protocol.md.
 """
 
 from piwork.policy.audit import AuditEntry, AuditLog, DecidedBy
-from piwork.policy.decider import Decider, Decision, TargetDecision, decide, record_answer
+from piwork.policy.decider import (
+    Decider,
+    Decision,
+    TargetDecision,
+    decide,
+    describe_rules,
+    needs_confirmation,
+    proposed_rules,
+    record_answer,
+)
 from piwork.policy.request import (
     Choice,
     PermissionPayloadError,
@@ -15,6 +24,7 @@ from piwork.policy.request import (
     build_cancel,
     build_reply,
     parse_request,
+    validate_request,
 )
 from piwork.policy.rules import (
     DEFAULT_RULES,
@@ -55,7 +65,11 @@ __all__ = [
     "build_cancel",
     "build_reply",
     "decide",
+    "describe_rules",
+    "needs_confirmation",
     "parse_request",
+    "proposed_rules",
     "record_answer",
+    "validate_request",
     "winning_rule",
 ]

@@ -19,18 +19,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from piwork.policy.audit import AuditEntry, AuditLog, DecidedBy
-from piwork.policy.request import Choice, PermissionRequest
+from piwork.policy.request import (
+    READABLE_ROOTS,
+    WRITABLE_ROOTS,
+    Choice,
+    PermissionRequest,
+    host_target,
+    is_inside,
+    validate_request,
+)
 from piwork.policy.rules import (
     COMMAND_PATTERN_PREFIX,
     Action,
     Rule,
     Scope,
+    ScopeKind,
     Target,
     TaskContext,
     Verdict,
+    escape_glob,
     winning_rule,
 )
 from piwork.policy.store import PolicyStore
+from piwork.textsafe import sanitize
 
 MAX_RULES_PER_ANSWER = 20
 
@@ -85,26 +96,64 @@ def _unique_targets(request: PermissionRequest) -> list[Target]:
 
 
 def persist_pattern(target: Target) -> tuple[bool, str | None]:
-    """The pattern an "Always allow" answer stores for this target.
+    """The pattern an "Always allow" answer stores for this (host-validated) target.
 
-    Returns ``(persistable, pattern)``. Deliberately narrow: a domain, the exact
-    command, the exact path; only in-scope writes/reads are action-wide.
+    Returns ``(persistable, pattern)``. The pattern is derived by the host from
+    validated fields, never copied from free guest text: a validated domain, an
+    escaped exact path, a bounded printable command, a plain tool name. Refused
+    (allow once only): unknown or malformed targets, a scope root itself, paths
+    too close to ``/``, anything with a wildcard meaning.
     """
-    a = target.action
+    t = host_target(target)
+    a = t.action
     if a in (Action.READ, Action.WRITE):
-        return True, None
+        # host_target only leaves these actions on paths inside the task's mounts
+        return (True, None) if t.path is not None else (False, None)
     if a is Action.NETWORK:
-        if target.domain:
-            return True, target.domain
-        if target.command:
-            return True, COMMAND_PATTERN_PREFIX + target.command
+        if t.domain:
+            return True, t.domain
+        if t.command:
+            return True, COMMAND_PATTERN_PREFIX + t.command
         return False, None
     if a is Action.SHELL:
-        return (True, target.command) if target.command else (False, None)
+        return (True, t.command) if t.command else (False, None)
     if a is Action.CONNECTOR:
-        return (True, target.tool) if target.tool else (False, None)
-    # delete, move, outside-scope: the exact path; unknown paths cannot be remembered
-    return (True, target.path) if target.path else (False, None)
+        return (True, t.tool) if t.tool else (False, None)
+    if t.path is None:
+        return False, None
+    if a in (Action.DELETE, Action.MOVE):
+        # inside a writable mount (host_target), but never the mount itself
+        if t.path in WRITABLE_ROOTS:
+            return False, None
+        return True, escape_glob(t.path)
+    # outside-scope: an exact, deep enough path that does not cover a task mount
+    # (/mnt holds the host's shares: never remembered as "outside")
+    if t.path.count("/") < 2 or is_inside(t.path, (*READABLE_ROOTS, "/mnt")):
+        return False, None
+    if any(r.startswith(t.path + "/") for r in READABLE_ROOTS):
+        return False, None
+    return True, escape_glob(t.path)
+
+
+CONFIRM_GLOBAL_ACTIONS = frozenset(
+    {Action.NETWORK, Action.DELETE, Action.MOVE, Action.OUTSIDE_SCOPE}
+)
+"""Global "Always" rules for these need a second, explicit confirmation in front ends."""
+
+
+def needs_confirmation(rules: Sequence[Rule]) -> bool:
+    """True when storing ``rules`` should be confirmed a second time (a global
+    rule for network, delete, move or outside-scope)."""
+    return any(
+        r.scope.kind is ScopeKind.GLOBAL and r.action in CONFIRM_GLOBAL_ACTIONS for r in rules
+    )
+
+
+def describe_rules(rules: Sequence[Rule]) -> str:
+    """One line for the person: exactly what storing ``rules`` allows."""
+    if not rules:
+        return "nothing can be remembered for this request: it is allowed once"
+    return "; ".join(r.human() for r in rules)
 
 
 class Decider:
@@ -116,6 +165,7 @@ class Decider:
 
     def evaluate(self, request: PermissionRequest, ctx: TaskContext) -> Decision:
         """Judge ``request`` without auditing (for previews and tests)."""
+        request = validate_request(request, ctx)
         rules = self.store.effective_rules()
         decisions = tuple(
             TargetDecision(t, r.verdict if r else Verdict.ASK, r)
@@ -138,12 +188,65 @@ class Decider:
 
     def decide(self, request: PermissionRequest, ctx: TaskContext) -> Decision:
         """Allow, deny or ask. Allow and deny are audited as decided by a rule."""
+        request = validate_request(request, ctx)
         decision = self.evaluate(request, ctx)
         if decision.verdict is not Verdict.ASK:
             self._audit(request, ctx, decision.verdict.value, DecidedBy.RULE, decision.rule, None)
         return decision
 
     # -- answers ---------------------------------------------------------
+
+    def proposed_rules(
+        self,
+        request: PermissionRequest,
+        choice: Choice | str,
+        ctx: TaskContext,
+        *,
+        patterns: dict[Target, str | None] | None = None,
+    ) -> tuple[Rule, ...]:
+        """Exactly the rules ``record_answer(request, choice, ctx)`` would store now.
+
+        Empty for "Allow once"/"Deny", and for an "Always" whose targets are all
+        already allowed or cannot be remembered (see ``persist_pattern``). Front
+        ends show these (``describe_rules``) before the person picks "Always".
+        """
+        choice = Choice(choice)
+        if not choice.persists:
+            return ()
+        request = validate_request(request, ctx)
+        scope = self._scope_for(choice, ctx)
+        created: list[Rule] = []
+        for td in self.evaluate(request, ctx).targets:
+            if td.verdict is Verdict.ALLOW:
+                continue
+            if patterns is not None and td.target in patterns:
+                ok, pattern = True, patterns[td.target]
+            else:
+                ok, pattern = persist_pattern(td.target)
+            if not ok:
+                continue
+            rule = Rule(
+                action=td.target.action,
+                verdict=Verdict.ALLOW,
+                scope=scope,
+                pattern=pattern,
+                note=sanitize(
+                    f"{choice.value} ({request.tool[:64]}, task {ctx.task_id or '-'})",
+                    one_line=True,
+                ),
+            )
+            if all(rule.key != r.key for r in created):
+                created.append(rule)
+        return tuple(created[:MAX_RULES_PER_ANSWER])
+
+    def proposals(
+        self, request: PermissionRequest, ctx: TaskContext
+    ) -> dict[Choice, tuple[Rule, ...]]:
+        """``proposed_rules`` for both "Always" choices (what the runner attaches)."""
+        return {
+            c: self.proposed_rules(request, c, ctx)
+            for c in (Choice.ALWAYS_FOLDER, Choice.ALWAYS_EVERYWHERE)
+        }
 
     def record_answer(
         self,
@@ -156,38 +259,17 @@ class Decider:
     ) -> Decision:
         """Record the answer to an asked request: persist "Always allow" rules and audit.
 
+        The rules stored are exactly ``proposed_rules(request, choice, ctx)``:
         "Always allow in this folder" makes folder-scoped rules (task-scoped when
-        the task has no working folder); "everywhere" makes global ones. One rule
-        per target that was not already allowed, with the pattern from
-        ``persist_pattern`` unless ``patterns`` overrides it (a front end that lets
-        the person widen or narrow it).
+        the task has no working folder); "everywhere" makes global ones; one rule
+        per host-validated target that was not already allowed and can be
+        remembered. ``patterns`` lets a front end override a target's pattern.
         """
         choice = Choice(choice)
-        created: list[Rule] = []
-        if choice.persists:
-            scope = self._scope_for(choice, ctx)
-            current = self.evaluate(request, ctx)
-            for td in current.targets:
-                if td.verdict is Verdict.ALLOW:
-                    continue
-                if patterns is not None and td.target in patterns:
-                    ok, pattern = True, patterns[td.target]
-                else:
-                    ok, pattern = persist_pattern(td.target)
-                if not ok:
-                    continue
-                rule = Rule(
-                    action=td.target.action,
-                    verdict=Verdict.ALLOW,
-                    scope=scope,
-                    pattern=pattern,
-                    note=f"{choice.value} ({request.tool}, task {ctx.task_id or '-'})",
-                )
-                if all(rule.key != r.key for r in created):
-                    created.append(rule)
-            created = created[:MAX_RULES_PER_ANSWER]
-            if created:
-                self.store.add_many(created)
+        request = validate_request(request, ctx)
+        created = list(self.proposed_rules(request, choice, ctx, patterns=patterns))
+        if created:
+            self.store.add_many(created)
         verdict = Verdict.ALLOW if choice.allows else Verdict.DENY
         first = created[0] if created else None
         self._audit(request, ctx, verdict.value, decided_by, first, choice.value)
@@ -267,3 +349,15 @@ def record_answer(
 ) -> Decision:
     """Module-level convenience over ``Decider(store, audit).record_answer``."""
     return Decider(store, audit).record_answer(request, choice, task_ctx, decided_by=decided_by)
+
+
+def proposed_rules(
+    request: PermissionRequest,
+    choice: Choice | str,
+    task_ctx: TaskContext,
+    *,
+    store: PolicyStore | None = None,
+) -> tuple[Rule, ...]:
+    """Module-level convenience over ``Decider(store).proposed_rules``: exactly the
+    rules "Always" would store (empty: nothing is remembered, it allows once)."""
+    return Decider(store).proposed_rules(request, choice, task_ctx)

@@ -16,14 +16,20 @@ marker and the closing marker at the very end delimit it exactly.
 
 from __future__ import annotations
 
+import ipaddress
+import posixpath
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from piwork.policy.rules import Action, Target
+from piwork.policy.rules import Action, Target, TaskContext
+
+if TYPE_CHECKING:
+    from piwork.policy.rules import Rule
 
 MARKER_OPEN = '<piwork-permission v="1">'
 MARKER_CLOSE = "</piwork-permission>"
@@ -68,7 +74,12 @@ class PermissionRequest:
     paths: tuple[str, ...]
     targets: tuple[Target, ...]
     payload: Mapping[str, Any]
-    """The raw block, for front ends that want more than the fields above."""
+    """The raw block, for front ends that want more than the fields above.
+    Guest text: never store or print it without validating/sanitizing."""
+    proposals: Mapping[Choice, tuple[Rule, ...]] = field(default_factory=dict)
+    """Filled by the runner before it asks a front end: for each "Always" choice,
+    exactly the rules ``record_answer`` would store (``decider.proposed_rules``).
+    Empty tuple: that choice remembers nothing and only allows this once."""
 
     @property
     def summary(self) -> str:
@@ -184,3 +195,176 @@ def build_reply(request_id: str, choice: Choice | str) -> dict[str, Any]:
 def build_cancel(request_id: str) -> dict[str, Any]:
     """The response that dismisses a dialog (the gate treats it as not allowed)."""
     return {"type": "extension_ui_response", "id": request_id, "cancelled": True}
+
+
+# ---------------------------------------------------------------------------
+# Host-side validation: the request is untrusted input.
+#
+# The gate runs in the guest, and guest root can forge a request line into pi's
+# stdout. So the host never takes the guest's word for what a target is: it
+# re-derives each target's action from the path/domain against the task's
+# fixed mount points, drops malformed values, and only then matches rules or
+# derives "Always" rules from it.
+
+WRITABLE_ROOTS: tuple[str, ...] = ("/mnt/work", "/mnt/outputs")
+"""Guest mounts of the task's working folder and outputs: writes, deletes and moves
+inside them are "in scope"."""
+READABLE_ROOTS: tuple[str, ...] = (*WRITABLE_ROOTS, "/mnt/uploads", "/opt/piwork")
+"""Where reads are in scope (uploads and the runtime pack are read-only)."""
+
+MAX_PATH = 4096
+MAX_COMMAND = 2000
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200b-\u200f\u2028-\u202e\u2060\u2066-\u2069\ufeff]"
+)
+_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
+_TOOL = re.compile(r"[A-Za-z0-9_.:-]{1,64}\Z")
+
+# Which actions each guest-side op may legitimately carry.
+_OP_ACTIONS: dict[str, frozenset[Action]] = {
+    "read": frozenset({Action.READ, Action.OUTSIDE_SCOPE}),
+    "write": frozenset({Action.WRITE, Action.OUTSIDE_SCOPE}),
+    "delete": frozenset({Action.DELETE, Action.OUTSIDE_SCOPE}),
+    "move": frozenset({Action.MOVE, Action.OUTSIDE_SCOPE}),
+    "exec": frozenset({Action.SHELL}),
+    "network": frozenset({Action.NETWORK}),
+    "connector": frozenset({Action.CONNECTOR}),
+}
+
+
+def has_control(text: str) -> bool:
+    """True when ``text`` holds a terminal control or text-reordering character."""
+    return bool(_CONTROL.search(text))
+
+
+def clean_path(value: str | None) -> str | None:
+    """``value`` if it is a plain, normalized absolute guest path, else None.
+
+    Rejected: relative, empty, ``..``/``.``/``//`` components, a trailing ``/``,
+    control characters, over-long. (Glob characters are allowed in a path: they
+    are escaped when a path becomes a rule pattern.)
+    """
+    if not isinstance(value, str) or not value.startswith("/") or len(value) > MAX_PATH:
+        return None
+    if has_control(value) or value.startswith("//"):
+        return None
+    if posixpath.normpath(value) != value:
+        return None
+    return value
+
+
+def clean_domain(value: str | None) -> str | None:
+    """A lower-case host name with at least two labels, or an IP literal; else None.
+
+    Rejected: wildcards, ``*``, empty, a bare TLD, ports, paths, user-info, and
+    anything that is not LDH labels.
+    """
+    if not isinstance(value, str):
+        return None
+    d = value.strip().lower().removesuffix(".")
+    if d.startswith("[") and d.endswith("]"):
+        d = d[1:-1]
+    try:
+        return str(ipaddress.ip_address(d))
+    except ValueError:
+        pass
+    if not d or len(d) > 253:
+        return None
+    labels = d.split(".")
+    if len(labels) < 2 or not all(_LABEL.match(label) for label in labels):
+        return None
+    if labels[-1].isdigit():  # 1.2.3 is not a name and not an address
+        return None
+    return d
+
+
+def clean_command(value: str | None) -> str | None:
+    """The command with whitespace runs folded, if it is non-empty, printable and bounded."""
+    if (
+        not isinstance(value, str)
+        or len(value) > MAX_COMMAND
+        or has_control(value.replace("\t", " ").replace("\n", " "))
+    ):
+        return None
+    folded = " ".join(value.split())
+    return folded or None
+
+
+def clean_tool(value: str | None) -> str | None:
+    """A tool name: letters, digits and ``_.:-`` only (no glob characters)."""
+    if not isinstance(value, str) or not _TOOL.match(value):
+        return None
+    return value
+
+
+def is_inside(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in roots)
+
+
+def host_target(target: Target, ctx: TaskContext | None = None) -> Target:
+    """The host's own judgement of one guest-sent target.
+
+    The action is re-derived from the op and the (validated) path or domain: a
+    ``read``/``write``/``delete``/``move`` whose path is missing, malformed or not
+    under the task's mounts becomes ``outside-scope`` (asks by default); an op
+    that does not fit its action becomes ``shell`` (asks); a malformed domain
+    becomes an unknown host; a malformed tool name becomes no tool. Idempotent.
+    """
+    del ctx  # the mount points are the same for every task
+    action = target.action
+    op = target.op
+    if op is not None and (op not in _OP_ACTIONS or action not in _OP_ACTIONS[op]):
+        return Target(
+            Action.SHELL,
+            op="exec",
+            command=clean_command(target.command),
+            tool=clean_tool(target.tool),
+            reason=f"request did not add up (op {op!r} with action {action.value}); asked",
+        )
+    path = clean_path(target.path)
+    domain = clean_domain(target.domain) if target.domain is not None else None
+    command = clean_command(target.command)
+    tool = clean_tool(target.tool)
+    if action is Action.READ:
+        if path is None or not is_inside(path, READABLE_ROOTS):
+            action = Action.OUTSIDE_SCOPE
+    elif action in (Action.WRITE, Action.DELETE, Action.MOVE) and (
+        path is None or not is_inside(path, WRITABLE_ROOTS)
+    ):
+        action = Action.OUTSIDE_SCOPE
+    return Target(
+        action=action,
+        op=op,
+        path=path,
+        domain=domain,
+        command=command,
+        tool=tool,
+        reason=target.reason,
+    )
+
+
+_SEVERITY = (
+    Action.READ,
+    Action.WRITE,
+    Action.CONNECTOR,
+    Action.SHELL,
+    Action.NETWORK,
+    Action.MOVE,
+    Action.DELETE,
+    Action.OUTSIDE_SCOPE,
+)
+
+
+def validate_request(
+    request: PermissionRequest, ctx: TaskContext | None = None
+) -> PermissionRequest:
+    """``request`` with host-judged targets (``host_target``) and the headline action
+    recomputed from them (the most serious). Idempotent; the decider calls it on
+    every request, so front ends and the runner cannot skip it."""
+    targets = tuple(host_target(t, ctx) for t in request.targets) or (
+        host_target(Target(request.action, tool=request.tool, command=request.command), ctx),
+    )
+    action = max((t.action for t in targets), key=_SEVERITY.index)
+    if targets == request.targets and action is request.action:
+        return request
+    return replace(request, targets=targets, action=action)

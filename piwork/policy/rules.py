@@ -181,6 +181,37 @@ class Rule:
         pat = f" {self.pattern}" if self.pattern else ""
         return f"{self.verdict.value} {self.action.value}{pat} ({self.scope.describe()})"
 
+    def human(self) -> str:
+        """One line for a person: what the rule lets through, and where it applies."""
+        what = {
+            Action.READ: "reading files in the task's folders",
+            Action.WRITE: "changing files in the task's folders",
+            Action.DELETE: "deleting",
+            Action.MOVE: "moving or renaming",
+            Action.OUTSIDE_SCOPE: "touching, outside the task's folders,",
+            Action.NETWORK: "network access to",
+            Action.SHELL: "running the command",
+            Action.CONNECTOR: "using the tool",
+        }[self.action]
+        if self.pattern is None:
+            target = "" if self.action in (Action.READ, Action.WRITE) else " (anything)"
+        elif self.action is Action.NETWORK and self.pattern.startswith(COMMAND_PATTERN_PREFIX):
+            target = (
+                f" by the command `{self.pattern[len(COMMAND_PATTERN_PREFIX) :]}` (unknown host)"
+            )
+        elif self.action is Action.SHELL:
+            target = f" `{self.pattern}` (and the same command with more arguments)"
+        elif self.action in PATH_ACTIONS:
+            target = f" {self.pattern} (and everything inside it)"
+        else:
+            target = f" {self.pattern}"
+        where = {
+            ScopeKind.GLOBAL: "in every task, everywhere",
+            ScopeKind.FOLDER: f"in tasks on {self.scope.value}",
+            ScopeKind.TASK: f"in task {self.scope.value}",
+        }[self.scope.kind]
+        return f"{self.verdict.value} {what}{target} {where}"
+
 
 def _default(action: Action, verdict: Verdict, note: str) -> Rule:
     return Rule(
@@ -285,6 +316,11 @@ def glob_to_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out) + r"\Z")
 
 
+def escape_glob(path: str) -> str:
+    """A pattern that matches exactly ``path`` (and, like every path pattern, below it)."""
+    return re.sub(r"([*?\[])", r"[\1]", path)
+
+
 def path_matches(pattern: str, path: str, roots: Sequence[str] = GUEST_SCOPE_ROOTS) -> bool:
     """Absolute patterns match the guest path; relative ones match it below a scope root;
     a relative pattern without ``/`` also matches the file name anywhere (like .gitignore)."""
@@ -324,8 +360,12 @@ def pattern_matches(rule: Rule, target: Target) -> bool:
     pat = rule.pattern
     if target.action is Action.NETWORK:
         if pat.startswith(COMMAND_PATTERN_PREFIX):
-            return target.command is not None and command_matches(
-                pat[len(COMMAND_PATTERN_PREFIX) :], target.command
+            # Only for calls whose host is unknown: a command rule never lets
+            # the same command reach a different, named host.
+            return (
+                target.domain is None
+                and target.command is not None
+                and command_matches(pat[len(COMMAND_PATTERN_PREFIX) :], target.command)
             )
         return target.domain is not None and domain_matches(pat, target.domain)
     if target.action is Action.SHELL:

@@ -368,3 +368,182 @@ describe("the select dialog", () => {
     assert.match(C.denialReason(r, undefined), /cancelled/);
   });
 });
+
+// ---------------------------------------------------------------------------
+// Default-deny: only a command whose every word and option is known to be
+// read-only is a read. (Issue 9, item 1.)
+
+const R = await import(path.join(here, "..", "extensions", "gate", "readonly.js"));
+
+function notAutoRead(cmd, cwd) {
+  const r = bash(cmd, cwd);
+  assert.notEqual(r.action, "read", `${cmd}: ${JSON.stringify(r.effects)}`);
+  assert.equal(r.needsDecision, true, cmd);
+  return r;
+}
+
+describe("default-deny: the examples that used to be auto-allowed reads", () => {
+  const cases = {
+    "trap 'rm -rf /mnt/work/*' EXIT; ls": "outside-scope",
+    "sed -n '1e rm -f x' x": "shell",
+    "fd -x rm": "shell",
+    mount: "shell",
+    "env -S 'rm -rf src'": "shell",
+    "rg --pre cmd foo": "shell",
+    "sort --output=F": "write",
+    "git log --output=F": "write",
+    "tree -o F": "write",
+    "xxd -r a F": "write",
+  };
+  for (const [cmd, action] of Object.entries(cases)) {
+    test(`${cmd} -> ${action}`, () => {
+      const r = notAutoRead(cmd);
+      assert.equal(r.action, action, JSON.stringify(r.effects));
+    });
+  }
+  test("a trap handler is classified by what it runs", () => {
+    assert.equal(bash("trap 'rm -rf src' EXIT; ls").action, "delete");
+    assert.deepEqual(actions(bash("trap - EXIT; trap -p; trap")), ["read"]);
+  });
+});
+
+describe("default-deny: options, words and programs that are not reads", () => {
+  const dangerous = [
+    "sort -o out.txt a.txt", "sort --out=out.txt a.txt", "sort --compress-program=gzip a.txt", "sort -T /tmp a.txt",
+    "rg --pre=cat foo", "rg --pre-glob '*' foo", "rg -z foo", "rg --search-zip foo", "rg --hostname-bin=/bin/sh foo",
+    "fd --exec rm", "fd -X rm", "fd --exec-batch rm", "fd -l", "fd --list-details",
+    "tree -R -H . .", "tree --fromfile list", "xxd a.txt out.bin", "uniq a.txt out.txt",
+    "file -C -m magic", "file -f list", "md5sum -c list", "sha256sum --check list", "wc --files0-from=list", "du --files0-from=list",
+    "date -s now", "date 0101010199", "hostname evil", "printf -v PATH /tmp", "hash -p /tmp/x ls",
+    "git log --ext-diff -p", "git show --textconv HEAD", "git log --show-signature", "git grep -O foo", "git grep --open-files-in-pager foo",
+    "git -c core.pager=sh log", "git -c color.ui=false log", "git --exec-path=/tmp log", "git --git-dir=/tmp/x log", "git --config-env=core.pager=X log",
+    "git help -w log", "git reflog expire --all", "git diff --no-index /etc/shadow a.txt", "git log --out=x",
+    "find . -fls out", "find . -fprint out", "find . -fprintf out '%p'", "find . -execdir rm {} +", "find . -ok rm {} ;", "find . '-delete'", "find . -unknownprimary",
+    "env -C /tmp ls", "env --split-string='rm x'", "env --chdir=/tmp ls", "env LD_PRELOAD=/tmp/x.so ls", "env -Z ls",
+    "PATH=/tmp ls", "BASH_ENV=/tmp/x bash -c ls", "export GIT_EXTERNAL_DIFF=x; git diff", "RIPGREP_CONFIG_PATH=rc rg foo",
+    "declare -n r=PATH", "read PATH", "read -a PATH", "mapfile -C cb arr", "let 'a[$(rm x)]=1'", "declare 'a[$(rm x)]=1'",
+    "alias ls='rm -rf /'", "shopt -s expand_aliases", "history -w out", "x[$(rm a.txt)]=1",
+    "sed 's/a/b/e' a.txt", "sed 'w out' a.txt", "sed -f script a.txt", "sed 'r /etc/shadow' a.txt", "sed -n 'W out' a.txt", "sed --expression='1e id' a.txt", "sed -e p -e '1e id' a.txt", "sed -s 'R /etc/shadow' a.txt",
+    "awk 'BEGIN{system(\"rm x\")}'", "awk -f prog a.txt", "awk '{print > \"out\"}' a.txt", "awk '{ \"date\" | getline d }'", "awk -E prog", "gawk -l filefuncs '{}'", "awk '@load \"x\"'",
+    "mount -o remount,rw /", "./ls", "echo /etc/shadow | xargs cat", "xargs -0 grep foo < list", "/mnt/work/bin/cat a.txt", "src/cat a.txt",
+    "nice --adjustment=5 --foo ls", "timeout --foo 1 ls", "xargs --foo ls", "stdbuf -x ls", "time -o out ls",
+    "less a.txt", "more a.txt", "yq -i '.a=1' f.yaml", "tail --retry=x a.txt", "cat --show-all=x a.txt",
+  ];
+  for (const cmd of dangerous) {
+    test(`${cmd} is not an auto-allowed read`, () => {
+      notAutoRead(cmd);
+    });
+  }
+  test("a glob that expands to a file named like an option is not a read", () => {
+    const dir = path.join(work, "optglob");
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, "--output=pwned"), "");
+    fs.writeFileSync(path.join(dir, "b.txt"), "");
+    notAutoRead("sort *", dir);
+    notAutoRead("sed -n p *", dir);
+    assert.deepEqual(actions(bash("sort *.txt", dir)), ["read"], "a glob that cannot start with - is fine");
+    assert.deepEqual(actions(bash("sort b*", dir)), ["read"]);
+  });
+  test("a computed word may be an option: not a read for commands with dangerous options", () => {
+    notAutoRead('sort "$opt" a.txt');
+    notAutoRead("git log $opts");
+  });
+});
+
+describe("default-deny: common reads stay reads", () => {
+  const reads = [
+    "ls -la src", "ls -lah --color=auto", "cat -n a.txt", "head -5 a.txt", "tail -n +2 a.txt", "wc -l a.txt src/keep.c",
+    "grep -rn --include='*.c' TODO src", "grep -E 'a|b' -- a.txt", "rg -n -i --hidden foo", "rg -tpy -g '*.c' foo src",
+    "fd -e c . src", "find . -type f -name '*.c' -mtime -1 -print", "find src -maxdepth 1 -newermt 2024-01-01",
+    "sort -u -k2,2 -t, a.txt", "sort -n a.txt | uniq -c | sort -rn | head", "cut -d: -f1 a.txt", "tr a-z A-Z < a.txt",
+    "diff -u a.txt src/keep.c", "jq -r '.a' a.txt", "jq --arg x 1 '.[$x]' a.txt", "sed -n '1,5p;/x/d' a.txt", "sed -E 's/(a)/\\1b/g' a.txt",
+    "awk -F, '{print $1}' a.txt", "awk 'NR==1' a.txt", "xxd a.txt | head", "od -c a.txt", "stat -c %s a.txt", "file -b a.txt",
+    "du -sh .", "df -h .", "date +%Y-%m-%d", "date -u", "echo \"$HOME\"", "printf '%s\\n' a b", "pwd -P", "which git", "basename /a/b",
+    "git status -s", "git log --oneline -10 -- src", "git diff --stat HEAD~1", "git show HEAD:a.txt", "git rev-parse --abbrev-ref HEAD",
+    "git -C src log -1 --format=%H", "git --no-pager diff --cached --name-only", "git blame -L 1,5 a.txt", "git ls-files -z", "git branch --show-current",
+    "export foo=1; echo $foo", "LC_ALL=C sort a.txt", "for f in a b; do echo \"$f\"; done", "set -euo pipefail; ls", "cd src && ls -1",
+    "xargs -0 echo < a.txt", "timeout 5 cat a.txt", "env LANG=C ls", "/usr/bin/cat a.txt", "command -v rg", "test -f a.txt && echo yes",
+    "read -r line < a.txt", "declare -a arr", "local x=1",
+  ];
+  for (const cmd of reads) {
+    test(`${cmd} -> read`, () => {
+      const r = bash(cmd);
+      if (cmd.startsWith("git branch")) return assert.notEqual(r.action, "shell");
+      assert.deepEqual(actions(r), ["read"], JSON.stringify(r.effects));
+      assert.equal(r.needsDecision, false);
+    });
+  }
+});
+
+describe("default-deny: generated option combinations for every read-only command", () => {
+  const pos = (spec) => ({ paths: ["a.txt"], pattern: ["pat", "a.txt"], none: [], xxd: ["a.txt"], uniq: ["a.txt"], date: [], nopos: [] })[spec.pos];
+  for (const [name, spec] of Object.entries(R.SPECS)) {
+    if (spec.anyArgs) continue;
+    const tail = pos(spec);
+    const forms = [];
+    for (const [c, info] of spec.parsed.short) forms.push({ words: info.arg ? [`-${c}`, ...Array(info.arg).fill(info.kind ? "o.txt" : "1")] : [`-${c}`], info });
+    for (const [n, info] of spec.parsed.long) {
+      if (info.arg === 0) forms.push({ words: [`--${n}`], info });
+      if (info.optional) forms.push({ words: [`--${n}=1`], info: { arg: 0 } });
+      if (info.arg === 1) forms.push({ words: [`--${n}=${info.kind ? "o.txt" : "1"}`], info }, { words: [`--${n}`, info.kind ? "o.txt" : "1"], info });
+      if (info.arg === 2) forms.push({ words: [`--${n}`, "v", info.kind ? "o.txt" : "1"], info });
+    }
+    for (const [n, info] of spec.parsed.single) forms.push({ words: info.arg ? [`-${n}`, "1"] : [`-${n}`], info });
+    if (spec.parsed.numeric) forms.push({ words: ["-12"], info: { arg: 0 } });
+    test(`${name}: each allowed option (${forms.length}) stays a read, or the write it names`, () => {
+      for (const f of forms) {
+        const cmd = [name, ...f.words, ...tail].join(" ");
+        const r = bash(cmd);
+        const want = f.info.kind === "W" ? ["read", "write"] : ["read"];
+        const got = actions(r);
+        assert.ok(got.every((a) => want.includes(a)), `${cmd}: ${JSON.stringify(r.effects)}`);
+        if (f.info.kind === "W") assert.ok(has(r, "write", path.join(work, "o.txt")), `${cmd}: the written file is named`);
+        if (f.info.kind !== "W") assert.equal(r.needsDecision, false, cmd);
+      }
+    });
+    test(`${name}: unknown options ask`, () => {
+      const unknownShort = [..."abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"].filter((c) => !spec.parsed.short.has(c)).slice(0, 6);
+      const cmds = [`${name} --zz-unknown ${tail.join(" ")}`, `${name} --zz-unknown=1 ${tail.join(" ")}`, ...unknownShort.map((c) => `${name} -${c} ${tail.join(" ")}`)];
+      // a known flag clustered with an unknown one
+      const flag = [...spec.parsed.short].find(([, i]) => i.arg === 0);
+      if (flag && unknownShort[0]) cmds.push(`${name} -${flag[0]}${unknownShort[0]} ${tail.join(" ")}`);
+      // a GNU-style abbreviation of a long option is not accepted
+      const longest = [...spec.parsed.long.keys()].find((n) => n.length > 5 && ![...spec.parsed.long.keys()].includes(n.slice(0, 4)));
+      if (longest) cmds.push(`${name} --${longest.slice(0, 4)} ${tail.join(" ")}`);
+      for (const cmd of cmds) {
+        const r = bash(cmd);
+        assert.ok(actions(r).includes("shell"), `${cmd}: ${JSON.stringify(r.effects)}`);
+        assert.equal(r.needsDecision, true, cmd);
+      }
+    });
+  }
+  test("git read subcommands: each allowed option stays a read; unknown ones ask", () => {
+    for (const [sub, spec] of Object.entries(R.GIT_READ_OPTS)) {
+      for (const [n, info] of spec.parsed.long) {
+        const w = info.arg === 0 ? `--${n}` : `--${n}=${info.kind ? "o.txt" : "1"}`;
+        const r = bash(`git ${sub} ${w}`);
+        const want = info.kind === "W" ? ["read", "write"] : ["read"];
+        assert.ok(actions(r).every((a) => want.includes(a)), `git ${sub} ${w}: ${JSON.stringify(r.effects)}`);
+      }
+      for (const [c, info] of spec.parsed.short) {
+        const r = bash(`git ${sub} -${c}${info.arg ? " 1" : ""}`);
+        assert.deepEqual(actions(r), info.kind === "W" ? ["read", "write"] : ["read"], `git ${sub} -${c}`);
+      }
+      assert.ok(actions(bash(`git ${sub} --zz-unknown`)).includes("shell"), sub);
+    }
+  });
+});
+
+describe("sed and awk program checks", () => {
+  test("safe sed scripts", () => {
+    for (const s of ["p", "1,10p", "$!N;s/\\n/ /", "/a/,/b/{s/x/y/g;p}", "y/abc/xyz/", "s|a|b|2", "1d;$d", ":a;N;ba", "a\\\nhello", "2i text; e rm", "/x/!d", "0~3p", "s/a/b/w/"]) {
+      if (s === "s/a/b/w/") assert.equal(R.sedScriptSafe(s), false, s);
+      else assert.equal(R.sedScriptSafe(s), true, s);
+    }
+  });
+  test("unsafe sed scripts", () => {
+    for (const s of ["1e rm -f x", "e id", "s/a/b/e", "s/a/b/gw out", "w out", "/x/W out", "r /etc/shadow", "R f", "1 e id", "$e id", "/a/,/b/{e id\n}", "s/a/b", "z;v;e x", "1!e id"]) {
+      assert.equal(R.sedScriptSafe(s), false, s);
+    }
+  });
+});

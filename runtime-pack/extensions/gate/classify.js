@@ -9,6 +9,8 @@ import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
 
+import { FIND_PRIMARIES, SPECS, awkProgramSafe, checkArgs, checkGitArgs, sedScriptSafe } from "./readonly.js";
+
 export const PROTOCOL_VERSION = 1;
 export const MARKER_OPEN = '<piwork-permission v="1">';
 export const MARKER_CLOSE = "</piwork-permission>";
@@ -538,62 +540,46 @@ class Lexer {
 // ---------------------------------------------------------------------------
 // Command tables
 
-const READ_ONLY = new Set([
-  "cat", "tac", "head", "tail", "less", "more", "wc", "ls", "ll", "la", "dir", "tree", "stat", "file",
-  "du", "df", "grep", "egrep", "fgrep", "rg", "ag", "ack", "diff", "cmp", "comm", "md5sum", "sha1sum",
-  "sha256sum", "sha512sum", "b2sum", "cksum", "nl", "cut", "tr", "paste", "fold", "fmt", "column",
-  "expand", "unexpand", "rev", "strings", "xxd", "od", "hexdump", "jq", "yq", "basename", "dirname",
-  "realpath", "readlink", "pwd", "echo", "printf", "true", "false", ":", "test", "[", "[[", "which",
-  "whereis", "type", "date", "whoami", "id", "uname", "hostname", "env", "printenv", "seq", "sleep",
-  "ps", "free", "uptime", "nproc", "lscpu", "locale", "tput", "clear", "look", "zcat", "bzcat", "xzcat",
-  "zgrep", "fd", "fdfind", "uniq", "sort", "join", "numfmt", "iconv", "base64", "getconf", "arch",
-  "lsblk", "mount", "findmnt", "sed", "awk", "gawk", "mawk", "find", "export", "unset", "set",
-  "shopt", "alias", "local", "declare", "typeset", "read", "wait", "jobs", "exit", "return", "break",
-  "continue", "shift", "history", "hash", "let", "trap", "umask", "ulimit", "cd", "pushd", "popd", "dirs",
-]);
+// The read-only allowlist lives in ./readonly.js (SPECS): exact options only.
+const READ_ONLY = new Set(Object.keys(SPECS));
 
-// Commands whose first positional is not a path (pattern / expression).
-const FIRST_ARG_NOT_PATH = new Set(["grep", "egrep", "fgrep", "rg", "ag", "ack", "zgrep", "look", "jq", "yq", "awk", "gawk", "mawk", "sed"]);
-// Commands whose arguments are never paths.
-const NO_PATH_ARGS = new Set([
-  "echo", "printf", "true", "false", ":", "test", "[", "[[", "which", "whereis", "type", "date", "whoami",
-  "id", "uname", "hostname", "env", "printenv", "seq", "sleep", "ps", "free", "uptime", "nproc", "lscpu",
-  "locale", "tput", "clear", "export", "unset", "set", "shopt", "alias", "local", "declare", "typeset",
-  "read", "wait", "jobs", "exit", "return", "break", "continue", "shift", "history", "hash", "let", "trap",
-  "umask", "ulimit", "pwd", "basename", "dirname", "getconf", "arch", "numfmt", "base64", "tr", "lsblk",
-  "mount", "findmnt", "dirs", "popd",
-]);
+// Variables a command line may set without asking: shell-local names (starting
+// lower-case) and a few that only change formatting. Upper-case names are read
+// by programs (PATH, LD_PRELOAD, BASH_ENV, GIT_*, RIPGREP_CONFIG_PATH, PAGER...)
+// and can make a "read" run code.
+const SAFE_VAR = /^(?:[a-z_][A-Za-z0-9_]*|LC_[A-Z]+|LANG|LANGUAGE|TZ|COLUMNS|LINES|NO_COLOR|FORCE_COLOR|TERM|CI|PYTHONUNBUFFERED|PYTHONDONTWRITEBYTECODE|DEBIAN_FRONTEND)$/;
+// Command directories whose programs the tables describe; `./ls` or `/mnt/work/bin/cat` is some other program.
+const SYSTEM_BIN = new Set(["/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr/sbin", "/usr/local/sbin", "/opt/piwork/bin"]);
+// Builtins that assign the variables their arguments name.
+const DECLARE = new Set(["export", "declare", "typeset", "local", "readonly"]);
 
 // Keywords that may prefix a command and are otherwise no-ops for us.
 const KEYWORDS = new Set(["if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}", "esac", "time", "in"]);
 
 // Wrappers: the real command follows (after the wrapper's own options).
 const WRAPPERS = {
-  nice: { optsWithArg: ["-n"] },
+  nice: { opts: ["-n="], longOpts: ["--adjustment="] },
   nohup: {},
-  time: {},
-  command: {},
+  time: { opts: ["-p"] },
+  command: { opts: ["-p"] },
   builtin: {},
   exec: {},
-  stdbuf: {},
-  ionice: { optsWithArg: ["-c", "-n", "-p"] },
-  timeout: { positional: 1, optsWithArg: ["-s", "-k", "--signal", "--kill-after"] },
-  env: { optsWithArg: ["-u", "-C", "--unset", "--chdir", "-S"], assignments: true },
-  xargs: { optsWithArg: ["-I", "-n", "-P", "-L", "-s", "-d", "-E", "-a"], unknownArgs: true },
-  parallel: { unknownArgs: true },
-  watch: { optsWithArg: ["-n", "-d"] },
-  flock: { positional: 1 },
-  chroot: { positional: 1 },
-  setsid: {},
+  stdbuf: { opts: ["-i=", "-o=", "-e="], longOpts: ["--input=", "--output=", "--error="] },
+  ionice: { opts: ["-c=", "-n=", "-t"], longOpts: ["--class=", "--classdata=", "--ignore"] },
+  timeout: { positional: 1, opts: ["-s=", "-k=", "-v"], longOpts: ["--signal=", "--kill-after=", "--preserve-status", "--foreground", "--verbose"] },
+  // no -S/--split-string (runs a string), no -C/--chdir (moves the command elsewhere)
+  env: { opts: ["-i", "-0", "-u="], longOpts: ["--ignore-environment", "--null", "--unset="], assignments: true },
+  xargs: { opts: ["-0", "-r", "-t", "-x", "-I=", "-n=", "-P=", "-L=", "-s=", "-d=", "-E=", "-a="], longOpts: ["--null", "--no-run-if-empty", "--verbose", "--exit", "--max-args=", "--max-procs=", "--max-lines=", "--max-chars=", "--delimiter=", "--arg-file="], unknownArgs: true },
+  watch: { opts: ["-n=", "-d", "-t", "-b", "-e", "-g", "-c", "-x", "-p", "-w"], longOpts: ["--interval=", "--differences", "--no-title", "--beep", "--errexit", "--chgexit", "--color", "--exec", "--precise", "--no-wrap"] },
+  setsid: { opts: ["-f", "-w", "-c"], longOpts: ["--fork", "--wait", "--ctty"] },
   unbuffer: {},
-  caffeinate: {},
 };
 const PRIV_WRAPPERS = {
-  sudo: { optsWithArg: ["-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T"] },
-  doas: { optsWithArg: ["-u", "-C"] },
+  sudo: { opts: ["-u=", "-g=", "-C=", "-D=", "-h=", "-p=", "-r=", "-t=", "-U=", "-T=", "-E", "-H", "-n", "-S", "-b", "-k", "-P"] },
+  doas: { opts: ["-u=", "-C=", "-n", "-s"] },
   su: {},
-  runuser: { optsWithArg: ["-u", "-g"] },
-  pkexec: { optsWithArg: ["--user"] },
+  runuser: { opts: ["-u=", "-g=", "-l"] },
+  pkexec: { longOpts: ["--user="] },
 };
 const SHELLS = new Set(["bash", "sh", "zsh", "dash", "ksh", "ash", "fish", "busybox"]);
 const INTERPRETERS = new Set(["python", "python3", "python2", "node", "nodejs", "deno", "bun", "perl", "ruby", "php", "lua", "Rscript", "osascript", "pwsh", "tclsh"]);
@@ -693,7 +679,8 @@ function optsFor(name) {
 const GIT_NETWORK = new Set(["clone", "fetch", "pull", "push", "ls-remote", "submodule", "remote", "archive", "request-pull", "send-email", "lfs"]);
 const GIT_READ = new Set(["status", "log", "diff", "show", "rev-parse", "ls-files", "ls-tree", "blame", "grep", "describe", "shortlog", "cat-file", "rev-list", "whatchanged", "reflog", "name-rev", "merge-base", "for-each-ref", "show-ref", "check-ignore", "help", "version", "--version"]);
 const GIT_DESTRUCTIVE = new Set(["clean", "rm"]);
-const GIT_GLOBAL_OPTS_WITH_ARG = new Set(["-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path"]);
+const GIT_GLOBAL_OPTS_WITH_ARG = new Set(["-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"]);
+const GIT_GLOBAL_FLAGS = new Set(["-C", "-P", "--no-pager", "--no-replace-objects", "--literal-pathspecs", "--glob-pathspecs", "--noglob-pathspecs", "--icase-pathspecs", "--no-optional-locks", "--no-lazy-fetch", "--bare", "--version", "--help"]);
 
 const DEV_PATHS = new Set(["/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/fd/0", "/dev/fd/1", "/dev/fd/2", "/dev/fd/63"]);
 
@@ -830,7 +817,11 @@ function classifySimple(cmd, ctx, effects) {
 
   // leading assignments and keywords
   while (words.length && (KEYWORDS.has(words[0].text) && !words[0].quoted)) words.shift();
-  while (words.length && /^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/.test(words[0].text) && !words[0].text.startsWith("=")) words.shift();
+  while (words.length && /^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/.test(words[0].text) && !words[0].text.startsWith("=")) {
+    const bad = unsafeAssignment(words[0].text);
+    if (bad) effects.push(effect("exec", { command: command0, reason: bad }));
+    words.shift();
+  }
   if (words.length === 0) return;
   if (words[0].text === "for" || words[0].text === "select" || words[0].text === "case") return; // loop header; body is its own segment
   if (words[0].text === "function") return;
@@ -842,6 +833,10 @@ function classifySimple(cmd, ctx, effects) {
     return;
   }
   const name = name0;
+  if (words[0].text.includes("/") && !SYSTEM_BIN.has(path.posix.dirname(wordValue(words[0], ctx) ?? "."))) {
+    effects.push(effect("exec", { command, reason: `runs the program ${words[0].text} (not a known system command)` }));
+    return;
+  }
 
   // privilege wrappers: classify what they run, and flag the elevation
   if (name in PRIV_WRAPPERS) {
@@ -859,21 +854,32 @@ function classifySimple(cmd, ctx, effects) {
   if (name in WRAPPERS) {
     const spec = WRAPPERS[name];
     const inner = unwrap(words, spec);
-    if (name === "env" && inner.length === 0) return; // plain `env`: prints
-    if (inner.length === 0) return;
+    if (inner === null) {
+      effects.push(effect("exec", { command, reason: `${name} with an option whose effect is not known` }));
+      return;
+    }
+    if (spec.assignments) {
+      for (const w of words.slice(1, words.length - inner.length)) {
+        const bad = /^[A-Za-z_][A-Za-z0-9_]*=/.test(w.text) ? unsafeAssignment(w.text) : null;
+        if (bad) effects.push(effect("exec", { command, reason: bad }));
+      }
+    }
+    if (inner.length === 0) return; // plain `env`, `time`: prints
     if (spec.unknownArgs) {
       // xargs rm: the targets come from stdin
       const innerCmd = { words: inner, redirects: [] };
       const sub = [];
       classifySimple(innerCmd, ctx, sub);
       const innerName = path.basename(inner[0].text);
-      const looksReadOnly = sub.every((e) => e.op === "read") && READ_ONLY.has(innerName);
+      const looksReadOnly = sub.every((e) => e.op === "read") && READ_ONLY.has(innerName) && !inner[0].text.includes("/");
       if (!looksReadOnly) {
         for (const e of sub) effects.push(e);
         const op = ["rm", "rmdir", "unlink", "shred"].includes(innerName) ? "delete" : ["mv"].includes(innerName) ? "move" : "exec";
         effects.push(effect(op, { raw: null, cwd: ctx.cwd, command, reason: `${name} passes arguments from its input to ${innerName}`, unknownTarget: true }));
       } else {
         for (const e of sub) effects.push(e);
+        // the files it reads come from its input: not known to be in scope
+        if (SPECS[innerName]?.pos !== "none") effects.push(effect("read", { raw: null, cwd: ctx.cwd, command, reason: `${name} passes file names from its input to ${innerName}`, unknownTarget: true }));
       }
       return;
     }
@@ -1023,33 +1029,6 @@ function classifySimple(cmd, ctx, effects) {
     if (name === "tar" && f >= 0 && words[f + 1]) effects.push(pathEffect("write", words[f + 1], ctx, command, "tar archive"));
     return;
   }
-  if (name === "sed" && words.some((w) => /^(-i|--in-place|-[a-zA-Z]*i)/.test(w.text) && !w.quoted)) {
-    const pos = positionals(words, new Set(["-e", "-f", "--expression", "--file"]));
-    const hasE = words.some((w) => w.text === "-e" || w.text === "--expression" || w.text === "-f");
-    for (const t of hasE ? pos : pos.slice(1)) effects.push(pathEffect("write", t, ctx, command, "edits in place (sed -i)"));
-    return;
-  }
-  if ((name === "sort" && words.some((w) => w.text === "-o" || w.text.startsWith("--output"))) || name === "uniq") {
-    const pos = positionals(words, optsFor(name));
-    const oIdx = words.findIndex((w) => w.text === "-o");
-    if (oIdx >= 0 && words[oIdx + 1]) effects.push(pathEffect("write", words[oIdx + 1], ctx, command, "writes sorted output"));
-    if (name === "uniq" && pos.length >= 2) {
-      effects.push(pathEffect("read", pos[0], ctx, command, "reads"));
-      effects.push(pathEffect("write", pos[1], ctx, command, "writes (uniq OUTPUT)"));
-      return;
-    }
-    for (const t of name === "uniq" ? pos : pos) effects.push(pathEffect("read", t, ctx, command, "reads"));
-    return;
-  }
-  if ((name === "awk" || name === "gawk" || name === "mawk") && words.slice(1).some((w) => /system\s*\(|\|\s*"|>\s*"|print[^;}]*>|getline/.test(w.text))) {
-    effects.push(effect("exec", { command, reason: "awk program may write files or run commands" }));
-    return;
-  }
-  if (name === "sed" && words.slice(1).some((w) => /(^|[;}\s])(w|W|e)\s|\/[wWe]\s|s\/.*\/.*\/[gpi0-9]*[we]/.test(w.text))) {
-    effects.push(effect("exec", { command, reason: "sed script may write files or run commands" }));
-    return;
-  }
-
   // git
   if (name === "git") {
     classifyGit(words, ctx, effects, command);
@@ -1093,19 +1072,264 @@ function classifySimple(cmd, ctx, effects) {
     return;
   }
 
+  if (name === "trap") {
+    // trap 'CMD' SIGNAL...: CMD runs later, in this shell
+    const pos = words.slice(1).filter((w) => !["-p", "-l", "--", "-", ""].includes(w.text));
+    if (pos.length >= 2 || (pos.length === 1 && !/^-?[0-9A-Z]+$/.test(pos[0].text))) recurseString(pos[0], ctx, effects, command);
+    return;
+  }
+  if (DECLARE.has(name) || name === "read" || name === "mapfile" || name === "readarray" || name === "let" || name === "alias") {
+    classifyAssigningBuiltin(name, words, ctx, effects, command);
+    return;
+  }
+  if (name === "awk" || name === "gawk" || name === "mawk" || name === "busybox-awk") {
+    classifyAwk(name, words, ctx, effects, command);
+    return;
+  }
+  if (name === "sed") {
+    classifySed(words, ctx, effects, command);
+    return;
+  }
+
   if (READ_ONLY.has(name)) {
-    if (NO_PATH_ARGS.has(name)) return;
-    let pos = positionals(words, optsFor(name));
-    const hasPatternOpt = words.some((w) => w.text === "-e" || w.text === "-f" || w.text.startsWith("--regexp") || w.text === "--expression");
-    if (FIRST_ARG_NOT_PATH.has(name) && !hasPatternOpt) pos = pos.slice(1);
-    const recursiveGrep = ["grep", "egrep", "fgrep"].includes(name) && hasFlag(words, "-r", "-R", "--recursive");
-    if (pos.length === 0 && (recursiveGrep || ["ls", "ll", "la", "dir", "tree", "du", "rg", "ag", "ack", "fd", "fdfind"].includes(name))) pos = [{ text: ".", dynamic: false }];
+    const spec = SPECS[name];
+    const checked = checkArgs(name, words, (w) => mayBeOption(w, ctx));
+    if (!checked.ok) {
+      effects.push(effect("exec", { command, reason: checked.reason }));
+      return;
+    }
+    if (["let", "test", "[", "[[", "printf", "hash"].includes(name) && words.some((w) => w.quoted && /\$\(|`/.test(w.text))) {
+      effects.push(effect("exec", { command, reason: `${name} may evaluate a command substitution in an arithmetic or name context` }));
+      return;
+    }
+    for (const f of checked.files) effects.push(pathEffect(f.op, f.word, ctx, command, f.reason));
+    let pos = checked.positionals;
+    if (spec.pos === "none") return;
+    if (spec.pos === "nopos") {
+      if (pos.length) effects.push(effect("exec", { command, reason: `${name} with an argument changes the system` }));
+      return;
+    }
+    if (spec.pos === "date") {
+      if (pos.some((w) => !w.text.startsWith("+"))) effects.push(effect("exec", { command, reason: "date with a time argument sets the clock" }));
+      return;
+    }
+    if (spec.pos === "xxd" || spec.pos === "uniq") {
+      if (pos[0]) effects.push(pathEffect("read", pos[0], ctx, command, "reads"));
+      if (pos[1]) effects.push(pathEffect("write", pos[1], ctx, command, `${name} writes its output file`));
+      if (pos.length > 2) effects.push(effect("exec", { command, reason: `${name} with extra arguments` }));
+      return;
+    }
+    if (spec.pos === "pattern") {
+      const opts = words.slice(1).map((w) => w.text);
+      const patternGiven = opts.some((t) => /^(-[a-zA-Z]*[ef]|--regexp|--file|--from-file)/.test(t));
+      if (!patternGiven) pos = pos.slice(1);
+      if (name === "jq" && opts.some((t) => t === "--args" || t === "--jsonargs")) pos = [];
+    }
+    const recursiveGrep = ["grep", "egrep", "fgrep", "zgrep"].includes(name) && hasFlag(words, "-r", "-R", "--recursive", "--dereference-recursive");
+    if (pos.length === 0 && (spec.dflt || recursiveGrep)) pos = [{ text: spec.dflt ?? ".", dynamic: false }];
     for (const t of pos) effects.push(pathEffect("read", t, ctx, command, "reads"));
     return;
   }
 
   // anything else: a command we do not know
   effects.push(effect("exec", { command, reason: `runs ${name} (side effects unknown)` }));
+}
+
+/** Why assigning `NAME=...` is not harmless, or null when it is. */
+function unsafeAssignment(text) {
+  const m = /^([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=?/.exec(text);
+  if (!m) return `assigns ${text} (not a plain name)`;
+  if (m[2] && /\$\(|`/.test(m[2])) return `the subscript of ${m[1]} runs a command`;
+  if (!SAFE_VAR.test(m[1])) return `sets ${m[1]}, which programs read (it can change what later commands run)`;
+  return null;
+}
+
+/** Could this word reach the program as an option (`-...`)? Expansions and globs can. */
+function mayBeOption(w, ctx) {
+  if (w.text.startsWith("-")) return true;
+  if (w.dynamic && w.text.startsWith("\u0000")) return true;
+  if (w.glob && /^[*?[{]/.test(w.text)) {
+    // a glob expands to the names in the directory: one of them may start with -
+    if (ctx.cwd == null) return true;
+    let names;
+    try {
+      names = fs.readdirSync(ctx.cwd);
+    } catch {
+      return true;
+    }
+    const slash = w.text.indexOf("/");
+    const first = slash < 0 ? w.text : w.text.slice(0, slash);
+    const re = globRegex(first);
+    return names.some((n) => n.startsWith("-") && re.test(n)) || first.startsWith("{");
+  }
+  return false;
+}
+
+function classifyAssigningBuiltin(name, words, ctx, effects, command) {
+  const args = words.slice(1);
+  const flagOk = {
+    export: /^-[fnp]+$/,
+    declare: /^[-+][aAfFgiIlprtux]+$/,
+    typeset: /^[-+][aAfFgiIlprtux]+$/,
+    local: /^[-+][aAilrtux]+$/,
+    readonly: /^-[aAfp]+$/,
+    read: /^-[ers]+$/,
+    mapfile: /^-[t]+$/,
+    readarray: /^-[t]+$/,
+    let: /^$/,
+    alias: /^-p$/,
+  }[name];
+  const withArg = new Set(name === "read" ? ["-a", "-d", "-i", "-n", "-N", "-p", "-t", "-u"] : name === "mapfile" || name === "readarray" ? ["-d", "-n", "-O", "-s", "-u"] : []);
+  if (name === "alias" && args.some((w) => w.text !== "-p")) {
+    effects.push(effect("exec", { command, reason: "alias defines a command" }));
+    return;
+  }
+  for (let i = 0; i < args.length; i++) {
+    const w = args[i];
+    const t = w.text;
+    if (/\$\(|`/.test(t) && (w.quoted || name === "let")) {
+      effects.push(effect("exec", { command, reason: `${name} may evaluate a command substitution` }));
+      return;
+    }
+    if (name === "let") {
+      // arithmetic: assignments inside expressions; names in it are variables
+      const m = t.match(/[A-Za-z_][A-Za-z0-9_]*\s*(\[[^\]]*\])?\s*([-+*/%&|^]|<<|>>)?=(?!=)/g) ?? [];
+      for (const a of m) {
+        const bad = unsafeAssignment(a.replace(/\s+/g, "").replace(/([-+*/%&|^]|<<|>>)=$/, "="));
+        if (bad) {
+          effects.push(effect("exec", { command, reason: bad }));
+          return;
+        }
+      }
+      continue;
+    }
+    if (withArg.has(t)) {
+      if (t === "-a") {
+        const bad = args[i + 1] ? unsafeAssignment(args[i + 1].text) : null;
+        if (bad) effects.push(effect("exec", { command, reason: bad }));
+      }
+      i++;
+      continue;
+    }
+    if (/^[-+]/.test(t) && t.length > 1) {
+      if (t === "--") continue;
+      if (!flagOk.test(t)) {
+        effects.push(effect("exec", { command, reason: `${name} ${t}: option not known to be harmless` }));
+        return;
+      }
+      continue;
+    }
+    if (w.dynamic && t.startsWith("\u0000")) {
+      effects.push(effect("exec", { command, reason: `${name} with a computed name` }));
+      return;
+    }
+    const bad = unsafeAssignment(t);
+    if (bad) {
+      effects.push(effect("exec", { command, reason: bad }));
+      return;
+    }
+  }
+}
+
+function classifyAwk(name, words, ctx, effects, command) {
+  // awk [-F fs] [-v var=val]... 'program' [file | var=val]...
+  let program = null;
+  const files = [];
+  for (let i = 1; i < words.length; i++) {
+    const w = words[i];
+    const t = w.text;
+    if (program === null && (t === "-F" || t === "-v" || t === "--field-separator" || t === "--assign")) {
+      if (t === "-v" || t === "--assign") {
+        const bad = words[i + 1] && /^[A-Za-z_][A-Za-z0-9_]*=/.test(words[i + 1].text) ? null : "awk -v without a plain assignment";
+        if (bad) {
+          effects.push(effect("exec", { command, reason: bad }));
+          return;
+        }
+      }
+      i++;
+      continue;
+    }
+    if (program === null && /^(-F.|-v[A-Za-z_]|--field-separator=|--assign=)/.test(t)) continue;
+    if (program === null && t === "--") continue;
+    if (program === null && (t.startsWith("-") || mayBeOption(w, ctx))) {
+      effects.push(effect("exec", { command, reason: `${name} ${t}: option not known to be harmless (program files, extensions)` }));
+      return;
+    }
+    if (program === null) {
+      if (w.dynamic || !awkProgramSafe(t)) {
+        effects.push(effect("exec", { command, reason: "awk program may write files or run commands" }));
+        return;
+      }
+      program = t;
+      continue;
+    }
+    if (/^[A-Za-z_][A-Za-z0-9_]*=/.test(t)) continue; // var=value operand
+    files.push(w);
+  }
+  if (program === null) {
+    effects.push(effect("exec", { command, reason: "awk without a program text" }));
+    return;
+  }
+  for (const f of files) effects.push(pathEffect("read", f, ctx, command, "reads"));
+}
+
+function classifySed(words, ctx, effects, command) {
+  // sed [options] [script] [file...]; -e/--expression give scripts, -f a script file
+  const scripts = [];
+  const files = [];
+  let inPlace = false;
+  let endOpts = false;
+  for (let i = 1; i < words.length; i++) {
+    const w = words[i];
+    const t = w.text;
+    if (!endOpts && t === "--") {
+      endOpts = true;
+      continue;
+    }
+    if (!endOpts && t.startsWith("--")) {
+      const [n, v] = t.includes("=") ? [t.slice(0, t.indexOf("=")), t.slice(t.indexOf("=") + 1)] : [t, undefined];
+      if (n === "--expression") {
+        const val = v !== undefined ? { ...w, text: v } : words[++i];
+        if (!val) break;
+        scripts.push(val);
+      } else if (n === "--in-place") inPlace = true;
+      else if (!["--quiet", "--silent", "--regexp-extended", "--separate", "--unbuffered", "--null-data", "--posix", "--debug", "--sandbox", "--follow-symlinks", "--line-length", "--help", "--version"].includes(n)) {
+        effects.push(effect("exec", { command, reason: `sed ${n}: option not known to be harmless` }));
+        return;
+      } else if (n === "--line-length" && v === undefined) i++;
+      continue;
+    }
+    if (!endOpts && t.startsWith("-") && t.length > 1) {
+      for (let j = 1; j < t.length; j++) {
+        const c = t[j];
+        if ("nErsuzb".includes(c)) continue;
+        if (c === "i") {
+          inPlace = true; // -i[SUFFIX]: the rest is the suffix
+          break;
+        }
+        if (c === "e" || c === "l") {
+          const rest = t.slice(j + 1);
+          const val = rest.length ? { ...w, text: rest } : words[++i];
+          if (c === "e" && val) scripts.push(val);
+          break;
+        }
+        effects.push(effect("exec", { command, reason: `sed -${c}: option not known to be harmless (e.g. -f runs a script file)` }));
+        return;
+      }
+      continue;
+    }
+    if (!endOpts && mayBeOption(w, ctx)) {
+      effects.push(effect("exec", { command, reason: "sed: an argument could expand to an option" }));
+      return;
+    }
+    if (scripts.length === 0 && !words.slice(1, i).some((x) => /^(-[a-zA-Z]*e|--expression)/.test(x.text))) scripts.push(w);
+    else files.push(w);
+  }
+  if (scripts.length === 0 || scripts.some((w) => w.dynamic || !sedScriptSafe(w.text))) {
+    effects.push(effect("exec", { command, reason: "sed script may run commands or write/read other files (e, w, r, s///e)" }));
+    return;
+  }
+  for (const f of files) effects.push(pathEffect(inPlace ? "write" : "read", f, ctx, command, inPlace ? "edits in place (sed -i)" : "reads"));
 }
 
 function pythonModule(words) {
@@ -1119,8 +1343,10 @@ function pythonModule(words) {
   return null;
 }
 
+/** The wrapped command's words, or null when the wrapper has an option we do not know. */
 function unwrap(words, spec) {
-  const optsWithArg = new Set(spec.optsWithArg ?? []);
+  const short = new Map((spec.opts ?? []).map((o) => [o[1], o.endsWith("=")]));
+  const long = new Map((spec.longOpts ?? []).map((o) => [o.replace(/=$/, "").slice(2), o.endsWith("=")]));
   let i = 1;
   let positional = spec.positional ?? 0;
   while (i < words.length) {
@@ -1133,8 +1359,24 @@ function unwrap(words, spec) {
       i++;
       continue;
     }
+    if (t.startsWith("--")) {
+      const eq = t.indexOf("=");
+      const name = eq < 0 ? t.slice(2) : t.slice(2, eq);
+      if (!long.has(name)) return null;
+      i += long.get(name) && eq < 0 ? 2 : 1;
+      continue;
+    }
     if (t.startsWith("-") && t.length > 1) {
-      i += optsWithArg.has(t) ? 2 : 1;
+      let j = 1;
+      let skipNext = false;
+      for (; j < t.length; j++) {
+        if (!short.has(t[j])) return null;
+        if (short.get(t[j])) {
+          skipNext = j === t.length - 1;
+          break;
+        }
+      }
+      i += skipNext ? 2 : 1;
       continue;
     }
     if (positional > 0) {
@@ -1168,7 +1410,7 @@ function classifyFind(words, ctx, effects, command) {
   while (i < words.length && ["-H", "-L", "-P"].includes(words[i].text)) i++;
   for (; i < words.length; i++) {
     const t = words[i].text;
-    if (!words[i].quoted && (t.startsWith("-") || t === "(" || t === "!" || t === ")")) break;
+    if (t.startsWith("-") || t === "(" || t === "!" || t === ")") break;
     roots.push(words[i]);
   }
   if (roots.length === 0) roots.push({ text: ".", dynamic: false });
@@ -1195,6 +1437,14 @@ function classifyFind(words, ctx, effects, command) {
     } else if (["-fprint", "-fprint0", "-fprintf", "-fls"].includes(t) && expr[j + 1]) {
       effects.push(pathEffect("write", expr[j + 1], ctx, command, `find ${t} writes a file`));
       mutated = true;
+      j += t === "-fprintf" ? 2 : 1;
+    } else if (/^-newer[amcBt][amcBt]$/.test(t)) {
+      j += 1;
+    } else if (FIND_PRIMARIES.has(t)) {
+      j += FIND_PRIMARIES.get(t);
+    } else {
+      effects.push(effect("exec", { command, reason: `find ${t}: not known to be read-only` }));
+      mutated = true;
     }
   }
   void mutated;
@@ -1205,22 +1455,36 @@ function classifyGit(words, ctx, effects, command) {
   let i = 1;
   let gitCwd = ctx.cwd;
   while (i < words.length && words[i].text.startsWith("-")) {
-    if (words[i].text === "-C" && words[i + 1]) {
+    const t = words[i].text;
+    if (t === "-C" && words[i + 1]) {
       const v = wordValue(words[i + 1], ctx);
       gitCwd = v === null ? null : resolvePath(v, ctx.cwd ?? "/", { home: ctx.home });
+    } else if (t === "-c" || t.startsWith("--config-env") || t === "--exec-path" || t.startsWith("--exec-path=") || t === "--git-dir" || t.startsWith("--git-dir=") || t === "--work-tree" || t.startsWith("--work-tree=") || t === "--namespace" || t.startsWith("--namespace=")) {
+      // configuration and repository overrides can name programs to run or another repository
+      effects.push(effect("exec", { command, reason: `git ${t} changes configuration or the repository (not inspected)` }));
+    } else if (!GIT_GLOBAL_FLAGS.has(t)) {
+      effects.push(effect("exec", { command, reason: `git ${t}: global option not known to be harmless` }));
     }
-    if (words[i].text === "-c" && words[i + 1] && /^(core\.(sshCommand|pager|editor|fsmonitor|hooksPath)|alias\.|.*\.(command|helper)|protocol\.)/i.test(words[i + 1].text)) {
-      effects.push(effect("exec", { command, reason: "git -c sets a command-running option" }));
-    }
-    i += GIT_GLOBAL_OPTS_WITH_ARG.has(words[i].text) ? 2 : 1;
+    i += GIT_GLOBAL_OPTS_WITH_ARG.has(t) ? 2 : 1;
   }
   const sub = words[i] ? words[i].text : "";
   const rest = words.slice(i);
   const here = { ...ctx, cwd: gitCwd };
   const repoWrite = (reason) => effects.push(effect("write", { raw: ".", cwd: gitCwd, command, reason, unknownTarget: gitCwd === null }));
+  if (sub === "reflog" && ["expire", "delete", "drop"].includes(rest[1]?.text ?? "")) {
+    effects.push(effect("delete", { raw: ".", cwd: gitCwd, command, reason: "git reflog expire/delete drops history", unknownTarget: gitCwd === null, contents: true }));
+    return;
+  }
   if (sub === "" || GIT_READ.has(sub)) {
-    if (sub === "diff" && rest.some((w) => w.text === "--output" || w.text.startsWith("--output="))) repoWrite("git diff --output writes a file");
-    else effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "reads the repository", unknownTarget: gitCwd === null }));
+    if (sub !== "") {
+      const checked = checkGitArgs(sub, sub === "reflog" && rest[1]?.text === "show" ? rest.slice(1) : rest, (w) => mayBeOption(w, ctx));
+      if (!checked.ok) {
+        effects.push(effect("exec", { command, reason: checked.reason }));
+        return;
+      }
+      for (const f of checked.files) effects.push(pathEffect(f.op, f.word, here, command, f.reason));
+    }
+    effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "reads the repository", unknownTarget: gitCwd === null }));
     return;
   }
   if (GIT_NETWORK.has(sub)) {

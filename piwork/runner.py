@@ -272,6 +272,7 @@ class TaskSession:
         """Domains the person allowed once at the gate's prompt, for this turn: the
         egress proxy lets them through instead of asking a second time."""
         self._usage_report = False
+        self._usage_inflight = TaskUsage()  # taken from _usage_due, not yet in task.json
         self._gateway: ModelGateway | None = None
         self._gateway_prices = False
         self._allow_net: tuple[str, ...] = ()
@@ -721,12 +722,15 @@ class TaskSession:
         while self.task is not None and (self._usage_due != TaskUsage() or self._usage_report):
             delta, self._usage_due = self._usage_due, TaskUsage()
             report, self._usage_report = self._usage_report, False
+            self._usage_inflight = delta
             try:
                 self.task = await asyncio.to_thread(self.store.add_usage, self.task.id, delta)
             except Exception as exc:
                 self._usage_due = delta.plus(self._usage_due)  # kept for the next write
                 self.emit(EventKind.ERROR, message=f"cannot record usage: {exc}")
                 return
+            finally:
+                self._usage_inflight = TaskUsage()
             if report or delta.total_tokens or delta.cost_usd:
                 u = self.task.record.usage
                 self.emit(EventKind.USAGE, tokens=u.total_tokens, cost=u.cost_usd, turns=u.turns)
@@ -747,7 +751,11 @@ class TaskSession:
         if self.task is None:
             return None
         try:
-            limit = self.store.get(self.task.id).record.limit_reached()
+            record = self.store.get(self.task.id).record
+            # Usage already seen but still on its way to task.json counts too: a burst
+            # of calls cannot slip past the limit while the writer catches up.
+            pending = self._usage_due.plus(self._usage_inflight)
+            limit = record.limits.exceeded(record.usage.plus(pending), record.wall_seconds())
         except Exception as exc:  # cannot tell: refuse rather than spend blindly
             return f"cannot read this task's limits ({exc})"
         if limit is None:

@@ -177,8 +177,10 @@ async def test_usage_seen_by_the_gateway_stops_the_task_at_its_token_limit(
 
     assert await _chat(b.gateway, token, "mine", "cheap") == 200
     assert await _chat(b.gateway, token, "mine", "cheap") == 200
+    await session._flush_usage()  # usage reaches task.json off the event loop
     assert not session._limit_hit.is_set()  # 800 of 1000 tokens
     assert await _chat(b.gateway, token, "mine", "cheap") == 200
+    await session._flush_usage()
     assert session._limit_hit.is_set()
     assert session._stop_reason is not None
     assert session._stop_reason[0] is StopReason.LIMIT
@@ -254,6 +256,7 @@ async def test_raising_the_limit_lets_model_calls_through_again(
     assert session.task is not None
     for _ in range(3):
         assert await _chat(b.gateway, token, "mine", "cheap") == 200
+    await session._flush_usage()  # usage reaches task.json off the event loop
     assert await _chat(b.gateway, token, "mine", "cheap") == 429
     rec = session.store.get(session.task.id).record
     session.store.update(session.task.id, limits=rec.limits.model_copy(update={"max_tokens": 5000}))

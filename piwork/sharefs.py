@@ -84,20 +84,25 @@ def _walk_dirs(root_fd: int, parts: list[str], *, create: bool) -> int:
         raise
 
 
+def _parent_beneath(root: Path, rel: str | PurePosixPath, *, create: bool) -> tuple[int, str]:
+    """An fd of ``rel``'s directory beneath ``root`` (caller closes) and its last component."""
+    parts = split_relative(rel)
+    root_fd = _open_root(root)
+    try:
+        return _walk_dirs(root_fd, parts[:-1], create=create), parts[-1]
+    finally:
+        os.close(root_fd)
+
+
 def open_beneath(root: Path, rel: str | PurePosixPath, flags: int = os.O_RDONLY) -> int:
     """Open ``root/rel`` without following any link below ``root``; returns an fd.
 
     A symlink at the final component fails with :class:`UnsafePathError`
     (``ELOOP``) instead of being followed.
     """
-    parts = split_relative(rel)
-    root_fd = _open_root(root)
+    dir_fd, name = _parent_beneath(root, rel, create=False)
     try:
-        dir_fd = _walk_dirs(root_fd, parts[:-1], create=False)
-    finally:
-        os.close(root_fd)
-    try:
-        return os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePathError(errno.ELOOP, f"refusing to follow a symlink: {rel}") from exc
@@ -135,13 +140,7 @@ def write_atomic_beneath(
     symlink or any other entry at the target name is replaced by the new file,
     so a planted link can never redirect the write.
     """
-    parts = split_relative(rel)
-    root_fd = _open_root(root)
-    try:
-        dir_fd = _walk_dirs(root_fd, parts[:-1], create=make_dirs)
-    finally:
-        os.close(root_fd)
-    name = parts[-1]
+    dir_fd, name = _parent_beneath(root, rel, create=make_dirs)
     tmp = f".{name}.{secrets.token_hex(6)}.tmp"
     try:
         fd = os.open(
@@ -174,14 +173,9 @@ def write_atomic_beneath(
 
 def lstat_beneath(root: Path, rel: str | PurePosixPath) -> os.stat_result:
     """``lstat`` of ``root/rel``, resolving the directories on the way without links."""
-    parts = split_relative(rel)
-    root_fd = _open_root(root)
+    dir_fd, name = _parent_beneath(root, rel, create=False)
     try:
-        dir_fd = _walk_dirs(root_fd, parts[:-1], create=False)
-    finally:
-        os.close(root_fd)
-    try:
-        return os.stat(parts[-1], dir_fd=dir_fd, follow_symlinks=False)
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     finally:
         os.close(dir_fd)
 
@@ -252,42 +246,27 @@ def mkdir_beneath(root: Path, rel: str | PurePosixPath, *, mode: int = 0o755) ->
     put there, a link included) is left alone and never followed: the host
     only needs the name to exist for the guest.
     """
-    parts = split_relative(rel)
-    root_fd = _open_root(root)
-    try:
-        dir_fd = _walk_dirs(root_fd, parts[:-1], create=True)
-    finally:
-        os.close(root_fd)
+    dir_fd, name = _parent_beneath(root, rel, create=True)
     try:
         with contextlib.suppress(FileExistsError):
-            os.mkdir(parts[-1], mode, dir_fd=dir_fd)
+            os.mkdir(name, mode, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
 
 
 def unlink_beneath(root: Path, rel: str | PurePosixPath) -> None:
     """Remove the non-directory entry ``root/rel`` (a planted link is removed, not followed)."""
-    parts = split_relative(rel)
-    root_fd = _open_root(root)
+    dir_fd, name = _parent_beneath(root, rel, create=False)
     try:
-        dir_fd = _walk_dirs(root_fd, parts[:-1], create=False)
-    finally:
-        os.close(root_fd)
-    try:
-        os.unlink(parts[-1], dir_fd=dir_fd)
+        os.unlink(name, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
 
 
 def readlink_beneath(root: Path, rel: str | PurePosixPath) -> str:
     """The text of the link ``root/rel`` (read, never followed)."""
-    parts = split_relative(rel)
-    root_fd = _open_root(root)
+    dir_fd, name = _parent_beneath(root, rel, create=False)
     try:
-        dir_fd = _walk_dirs(root_fd, parts[:-1], create=False)
-    finally:
-        os.close(root_fd)
-    try:
-        return os.readlink(parts[-1], dir_fd=dir_fd)
+        return os.readlink(name, dir_fd=dir_fd)
     finally:
         os.close(dir_fd)

@@ -261,6 +261,10 @@ class FakeConsole:
     def __init__(self, answers: list[str]) -> None:
         self.answers = answers
         self.prompts: list[str] = []
+        self._turn = asyncio.Lock()
+
+    def turn(self) -> asyncio.Lock:
+        return self._turn
 
     async def ask(self, prompt: str) -> str | None:
         self.prompts.append(prompt)

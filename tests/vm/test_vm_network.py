@@ -450,8 +450,10 @@ class TestDefaultIsolation:
             " | nc -w 10 10.0.2.101 3128"
         )
         anonymous = f"printf '{head}\\r\\n' | nc -w 10 10.0.2.101 3128"
+        # The host name is hidden from the gate's classifier (a variable), so allowing
+        # this bash step once does not allow the domain once: the proxy must decide.
         outcome, results = await default.run(
-            "timeout 30 wget -O- http://blocked.example.com/x; echo wget-rc=$?",
+            "h=blocked.example.com; timeout 30 wget -O- http://$h/x; echo wget-rc=$?",
             f"{connect}; echo nc-rc=$?",
             f"{anonymous}; echo nc-rc=$?",
         )

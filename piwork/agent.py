@@ -12,10 +12,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import shlex
+import secrets
 import shutil
 import socket
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,7 +26,6 @@ from typing import Any
 from piwork import sharefs
 from piwork.aio import discard
 from piwork.pack.manifest import Manifest
-from piwork.proxy import guestfwd_relay
 from piwork.proxy.egress import guest_proxy_env
 from piwork.rpc.client import RpcClient
 from piwork.rpc.framing import OversizedLine
@@ -37,12 +35,12 @@ from piwork.vm.channel import Endpoint, GuestChannel
 from piwork.vm.command import (
     EGRESS_GUEST_ADDR,
     GATEWAY_GUEST_ADDR,
-    GuestForward,
     Share,
     Transport,
     VmSpec,
 )
 from piwork.vm.machine import VirtualMachine, VmError
+from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
 from piwork.vm.template import (
     RAM,
     STATE,
@@ -132,13 +130,6 @@ def _socket_dir(preferred: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="piwork-"))
 
 
-def relay_command(port: int) -> str:
-    """The per-connection command slirp runs for a guestfwd (no piwork import: fast)."""
-    # libslirp splits this with GLib's shell-style parser: quote paths with spaces.
-    relay = shlex.quote(str(Path(guestfwd_relay.__file__)))
-    return f"{shlex.quote(sys.executable)} -I -S {relay} 127.0.0.1 {port}"
-
-
 StageCallback = Callable[[str, float], None]
 LineCallback = Callable[[dict[str, Any]], None]
 BootModeCallback = Callable[[str, dict[str, Any]], None]
@@ -167,9 +158,16 @@ class AgentVm:
         """A temp dir made for the sockets (long paths): removed by :meth:`stop`."""
         self.rpc = RpcClient(send_line=self._send_line)
         host_port = _free_tcp_port() if cfg.transport is Transport.TCP else None
-        forwards = [GuestForward(*GATEWAY_GUEST_ADDR, relay_command(cfg.gateway_port))]
-        if cfg.egress_port is not None:
-            forwards.append(GuestForward(*EGRESS_GUEST_ADDR, relay_command(cfg.egress_port)))
+        tag = f"{os.getpid()}-{id(self):x}"
+        self._tcp_secret: bytes | None = None
+        secret_file: Path | None = None
+        if cfg.transport is Transport.TCP:
+            # Any local user can connect to the hostfwd port: the supervisor wants
+            # this secret first. QEMU reads the 0600 file at start (fw_cfg); it is
+            # deleted once QEMU runs, and is never on a command line.
+            self._tcp_secret = secrets.token_hex(32).encode()
+            secret_file = sock_dir / f"secret-{tag}"
+        self._secret_file = secret_file
         self.spec = VmSpec(
             pack_dir=cfg.pack_dir,
             manifest=cfg.manifest,
@@ -183,13 +181,15 @@ class AgentVm:
                 else None
             ),
             host_tcp_port=host_port,
+            tcp_secret_file=secret_file,
+            net_socket=sock_dir / f"net-{tag}.sock",
             memory_mb=cfg.memory_mb,
             cpus=cfg.cpus,
             shares=cfg.dirs.shares(),
-            forwards=forwards,
             name=f"piwork-{cfg.task_id}",
         )
         self.vm = VirtualMachine(self.spec, on_stage=on_stage)
+        self.netmux = self._new_netmux()
         self.channel = self._new_channel()
         self.pi_exit: asyncio.Future[dict[str, Any]] | None = None
         self._pi_started: asyncio.Future[int] | None = None
@@ -197,8 +197,32 @@ class AgentVm:
         self.stderr_tail: list[str] = []
         self._vm_watch: asyncio.Task[None] | None = None
 
+    def _new_netmux(self) -> NetMux:
+        targets = {TARGET_GATEWAY: self.cfg.gateway_port}
+        if self.cfg.egress_port is not None:
+            targets[TARGET_EGRESS] = self.cfg.egress_port
+        assert self.spec.net_socket is not None
+        return NetMux(self.spec.net_socket, targets, alive=lambda: self.vm.running)
+
+    def _write_secret(self) -> None:
+        if self._secret_file is not None and self._tcp_secret is not None:
+            fd = os.open(self._secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, self._tcp_secret)
+            finally:
+                os.close(fd)
+
+    def _remove_secret(self) -> None:
+        if self._secret_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self._secret_file.unlink()
+
     def _new_channel(self) -> GuestChannel:
-        endpoint = Endpoint(unix_path=self.spec.rpc_socket, tcp_port=self.spec.host_tcp_port)
+        endpoint = Endpoint(
+            unix_path=self.spec.rpc_socket,
+            tcp_port=self.spec.host_tcp_port,
+            tcp_secret=self._tcp_secret,
+        )
         return GuestChannel(
             endpoint, self._on_pi_line, self._on_supervisor_event, alive=lambda: self.vm.running
         )
@@ -309,6 +333,11 @@ class AgentVm:
         self.timings["supervisor_ready"] = time.monotonic() - t0
         await self.start_pi()
         self.timings["pi_started"] = time.monotonic() - t0
+        if not await self.netmux.wait_ready(30):
+            raise self.vm._error(
+                "the guest's network port did not answer within 30s "
+                f"({self.netmux.stats.closed_reason or 'no reply to HELLO'})"
+            )
 
     def _say_boot_mode(self, message: str, data: dict[str, Any]) -> None:
         self.boot_mode = {"message": message, **data}
@@ -316,7 +345,12 @@ class AgentVm:
             self.on_boot_mode(message, data)
 
     async def _start_cold(self, t0: float) -> None:
-        await self.vm.launch()
+        self._write_secret()
+        try:
+            await self.vm.launch()
+        finally:
+            self._remove_secret()  # QEMU has read it (or failed)
+        self.netmux.start()
         self.timings["qemu_started"] = time.monotonic() - t0
         boot = asyncio.create_task(self.vm.wait_booted(self.cfg.boot_stall_timeout))
         chan = asyncio.create_task(self.channel.start(timeout=600))
@@ -370,7 +404,8 @@ class AgentVm:
         try:
             await self.vm.launch()
             self.timings["qemu_started"] = time.monotonic() - t0
-            # The host end connects first; QEMU tells the guest on load.
+            # The host ends connect first; QEMU tells the guest on load.
+            self.netmux.start()
             chan = asyncio.create_task(self.channel.start(timeout=60))
             await restore_vm(self.vm.qmp_execute, tpl.state)
             await chan
@@ -378,10 +413,12 @@ class AgentVm:
             if chan is not None:
                 discard(chan)
             await self.channel.close()
+            await self.netmux.close()
             await self.vm.shutdown(grace=0)
             self.spec = cold_spec
             self.vm = VirtualMachine(self.spec, on_stage=self.on_stage)
             self.channel = self._new_channel()
+            self.netmux = self._new_netmux()
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]
             await asyncio.to_thread(discard_template, tpl)
             raise TemplateUnavailable(f"restoring the saved VM failed ({short})") from exc
@@ -410,9 +447,11 @@ class AgentVm:
             memory_shared=True,
             incoming=False,
             shares=shares,
-            forwards=[],  # nothing to reach: the template opens no connection
             qmp_socket=sock_dir / "qmp.sock",
             rpc_socket=sock_dir / "rpc.sock",
+            # The netmux port exists (same devices as a clone) but nobody connects:
+            # the template holds no stream and its guest refuses connections.
+            net_socket=sock_dir / "net.sock",
             console_log=tmp / "console.log",
             name="piwork-template",
         )
@@ -516,7 +555,9 @@ class AgentVm:
         finally:
             try:
                 await self.channel.close()
+                await self.netmux.close()
                 await self.vm.shutdown(grace=0 if not graceful else 2)
             finally:
+                self._remove_secret()
                 if self._own_sock_dir is not None:
                     shutil.rmtree(self._own_sock_dir, ignore_errors=True)

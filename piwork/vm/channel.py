@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ class Endpoint:
 
     unix_path: Path | None = None
     tcp_port: int | None = None
+    tcp_secret: bytes | None = field(default=None, repr=False)
+    """The TCP transport's per-run secret: sent first on every connection."""
 
     def describe(self) -> str:
         return str(self.unix_path) if self.unix_path else f"127.0.0.1:{self.tcp_port}"
@@ -49,7 +51,10 @@ class Endpoint:
         if self.unix_path is not None:
             return await asyncio.open_unix_connection(str(self.unix_path), limit=MAX_LINE)
         assert self.tcp_port is not None
-        return await asyncio.open_connection("127.0.0.1", self.tcp_port, limit=MAX_LINE)
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.tcp_port, limit=MAX_LINE)
+        if self.tcp_secret is not None:
+            writer.write(b"auth " + self.tcp_secret + b"\n")
+        return reader, writer
 
 
 class GuestChannel:

@@ -16,6 +16,10 @@ from piwork.pack.manifest import Manifest
 from piwork.vm.accel import AccelChoice
 
 RPC_PORT_NAME = "piwork.rpc"
+NET_PORT_NAME = "piwork.net"
+"""The guest's TCP connections to the gateway/egress, multiplexed (piwork.vm.netmux)."""
+SECRET_FW_CFG = "opt/piwork/secret"
+"""TCP transport: the per-run secret, as a fw_cfg file (never on a command line)."""
 GUEST_TCP_PORT = 7000
 GATEWAY_GUEST_ADDR = ("10.0.2.100", 80)
 EGRESS_GUEST_ADDR = ("10.0.2.101", 3128)
@@ -35,15 +39,6 @@ class Share:
     readonly: bool = False
 
 
-@dataclass(frozen=True)
-class GuestForward:
-    """A guest address whose TCP connections each run ``command`` on the host."""
-
-    guest_ip: str
-    guest_port: int
-    command: str
-
-
 @dataclass
 class VmSpec:
     pack_dir: Path
@@ -54,10 +49,11 @@ class VmSpec:
     transport: Transport = Transport.VIRTIO
     rpc_socket: Path | None = None  # virtio transport
     host_tcp_port: int | None = None  # tcp transport
+    tcp_secret_file: Path | None = None  # tcp transport: 0600 file, read by QEMU at start
+    net_socket: Path | None = None  # the netmux port's chardev socket (no NIC needed)
     memory_mb: int = 1024
     cpus: int = 2
     shares: list[Share] = field(default_factory=list)
-    forwards: list[GuestForward] = field(default_factory=list)
     name: str = "piwork"
     qemu_binary: str = "qemu-system-x86_64"
     extra_kernel_args: list[str] = field(default_factory=list)
@@ -87,6 +83,8 @@ def build_command(spec: VmSpec) -> list[str]:
         raise ValueError("the virtio transport needs rpc_socket")
     if spec.transport is Transport.TCP and not spec.host_tcp_port:
         raise ValueError("the tcp transport needs host_tcp_port")
+    if spec.transport is Transport.TCP and spec.tcp_secret_file is None:
+        raise ValueError("the tcp transport needs tcp_secret_file (its per-run secret)")
     tags = [s.tag for s in spec.shares]
     if len(tags) != len(set(tags)):
         raise ValueError(f"duplicate 9p tags: {tags}")
@@ -144,15 +142,22 @@ def build_command(spec: VmSpec) -> list[str]:
     if spec.incoming:
         argv += ["-incoming", "defer"]
 
+    if spec.rpc_socket is not None or spec.net_socket is not None:
+        argv += ["-device", "virtio-serial-pci,id=vser0"]
     if spec.transport is Transport.VIRTIO:
         assert spec.rpc_socket is not None
         argv += [
-            "-device",
-            "virtio-serial-pci,id=vser0",
             "-chardev",
             f"socket,id=rpc,path={qemu_opt(str(spec.rpc_socket))},server=on,wait=off",
             "-device",
             f"virtserialport,bus=vser0.0,chardev=rpc,name={RPC_PORT_NAME}",
+        ]
+    if spec.net_socket is not None:
+        argv += [
+            "-chardev",
+            f"socket,id=pwnet,path={qemu_opt(str(spec.net_socket))},server=on,wait=off",
+            "-device",
+            f"virtserialport,bus=vser0.0,chardev=pwnet,name={NET_PORT_NAME}",
         ]
 
     for i, share in enumerate(spec.shares):
@@ -177,13 +182,19 @@ def build_command(spec: VmSpec) -> list[str]:
             f"virtio-9p-pci,fsdev=fs{i},mount_tag={share.tag}",
         ]
 
-    # restrict=on: the guest has no route out except the forwards listed here.
-    netdev = ["user", "id=net0", "restrict=on"]
-    for fwd in spec.forwards:
-        netdev.append(f"guestfwd=tcp:{fwd.guest_ip}:{fwd.guest_port}-cmd:{qemu_opt(fwd.command)}")
+    # No network card at all on the virtio transport: the guest's connections to
+    # the gateway and egress proxy go through the netmux port. Only the TCP
+    # transport needs slirp, for its hostfwd; restrict=on, and no guestfwd.
     if spec.transport is Transport.TCP:
-        netdev.append(f"hostfwd=tcp:127.0.0.1:{spec.host_tcp_port}-:{GUEST_TCP_PORT}")
-    argv += ["-netdev", ",".join(netdev), "-device", "virtio-net-pci,netdev=net0"]
+        assert spec.tcp_secret_file is not None
+        argv += [
+            "-fw_cfg",
+            f"name={SECRET_FW_CFG},file={qemu_opt(str(spec.tcp_secret_file))}",
+            "-netdev",
+            f"user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:{spec.host_tcp_port}-:{GUEST_TCP_PORT}",
+            "-device",
+            "virtio-net-pci,netdev=net0",
+        ]
     return argv
 
 

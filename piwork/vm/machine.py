@@ -129,7 +129,7 @@ class VirtualMachine:
         await self.shutdown()
 
     def _prepare_files(self) -> None:
-        for sock in (self.spec.qmp_socket, self.spec.rpc_socket):
+        for sock in (self.spec.qmp_socket, self.spec.rpc_socket, self.spec.net_socket):
             if sock is not None:
                 sock.parent.mkdir(parents=True, exist_ok=True)
                 with contextlib.suppress(FileNotFoundError):
@@ -323,7 +323,7 @@ class VirtualMachine:
             with contextlib.suppress(Exception):
                 await self.qmp.disconnect()
             self.qmp = None
-        for sock in (self.spec.qmp_socket, self.spec.rpc_socket):
+        for sock in (self.spec.qmp_socket, self.spec.rpc_socket, self.spec.net_socket):
             if sock is not None:
                 with contextlib.suppress(FileNotFoundError):
                     sock.unlink()

@@ -2,13 +2,15 @@
 
 A *template* is one VM booted until the supervisor has pi's modules loaded
 (the launcher's "preloaded" event), with the 9p devices present but nothing
-mounted and no connection open to any host service, then saved with QEMU's
+mounted and no connection open to any host service (the netmux port is
+never connected while the template runs, so the guest holds no stream and
+refuses connections), then saved with QEMU's
 migration: ``stop``, ``x-ignore-shared``, ``migrate exec:cat > state``. Guest
 RAM lives in ``ram`` (a ``memory-backend-file``: ``share=on`` while the
 template runs, so the file *is* the RAM); ``state`` holds only device state.
 
 A task restores it with its own command line (its own ``-fsdev`` folders in
-the same order and tags, sockets, guestfwd to its own gateway) plus
+the same order and tags, sockets, its own netmux to its own gateway) plus
 ``-incoming defer`` and ``migrate-incoming exec:cat state``; the RAM file is
 mapped ``share=off`` (copy-on-write, read on demand). The supervisor then
 mounts the task's folders, sets the clock and starts pi with the task's
@@ -44,7 +46,9 @@ import orjson
 from piwork.fsutil import atomic_write_bytes, fsync_dir
 from piwork.vm.command import Transport, VmSpec
 
-TEMPLATE_FORMAT = 1
+TEMPLATE_FORMAT = 2
+"""2: no network card; the netmux virtio-serial port instead (a format-1 template
+had a NIC and cannot be restored without one: its key no longer matches)."""
 META = "meta.json"
 RAM = "ram"
 STATE = "state"
@@ -81,6 +85,7 @@ def template_key(spec: VmSpec) -> dict[str, Any]:
         "memory_mb": spec.memory_mb,
         "cpus": spec.cpus,
         "transport": spec.transport.value,
+        "netmux": spec.net_socket is not None,
         "cmdline": spec.manifest.cmdline,
         "shares": [[s.tag, s.readonly] for s in spec.shares],
         "extra_kernel_args": spec.extra_kernel_args,

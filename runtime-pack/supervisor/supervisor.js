@@ -8,11 +8,16 @@
 // The wire format is fixed in docs/guest-protocol.md.
 "use strict";
 
+// Four blocking port reads/writes (RPC and network ports) must not take every
+// libuv worker; set before the pool starts, removed from pi's environment.
+process.env.UV_THREADPOOL_SIZE = process.env.UV_THREADPOOL_SIZE || "8";
+
 const fs = require("node:fs");
 const net = require("node:net");
 const path = require("node:path");
 const crypto = require("node:crypto");
 const { spawn, spawnSync } = require("node:child_process");
+const netmux = require("./netmux.js");
 
 const VERSION = 1;
 const PORT_NAME = "piwork.rpc";
@@ -147,6 +152,7 @@ function childEnv(extra) {
   const env = { ...process.env, ...(extra || {}) };
   delete env.PIWORK_TRANSPORT;
   delete env.PIWORK_PORT;
+  delete env.UV_THREADPOOL_SIZE;
   return env;
 }
 
@@ -520,20 +526,79 @@ async function runVirtio() {
   await Promise.all([reader(), writer()]);
 }
 
+// TCP transport: the first line of every connection must be "auth <secret>",
+// the per-run secret the host put in fw_cfg (a 0600 file on the host; never on
+// a command line). Anything else is closed without being read further, and an
+// unauthenticated connection never displaces the host's.
+const SECRET_FILE =
+  process.env.PIWORK_SECRET_FILE || "/sys/firmware/qemu_fw_cfg/by_name/opt/piwork/secret/raw";
+const AUTH_MAX_BYTES = 256;
+const AUTH_TIMEOUT_MS = 10000;
+const AUTH_MAX_PENDING = 8;
+
+function readSecret() {
+  try {
+    const s = fs.readFileSync(SECRET_FILE, "utf8").trim();
+    return s.length >= 16 ? Buffer.from(`auth ${s}`) : null;
+  } catch {
+    return null;
+  }
+}
+
+function secretMatches(expected, line) {
+  return (
+    expected !== null && line.length === expected.length && crypto.timingSafeEqual(line, expected)
+  );
+}
+
 async function runTcp(port, host) {
+  const expected = readSecret();
+  if (!expected) log(`tcp transport: no secret in ${SECRET_FILE}; every connection is refused`);
   let current = null;
-  const server = net.createServer((sock) => {
+  let pending = 0;
+  const adopt = (sock, rest) => {
     if (current) current.destroy();
     current = sock;
-    sock.setNoDelay(true);
     outbox.notify();
     const splitter = new LineSplitter(handleInboundLine);
     sock.on("data", (c) => splitter.push(c));
-    sock.on("error", () => {});
     sock.on("close", () => {
       if (current === sock) current = null;
       outbox.notify();
     });
+    if (rest.length) splitter.push(rest);
+  };
+  const server = net.createServer((sock) => {
+    sock.on("error", () => {});
+    if (pending >= AUTH_MAX_PENDING) {
+      sock.destroy();
+      return;
+    }
+    pending += 1;
+    sock.setNoDelay(true);
+    let head = Buffer.alloc(0);
+    let done = false;
+    const finish = (ok, rest) => {
+      if (done) return;
+      done = true;
+      pending -= 1;
+      clearTimeout(timer);
+      sock.removeListener("data", onData);
+      if (ok) adopt(sock, rest);
+      else sock.destroy();
+    };
+    const timer = setTimeout(() => finish(false), AUTH_TIMEOUT_MS);
+    const onData = (c) => {
+      head = Buffer.concat([head, c]);
+      const nl = head.indexOf(NL);
+      if (nl < 0) {
+        if (head.length > AUTH_MAX_BYTES) finish(false);
+        return;
+      }
+      finish(secretMatches(expected, head.subarray(0, nl)), head.subarray(nl + 1));
+    };
+    sock.on("data", onData);
+    sock.on("close", () => finish(false));
   });
   await new Promise((res) => server.listen(port, host, res));
   log(`channel tcp ${host}:${port}`);
@@ -557,6 +622,9 @@ async function main() {
   process.on("uncaughtException", (err) => log(`uncaught: ${err.stack || err}`));
   outbox.event({ ev: "ready", bootId: BOOT_ID });
   if (!process.env.PIWORK_NO_PRELOAD) preload();
+  if (!process.env.PIWORK_NO_NETMUX) {
+    netmux.run(log).catch((err) => log(`netmux: ${err.stack || err}`));
+  }
   const transport = process.env.PIWORK_TRANSPORT || "virtio";
   if (transport === "tcp") {
     await runTcp(Number(process.env.PIWORK_PORT || 7000), process.env.PIWORK_LISTEN || "0.0.0.0");

@@ -8,6 +8,9 @@ import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { createRequire } from "node:module";
+import fs from "node:fs";
+import os from "node:os";
+import crypto from "node:crypto";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const SUPERVISOR = path.join(here, "..", "supervisor", "supervisor.js");
@@ -25,6 +28,13 @@ function freePort() {
   });
 }
 
+// The TCP transport's per-run secret, as the host hands it over (fw_cfg in the VM).
+const SECRET = crypto.randomBytes(24).toString("hex");
+const SECRET_DIR = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-secret-"));
+const SECRET_FILE = path.join(SECRET_DIR, "secret");
+fs.writeFileSync(SECRET_FILE, SECRET, { mode: 0o600 });
+process.on("exit", () => fs.rmSync(SECRET_DIR, { recursive: true, force: true }));
+
 async function startSupervisor(extraEnv = {}) {
   const port = await freePort();
   const proc = spawn(process.execPath, [SUPERVISOR], {
@@ -35,6 +45,8 @@ async function startSupervisor(extraEnv = {}) {
       PIWORK_LISTEN: "127.0.0.1",
       PIWORK_PI_CLI: FAKE_PI,
       PIWORK_NO_POWEROFF: "1",
+      PIWORK_NO_NETMUX: "1",
+      PIWORK_SECRET_FILE: SECRET_FILE,
       ...extraEnv,
     },
     stdio: ["ignore", "ignore", "pipe"],
@@ -52,9 +64,14 @@ async function startSupervisor(extraEnv = {}) {
 }
 
 /** A host-side connection that parses "<seq> <payload>" lines. */
-function connect(port) {
+function connect(port, auth = `auth ${SECRET}`) {
   return new Promise((resolve, reject) => {
     const sock = net.connect(port, "127.0.0.1");
+    if (auth !== null) sock.write(`${auth}\n`);
+    let closed = false;
+    sock.on("close", () => {
+      closed = true;
+    });
     const lines = [];
     const waiters = [];
     const split = new LineSplitter((buf) => {
@@ -71,6 +88,9 @@ function connect(port) {
         lines,
         send: (s) => sock.write(s + "\n"),
         close: () => sock.destroy(),
+        get closed() {
+          return closed;
+        },
         async waitFor(pred, ms = 5000) {
           const deadline = Date.now() + ms;
           for (;;) {
@@ -209,4 +229,52 @@ test("the launcher loads the real pi before start, then runs it with the task's 
     proc.kill();
     fs.rmSync(tmp, { recursive: true, force: true });
   }
+});
+
+test("tcp transport: without the run's secret a connection is closed and cannot drive pi", async (t) => {
+  const { proc, port } = await startSupervisor();
+  t.after(() => proc.kill("SIGKILL"));
+  const good = await connect(port);
+  good.send('!{"op":"hello","after":0}');
+  await good.waitFor(ev("hello"));
+  const tries = {
+    none: await connect(port, null),
+    wrong: await connect(port, `auth ${crypto.randomBytes(24).toString("hex")}`),
+    prefix: await connect(port, `auth ${SECRET.slice(0, -1)}`),
+    opFirst: await connect(port, '!{"op":"hello","after":0}'),
+  };
+  for (const [name, c] of Object.entries(tries)) {
+    c.send('!{"op":"hello","after":0}');
+    c.send('!{"op":"start","argv":[]}');
+    c.send('!{"op":"ping","id":99}');
+  }
+  await new Promise((r) => setTimeout(r, 500));
+  for (const [name, c] of Object.entries(tries)) {
+    if (name !== "none") assert.ok(c.closed, `${name}: still open`);
+    assert.deepEqual(c.lines, [], `${name} got lines`);
+  }
+  // No op of theirs reached the supervisor: pi was never started, and the host's
+  // own connection is still the current one.
+  good.send('!{"op":"ping","id":1}');
+  await good.waitFor(ev("pong"));
+  assert.ok(!good.lines.some(ev("started")), "an unauthenticated start ran pi");
+  tries.none.close();
+  // A silent connection is closed after the auth timeout (not waited for here);
+  // a long first line is closed at once.
+  const long = await connect(port, "x".repeat(400));
+  await new Promise((r) => setTimeout(r, 300));
+  assert.ok(long.closed);
+  good.close();
+});
+
+test("tcp transport: with no secret available every connection is refused", async (t) => {
+  const { proc, port } = await startSupervisor({
+    PIWORK_SECRET_FILE: path.join(SECRET_DIR, "missing"),
+  });
+  t.after(() => proc.kill("SIGKILL"));
+  const c = await connect(port, "auth ");
+  c.send('!{"op":"hello","after":0}');
+  await new Promise((r) => setTimeout(r, 300));
+  assert.ok(c.closed);
+  assert.deepEqual(c.lines, []);
 });

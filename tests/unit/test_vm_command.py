@@ -8,7 +8,7 @@ import pytest
 
 from piwork.pack.manifest import Manifest
 from piwork.vm.accel import Accel, AccelChoice
-from piwork.vm.command import GuestForward, Share, Transport, VmSpec, build_command, kernel_cmdline
+from piwork.vm.command import Share, Transport, VmSpec, build_command, kernel_cmdline
 
 MANIFEST = Manifest(
     pack_id="abc",
@@ -57,19 +57,39 @@ def test_virtio_transport_names_the_port_and_uses_a_server_socket() -> None:
     assert "socket,id=qmp,path=/run/q.sock,server=on,wait=off" in chardevs
 
 
-def test_tcp_transport_forwards_only_loopback() -> None:
-    argv = build_command(spec(transport=Transport.TCP, rpc_socket=None, host_tcp_port=4567))
+def test_tcp_transport_forwards_only_loopback_and_its_secret_is_a_file() -> None:
+    secret = Path("/run/secret,x")
+    argv = build_command(
+        spec(
+            transport=Transport.TCP,
+            rpc_socket=None,
+            host_tcp_port=4567,
+            tcp_secret_file=secret,
+            net_socket=Path("/run/net.sock"),
+        )
+    )
     (netdev,) = option(argv, "-netdev")
-    assert "hostfwd=tcp:127.0.0.1:4567-:7000" in netdev
+    assert netdev == "user,id=net0,restrict=on,hostfwd=tcp:127.0.0.1:4567-:7000"
+    assert option(argv, "-fw_cfg") == ["name=opt/piwork/secret,file=/run/secret,,x"]
     assert "piwork.port=7000" in kernel_cmdline(spec(transport=Transport.TCP, host_tcp_port=1))
-    assert not any("virtserialport" in d for d in option(argv, "-device"))
+    ports = [d for d in option(argv, "-device") if "virtserialport" in d]
+    assert ports == ["virtserialport,bus=vser0.0,chardev=pwnet,name=piwork.net"]
+    with pytest.raises(ValueError, match="tcp_secret_file"):
+        build_command(spec(transport=Transport.TCP, rpc_socket=None, host_tcp_port=4567))
 
 
-def test_network_is_restricted_and_forwards_are_escaped() -> None:
-    fwd = GuestForward("10.0.2.100", 80, "python3 relay.py 127.0.0.1,9 5000")
-    (netdev,) = option(build_command(spec(forwards=[fwd])), "-netdev")
-    assert netdev.startswith("user,id=net0,restrict=on")
-    assert "guestfwd=tcp:10.0.2.100:80-cmd:python3 relay.py 127.0.0.1,,9 5000" in netdev
+def test_virtio_transport_has_no_network_card_only_the_netmux_port() -> None:
+    argv = build_command(spec(net_socket=Path("/run/net,1.sock")))
+    assert "-netdev" not in argv and "-nic" not in argv and "-net" not in argv
+    assert not any("virtio-net" in d or "guestfwd" in d for d in argv)
+    assert "socket,id=pwnet,path=/run/net,,1.sock,server=on,wait=off" in option(argv, "-chardev")
+    ports = [d for d in option(argv, "-device") if "virtserialport" in d]
+    assert ports == [
+        "virtserialport,bus=vser0.0,chardev=rpc,name=piwork.rpc",
+        "virtserialport,bus=vser0.0,chardev=pwnet,name=piwork.net",
+    ]
+    assert option(argv, "-device").count("virtio-serial-pci,id=vser0") == 1
+    assert "-fw_cfg" not in argv
 
 
 def test_shares_become_9p_devices_readonly_where_asked() -> None:
@@ -86,7 +106,7 @@ def test_incoherent_specs_are_refused() -> None:
     with pytest.raises(ValueError, match="rpc_socket"):
         build_command(spec(rpc_socket=None))
     with pytest.raises(ValueError, match="host_tcp_port"):
-        build_command(spec(transport=Transport.TCP))
+        build_command(spec(transport=Transport.TCP, tcp_secret_file=Path("/s")))
     with pytest.raises(ValueError, match="duplicate"):
         build_command(spec(shares=[Share("a", Path("/x")), Share("a", Path("/y"))]))
 

@@ -1,0 +1,459 @@
+"""The guest's TCP connections, multiplexed over one virtio-serial port.
+
+The VM has no network card (virtio transport): the guest supervisor listens
+on the two addresses pi and its tools use (model gateway ``10.0.2.100:80``,
+egress proxy ``10.0.2.101:3128``, both on the guest's ``lo``) and carries
+each accepted connection as a *stream* over the virtio-serial port
+``piwork.net``. This module is the host end: it demultiplexes the streams
+and connects each one to ``127.0.0.1:<port>`` of the gateway or the egress
+proxy, inside piwork's own event loop. No process is started per connection
+(slirp's ``guestfwd ... cmd:`` forked one, so a connect loop in the guest was
+a fork bomb on the host).
+
+Wire format (both directions), every integer big-endian::
+
+    header  = type:u8  flags:u8 (0)  stream:u16  length:u32      (8 bytes)
+    payload = <length> bytes, length <= MAX_PAYLOAD (64 KiB)
+
+    HELLO  0  stream 0, payload "PWMUX1" + 8-byte nonce. The host sends one
+              on every new connection of the port; the guest resets every
+              stream and echoes it. Before the echo the host discards what
+              it reads (bytes a previous connection left behind).
+    OPEN   1  guest -> host: a new stream; payload 1 byte, the target
+              (0 gateway, 1 egress). Never text: the guest cannot name a host.
+    DATA   2  payload: stream bytes (at least 1).
+    EOF    3  no more DATA from the sender on this stream (half-close).
+    CLOSE  4  the stream is over both ways (abort or normal end). A side that
+              receives CLOSE for a stream it has open tears it down and
+              answers CLOSE; one that had already sent CLOSE just forgets it.
+              An id is reused only after both CLOSEs.
+    WINDOW 5  payload u32: the receiver has delivered that many more bytes;
+              the sender may send that much more DATA on the stream.
+
+Flow control: each side may have at most ``WINDOW`` (256 KiB) unacknowledged
+DATA bytes per stream in flight. Limits the host enforces on the guest:
+at most ``MAX_STREAMS`` (64) open streams (further OPENs get CLOSE); DATA
+past the window closes that stream; a frame that breaks the format (unknown
+type, oversized length, OPEN of a live id or bad target, window overflow)
+closes the whole port with the reason logged, and the guest has no network
+until the next run. Every buffer is bounded: per stream at most one window,
+the port's writer waits for QEMU to take its bytes before more are queued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">BBHI")
+MAX_PAYLOAD = 64 * 1024
+WINDOW = 256 * 1024
+MAX_STREAMS = 64
+MAGIC = b"PWMUX1"
+NONCE_BYTES = 8
+HELLO_LEN = len(MAGIC) + NONCE_BYTES
+MAX_RESYNC_BYTES = 4 * 1024 * 1024
+"""Bytes the host will discard while waiting for the guest's HELLO echo."""
+CONNECT_TIMEOUT = 10.0
+READ_CHUNK = 256 * 1024
+
+TARGET_GATEWAY = 0
+TARGET_EGRESS = 1
+
+
+class Frame(IntEnum):
+    HELLO = 0
+    OPEN = 1
+    DATA = 2
+    EOF = 3
+    CLOSE = 4
+    WINDOW = 5
+
+
+class ProtocolError(Exception):
+    """The guest broke the framing: the port is closed."""
+
+
+def encode(kind: Frame, stream: int, payload: bytes = b"") -> bytes:
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    return HEADER.pack(kind, 0, stream, len(payload)) + payload
+
+
+def hello(nonce: bytes) -> bytes:
+    return encode(Frame.HELLO, 0, MAGIC + nonce)
+
+
+class FrameReader:
+    """Incremental, bounded frame parser: ``feed`` bytes, get whole frames back."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[tuple[Frame, int, bytes]]:
+        self._buf += data
+        frames: list[tuple[Frame, int, bytes]] = []
+        while len(self._buf) >= HEADER.size:
+            kind, flags, stream, length = HEADER.unpack_from(self._buf)
+            if kind not in Frame._value2member_map_:
+                raise ProtocolError(f"unknown frame type {kind}")
+            if flags != 0:
+                raise ProtocolError(f"frame flags {flags} (must be 0)")
+            if length > MAX_PAYLOAD:
+                raise ProtocolError(f"frame of {length} bytes (max {MAX_PAYLOAD})")
+            if len(self._buf) < HEADER.size + length:
+                break
+            payload = bytes(self._buf[HEADER.size : HEADER.size + length])
+            del self._buf[: HEADER.size + length]
+            frames.append((Frame(kind), stream, payload))
+        return frames
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+@dataclass
+class _Stream:
+    id: int
+    target: int
+    closing: bool = False  # we sent CLOSE; waiting for the guest's
+    send_credit: int = WINDOW  # bytes we may still send to the guest
+    unacked: int = 0  # guest bytes received and not yet credited back
+    eof_in: bool = False
+    eof_out: bool = False
+    pending: list[bytes] = field(default_factory=list)  # before the connection is up
+    writer: asyncio.StreamWriter | None = None
+    credit_event: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    pumping: bool = False
+
+
+@dataclass
+class MuxStats:
+    opened: int = 0
+    refused: int = 0
+    overruns: int = 0
+    peak_streams: int = 0
+    closed_reason: str | None = None
+
+
+class NetMux:
+    """Host end of the ``piwork.net`` port: connects to ``socket_path`` (QEMU's chardev)."""
+
+    def __init__(
+        self,
+        socket_path: Path,
+        targets: dict[int, int],
+        *,
+        alive: Callable[[], bool] = lambda: True,
+        max_streams: int = MAX_STREAMS,
+        host: str = "127.0.0.1",
+    ) -> None:
+        for target, port in targets.items():
+            if target not in (TARGET_GATEWAY, TARGET_EGRESS) or not 0 < port < 65536:
+                raise ValueError(f"bad netmux target {target} -> {port}")
+        self.socket_path = socket_path
+        self.targets = dict(targets)
+        self.alive = alive
+        self.max_streams = max_streams
+        self.host = host
+        self.stats = MuxStats()
+        self._streams: dict[int, _Stream] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._wlock = asyncio.Lock()
+        self._ready = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Connect in the background (retrying while QEMU starts) and serve the port."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="netmux")
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """True once the guest answered HELLO (its supervisor serves the port)."""
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def active_streams(self) -> int:
+        """Streams with a connection (or one being made) to a host target."""
+        return sum(1 for st in self._streams.values() if not st.closing)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        await self._teardown()
+
+    async def _run(self) -> None:
+        while not self._closed:
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
+            except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+                if not self.alive():
+                    return
+                await asyncio.sleep(0.05)
+                continue
+            await self.serve(reader, writer)
+            return  # one connection per run: the guest does not get a second try
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one connection of the port until EOF or a protocol error."""
+        self._writer = writer
+        nonce = os.urandom(NONCE_BYTES)
+        try:
+            await self._send(hello(nonce))
+            rest = await self._resync(reader, hello(nonce))
+            self._ready.set()
+            parser = FrameReader()
+            frames = parser.feed(rest)
+            while True:
+                for kind, stream, payload in frames:
+                    await self._dispatch(kind, stream, payload)
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    self.stats.closed_reason = "the VM closed the port"
+                    return
+                frames = parser.feed(data)
+        except ProtocolError as exc:
+            self.stats.closed_reason = f"protocol error: {exc}"
+            log.warning("netmux: closing the guest's network port: %s", exc)
+        except (ConnectionError, OSError) as exc:
+            self.stats.closed_reason = f"port error: {exc}"
+            log.debug("netmux: port dropped: %s", exc)
+        finally:
+            self._ready.clear()
+            await self._teardown()
+
+    async def _resync(self, reader: asyncio.StreamReader, want: bytes) -> bytes:
+        """Discard bytes until the guest's echo of our HELLO; return what follows it."""
+        buf = b""
+        discarded = 0
+        while True:
+            idx = buf.find(want)
+            if idx >= 0:
+                return buf[idx + len(want) :]
+            keep = len(want) - 1
+            if len(buf) > keep:
+                discarded += len(buf) - keep
+                buf = buf[-keep:]
+            if discarded > MAX_RESYNC_BYTES:
+                raise ProtocolError(f"no HELLO echo within {MAX_RESYNC_BYTES} bytes")
+            data = await reader.read(READ_CHUNK)
+            if not data:
+                raise ConnectionError("the VM closed the port before answering HELLO")
+            buf += data
+
+    async def _teardown(self) -> None:
+        for st in list(self._streams.values()):
+            self._drop(st)
+        self._streams.clear()
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    # ------------------------------------------------------------ sending
+    async def _send(self, frame: bytes) -> None:
+        writer = self._writer
+        if writer is None:
+            return
+        async with self._wlock:
+            writer.write(frame)
+            await writer.drain()  # bounded: wait while QEMU has not taken the bytes
+
+    def _spawn(self, st: _Stream, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[call-overload]
+        st.tasks.add(task)
+        task.add_done_callback(st.tasks.discard)
+
+    # ------------------------------------------------------------ guest frames
+    async def _dispatch(self, kind: Frame, sid: int, payload: bytes) -> None:
+        if kind is Frame.HELLO:
+            raise ProtocolError("a second HELLO from the guest")
+        if sid == 0:
+            raise ProtocolError(f"{kind.name} on stream 0")
+        st = self._streams.get(sid)
+        if kind is Frame.OPEN:
+            await self._on_open(sid, payload, st)
+            return
+        if st is None:
+            return  # a stream already forgotten (frames crossing our CLOSE): ignore
+        if kind is Frame.CLOSE:
+            if not st.closing:
+                await self._send(encode(Frame.CLOSE, sid))
+            self._forget(st)
+            return
+        if st.closing:
+            return  # crossing our CLOSE
+        if kind is Frame.DATA:
+            await self._on_data(st, payload)
+        elif kind is Frame.EOF:
+            if payload or st.eof_in:
+                raise ProtocolError(f"bad EOF on stream {sid}")
+            st.eof_in = True
+            if st.writer is not None:
+                with contextlib.suppress(OSError, RuntimeError):
+                    st.writer.write_eof()
+            await self._maybe_finish(st)
+        elif kind is Frame.WINDOW:
+            if len(payload) != 4:
+                raise ProtocolError(f"WINDOW payload of {len(payload)} bytes")
+            (inc,) = struct.unpack(">I", payload)
+            st.send_credit += inc
+            if st.send_credit > WINDOW:
+                raise ProtocolError(f"window overflow on stream {sid}")
+            st.credit_event.set()
+
+    async def _on_open(self, sid: int, payload: bytes, st: _Stream | None) -> None:
+        if st is not None:
+            raise ProtocolError(f"OPEN of stream {sid}, which is in use")
+        if len(payload) != 1:
+            raise ProtocolError(f"OPEN payload of {len(payload)} bytes")
+        target = payload[0]
+        if target not in (TARGET_GATEWAY, TARGET_EGRESS):
+            raise ProtocolError(f"OPEN of unknown target {target}")
+        if len(self._streams) >= 4 * self.max_streams:
+            # Closed streams the guest never answered: it is not following the protocol.
+            raise ProtocolError(f"{len(self._streams)} streams held, most of them unanswered")
+        port = self.targets.get(target)
+        if port is None or self.active_streams >= self.max_streams:
+            # Refused (this run has no such target, or the cap is reached): the id is
+            # held until the guest's CLOSE answers ours, like any other close.
+            self.stats.refused += 1
+            self._streams[sid] = _Stream(sid, target, closing=True)
+            await self._send(encode(Frame.CLOSE, sid))
+            return
+        st = _Stream(sid, target)
+        self._streams[sid] = st
+        self.stats.opened += 1
+        self.stats.peak_streams = max(self.stats.peak_streams, self.active_streams)
+        self._spawn(st, self._connect(st, port))
+
+    async def _on_data(self, st: _Stream, payload: bytes) -> None:
+        if not payload or st.eof_in:
+            raise ProtocolError(f"bad DATA on stream {st.id}")
+        st.unacked += len(payload)
+        if st.unacked > WINDOW:
+            # The guest overran its window: this stream ends, the port goes on.
+            self.stats.overruns += 1
+            await self._abort(st)
+            return
+        if st.writer is None:
+            st.pending.append(payload)  # bounded by the window
+            return
+        st.writer.write(payload)
+        self._pump_credit(st)
+
+    def _pump_credit(self, st: _Stream) -> None:
+        if not st.pumping:
+            st.pumping = True
+            self._spawn(st, self._credit(st))
+
+    async def _credit(self, st: _Stream) -> None:
+        """Give the guest its window back as the target takes the bytes."""
+        try:
+            while st.unacked and st.writer is not None and not st.closing:
+                await st.writer.drain()
+                n, st.unacked = st.unacked, 0
+                if n and not st.closing:
+                    await self._send(encode(Frame.WINDOW, st.id, struct.pack(">I", n)))
+        except (ConnectionError, OSError):
+            await self._abort(st)
+        finally:
+            st.pumping = False
+
+    # ------------------------------------------------------------ host side
+    async def _connect(self, st: _Stream, port: int) -> None:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, port), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as exc:
+            log.debug("netmux: stream %d: cannot reach port %d: %s", st.id, port, exc)
+            await self._abort(st)
+            return
+        if st.closing or self._streams.get(st.id) is not st:
+            writer.close()
+            return
+        st.writer = writer
+        for chunk in st.pending:
+            writer.write(chunk)
+        st.pending.clear()
+        if st.eof_in:
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.write_eof()
+        if st.unacked:
+            self._pump_credit(st)
+        await self._upstream(st, reader)
+
+    async def _upstream(self, st: _Stream, reader: asyncio.StreamReader) -> None:
+        """Target -> guest, within the guest's window."""
+        try:
+            while not st.closing:
+                if st.send_credit <= 0:
+                    st.credit_event.clear()
+                    await st.credit_event.wait()
+                    continue
+                data = await reader.read(min(st.send_credit, MAX_PAYLOAD))
+                if st.closing:
+                    return
+                if not data:
+                    st.eof_out = True
+                    await self._send(encode(Frame.EOF, st.id))
+                    await self._maybe_finish(st)
+                    return
+                st.send_credit -= len(data)
+                await self._send(encode(Frame.DATA, st.id, data))
+        except (ConnectionError, OSError):
+            await self._abort(st)
+
+    async def _maybe_finish(self, st: _Stream) -> None:
+        if st.eof_in and st.eof_out and not st.closing:
+            await self._abort(st)
+
+    async def _abort(self, st: _Stream) -> None:
+        """We end the stream: CLOSE to the guest, forget it when the guest answers."""
+        if st.closing or self._streams.get(st.id) is not st:
+            return
+        st.closing = True
+        self._drop(st)
+        await self._send(encode(Frame.CLOSE, st.id))
+
+    def _drop(self, st: _Stream) -> None:
+        st.closing = True
+        st.credit_event.set()
+        st.pending.clear()
+        if st.writer is not None:
+            st.writer.close()
+            st.writer = None
+        current = asyncio.current_task()
+        for task in list(st.tasks):
+            if task is not current:
+                task.cancel()
+
+    def _forget(self, st: _Stream) -> None:
+        self._drop(st)
+        self._streams.pop(st.id, None)

@@ -1,0 +1,301 @@
+// Guest end of the network multiplexer (host end and wire format:
+// piwork/vm/netmux.py). The VM has no network card: pi and its tools connect
+// to 10.0.2.100:80 (model gateway) and 10.0.2.101:3128 (egress proxy), both
+// on the guest's lo; this module accepts those connections and carries each
+// as a stream over the virtio-serial port "piwork.net". The host connects
+// each stream to its own gateway or proxy; nothing else is reachable.
+//
+// Frames: type:u8 flags:u8 stream:u16 length:u32 (big-endian), then payload.
+// HELLO 0, OPEN 1 (payload: target byte), DATA 2, EOF 3, CLOSE 4, WINDOW 5 (u32).
+// Connections are refused (closed at once) until the host's HELLO arrives,
+// when MAX_STREAMS are in use, and after the host goes away (then every
+// stream is dropped: a restored VM holds no stream of its template).
+"use strict";
+
+const fs = require("node:fs");
+const net = require("node:net");
+const path = require("node:path");
+
+const PORT_NAME = "piwork.net";
+const HEADER = 8;
+const MAX_PAYLOAD = 64 * 1024;
+const WINDOW = 256 * 1024;
+const MAX_STREAMS = 64;
+const MAGIC = Buffer.from("PWMUX1");
+const HELLO_LEN = MAGIC.length + 8;
+const T = { HELLO: 0, OPEN: 1, DATA: 2, EOF: 3, CLOSE: 4, WINDOW: 5 };
+const LISTEN = [
+  { host: "10.0.2.100", port: 80, target: 0 },
+  { host: "10.0.2.101", port: 3128, target: 1 },
+];
+
+function frame(type, id, payload) {
+  const body = payload || Buffer.alloc(0);
+  const h = Buffer.alloc(HEADER);
+  h.writeUInt8(type, 0);
+  h.writeUInt8(0, 1);
+  h.writeUInt16BE(id, 2);
+  h.writeUInt32BE(body.length, 4);
+  return body.length ? Buffer.concat([h, body]) : h;
+}
+
+/** The mux state, independent of the port (unit-testable with any `send`). */
+class Mux {
+  constructor(send, log) {
+    this.send = send; // (Buffer) => void
+    this.log = log || (() => {});
+    this.session = false;
+    this.streams = new Map(); // id -> {sock, credit, closing, pending[], unacked}
+    this.nextId = 1;
+    this.buf = Buffer.alloc(0);
+  }
+
+  /** The host went away (or broke the framing): drop every stream, wait for HELLO. */
+  reset() {
+    this.session = false;
+    this.buf = Buffer.alloc(0);
+    for (const st of this.streams.values()) if (st.sock) st.sock.destroy();
+    this.streams.clear();
+  }
+
+  // ------------------------------------------------------------ guest connections
+  accept(sock, target) {
+    if (!this.session || this.streams.size >= MAX_STREAMS) {
+      sock.destroy();
+      return null;
+    }
+    let id = this.nextId;
+    while (this.streams.has(id)) id = (id % 65535) + 1;
+    this.nextId = (id % 65535) + 1;
+    const st = { id, sock, credit: WINDOW, closing: false, pending: [], toCredit: 0 };
+    this.streams.set(id, st);
+    this.send(frame(T.OPEN, id, Buffer.from([target])));
+    sock.setNoDelay(true);
+    sock.on("data", (chunk) => this.fromGuest(st, chunk));
+    sock.on("end", () => {
+      if (!st.closing && this.streams.get(id) === st) {
+        st.pending.push(null); // EOF after whatever is still waiting for credit
+        this.flush(st);
+      }
+    });
+    sock.on("error", () => {});
+    sock.on("close", () => this.closeLocal(st));
+    return st;
+  }
+
+  fromGuest(st, chunk) {
+    if (st.closing) return;
+    st.pending.push(chunk);
+    this.flush(st);
+  }
+
+  /** Send what the window allows; pause the socket while the host has no room. */
+  flush(st) {
+    while (st.pending.length && !st.closing) {
+      const head = st.pending[0];
+      if (head === null) {
+        st.pending.shift();
+        this.send(frame(T.EOF, st.id));
+        continue;
+      }
+      if (st.credit <= 0) break;
+      const n = Math.min(head.length, st.credit, MAX_PAYLOAD);
+      this.send(frame(T.DATA, st.id, head.subarray(0, n)));
+      st.credit -= n;
+      if (n === head.length) st.pending.shift();
+      else st.pending[0] = head.subarray(n);
+    }
+    if (st.pending.length) st.sock.pause();
+    else st.sock.resume();
+  }
+
+  closeLocal(st) {
+    if (st.closing || this.streams.get(st.id) !== st) return;
+    st.closing = true; // the id stays taken until the host's CLOSE answers
+    st.pending = [];
+    this.send(frame(T.CLOSE, st.id));
+  }
+
+  // ------------------------------------------------------------ host frames
+  /** Bytes from the port. Returns false if the host broke the framing (reset done). */
+  feed(data) {
+    this.buf = this.buf.length ? Buffer.concat([this.buf, data]) : data;
+    if (!this.session) {
+      // Wait for HELLO: skip anything before it (a previous connection's bytes).
+      const want = Buffer.concat([frame(T.HELLO, 0).subarray(0, 4), Buffer.from([0, 0, 0, HELLO_LEN]), MAGIC]);
+      const at = this.buf.indexOf(want);
+      if (at < 0) {
+        this.buf = this.buf.subarray(Math.max(0, this.buf.length - want.length + 1));
+        return true;
+      }
+      this.buf = this.buf.subarray(at);
+    }
+    while (this.buf.length >= HEADER) {
+      const type = this.buf.readUInt8(0);
+      const flags = this.buf.readUInt8(1);
+      const id = this.buf.readUInt16BE(2);
+      const len = this.buf.readUInt32BE(4);
+      if (type > T.WINDOW || flags !== 0 || len > MAX_PAYLOAD) {
+        this.log(`netmux: bad frame from the host (type ${type}, length ${len}); resetting`);
+        this.reset();
+        return false;
+      }
+      if (this.buf.length < HEADER + len) break;
+      const payload = Buffer.from(this.buf.subarray(HEADER, HEADER + len));
+      this.buf = this.buf.subarray(HEADER + len);
+      this.onFrame(type, id, payload);
+    }
+    return true;
+  }
+
+  onFrame(type, id, payload) {
+    if (type === T.HELLO) {
+      if (payload.length !== HELLO_LEN || !payload.subarray(0, MAGIC.length).equals(MAGIC)) return;
+      const rest = this.buf;
+      this.reset();
+      this.buf = rest;
+      this.session = true;
+      this.send(frame(T.HELLO, 0, payload));
+      return;
+    }
+    const st = this.streams.get(id);
+    if (!st) return;
+    if (type === T.CLOSE) {
+      this.streams.delete(id);
+      if (!st.closing) {
+        st.closing = true;
+        this.send(frame(T.CLOSE, id));
+      }
+      st.sock.destroy();
+      return;
+    }
+    if (st.closing) return;
+    if (type === T.DATA) {
+      st.sock.write(payload, () => {
+        // Delivered to the local socket: give the host its window back, in batches.
+        st.toCredit += payload.length;
+        if (!st.closing && (st.toCredit >= WINDOW / 4 || st.sock.writableLength === 0)) {
+          const inc = Buffer.alloc(4);
+          inc.writeUInt32BE(st.toCredit, 0);
+          st.toCredit = 0;
+          this.send(frame(T.WINDOW, id, inc));
+        }
+      });
+    } else if (type === T.EOF) {
+      st.sock.end();
+    } else if (type === T.WINDOW && payload.length === 4) {
+      st.credit = Math.min(WINDOW, st.credit + payload.readUInt32BE(0));
+      this.flush(st);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- the port
+
+function findPort(name) {
+  const base = "/sys/class/virtio-ports";
+  let names = [];
+  try {
+    names = fs.readdirSync(base);
+  } catch {
+    return null;
+  }
+  for (const n of names) {
+    try {
+      if (fs.readFileSync(path.join(base, n, "name"), "utf8").trim() === name) return `/dev/${n}`;
+    } catch {
+      /* not a named port */
+    }
+  }
+  return null;
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** Serve the port for the supervisor's life. Resolves never; logs and retries. */
+async function run(log) {
+  let dev = null;
+  for (let i = 0; i < 100 && !dev; i++) {
+    dev = findPort(PORT_NAME);
+    if (!dev) await sleep(100);
+  }
+  if (!dev) {
+    log(`netmux: no virtio-serial port named ${PORT_NAME}; the guest has no network`);
+    return;
+  }
+  const fd = fs.openSync(dev, "r+");
+  const queue = [];
+  let wake = null;
+  let generation = 0; // bumped on every reset: queued frames of an old session are dropped
+  const mux = new Mux((buf) => {
+    queue.push({ buf, gen: generation });
+    if (wake) {
+      const w = wake;
+      wake = null;
+      w();
+    }
+  }, log);
+  const resetAll = () => {
+    generation += 1;
+    queue.length = 0;
+    mux.reset();
+  };
+
+  for (const { host, port, target } of LISTEN) {
+    const server = net.createServer({ allowHalfOpen: true }, (sock) => mux.accept(sock, target));
+    server.on("error", (err) => log(`netmux: listen ${host}:${port}: ${err.message}`));
+    server.listen({ host, port, backlog: 64 });
+  }
+
+  const reader = async () => {
+    const buf = Buffer.alloc(256 * 1024);
+    for (;;) {
+      let n;
+      try {
+        n = await new Promise((res, rej) =>
+          fs.read(fd, buf, 0, buf.length, null, (e, k) => (e ? rej(e) : res(k))),
+        );
+      } catch (err) {
+        log(`netmux: port read: ${err.message}`);
+        await sleep(200);
+        continue;
+      }
+      if (n === 0) {
+        // No host connected: nothing may stay open (a template is saved like this).
+        if (mux.session || mux.streams.size) resetAll();
+        await sleep(100);
+        continue;
+      }
+      if (!mux.feed(Buffer.from(buf.subarray(0, n)))) generation += 1;
+    }
+  };
+
+  const writer = async () => {
+    for (;;) {
+      const item = queue.shift();
+      if (!item) {
+        await new Promise((r) => {
+          wake = r;
+        });
+        continue;
+      }
+      if (item.gen !== generation) continue;
+      let off = 0;
+      while (off < item.buf.length) {
+        try {
+          off += await new Promise((res, rej) =>
+            fs.write(fd, item.buf, off, item.buf.length - off, null, (e, k) => (e ? rej(e) : res(k))),
+          );
+        } catch (err) {
+          log(`netmux: port write: ${err.message}`);
+          await sleep(200);
+          if (item.gen !== generation) break;
+        }
+      }
+    }
+  };
+  log(`netmux ${dev}`);
+  await Promise.all([reader(), writer()]);
+}
+
+module.exports = { Mux, frame, run, T, WINDOW, MAX_STREAMS, MAX_PAYLOAD };

@@ -45,6 +45,9 @@ GUEST_PROXY_URL = "http://10.0.2.101:3128"
 GUEST_GATEWAY_HOST = "10.0.2.100"
 
 _HEADER_LIMIT = 64 * 1024
+MAX_CONNECTIONS = 64
+"""Concurrent client connections (the guest's netmux caps its streams at 64 too);
+past it a connection is closed at once, before anything is read or decided."""
 _BUF = 64 * 1024
 _HOST_RE = re.compile(
     r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
@@ -240,7 +243,10 @@ class EgressProxy:
         header_timeout: float = 30.0,
         on_decision: Callable[[EgressDecision], None] | None = None,
         token: str | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
+        self._max_connections = max_connections
+        self.refused_connections = 0
         self._policy = domain_policy
         self._token = token
         self._host = host
@@ -385,6 +391,10 @@ class EgressProxy:
     # --- connections ----------------------------------------------------------
 
     def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if len(self._tasks) >= self._max_connections:
+            self.refused_connections += 1
+            writer.transport.abort()
+            return
         task = asyncio.create_task(self._serve(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

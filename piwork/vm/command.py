@@ -64,6 +64,15 @@ class VmSpec:
     incoming: bool = False  # wait for migrate-incoming (a restore) instead of booting
 
 
+def console_socket(spec: VmSpec) -> Path:
+    """Where the host listens for QEMU's serial console (next to the QMP socket).
+
+    The console goes through a socket, not a ``file`` chardev, so the host
+    writes ``console.log`` itself and can bound it (piwork.vm.machine).
+    """
+    return spec.qmp_socket.with_name(f"c{spec.qmp_socket.name}")
+
+
 def qemu_opt(value: str) -> str:
     """Escape a value for QEMU's comma-separated option syntax."""
     return value.replace(",", ",,")
@@ -126,7 +135,7 @@ def build_command(spec: VmSpec) -> list[str]:
         "-append",
         kernel_cmdline(spec),
         "-chardev",
-        f"file,id=console,path={qemu_opt(str(spec.console_log))}",
+        f"socket,id=console,path={qemu_opt(str(console_socket(spec)))}",
         "-serial",
         "chardev:console",
         "-chardev",

@@ -29,11 +29,85 @@ from typing import Any
 
 from qemu.qmp import QMPClient
 
-from piwork.vm.command import VmSpec, build_command
+from piwork.vm.command import VmSpec, build_command, console_socket
 
 log = logging.getLogger(__name__)
 
 STAGE_RE = re.compile(rb"piwork: stage=(\w+) uptime=([\d.]+)")
+CONSOLE_MAX_BYTES = 8 << 20
+"""console.log is rotated to console.1.log past this: at most twice this per run."""
+
+
+class ConsoleLog:
+    """The serial console, written by the host from QEMU's console socket, bounded.
+
+    A guest can print without end; the file never grows past ``max_bytes``:
+    it is then renamed to ``console.1.log`` (replacing the previous one) and a
+    new ``console.log`` begins. Only the first connection (QEMU's) is served.
+    """
+
+    def __init__(self, path: Path, max_bytes: int = CONSOLE_MAX_BYTES) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self.rotations = 0
+        self._fd = -1
+        self._size = 0
+        self._server: asyncio.Server | None = None
+        self._served = False
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, socket_path: Path) -> None:
+        self._open()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(socket_path)
+        self._server = await asyncio.start_unix_server(self._serve, str(socket_path))
+        with contextlib.suppress(OSError):
+            os.chmod(socket_path, 0o600)
+
+    def _open(self) -> None:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        while data:
+            if self._size >= self.max_bytes:
+                os.close(self._fd)
+                os.replace(self.path, self.path.with_suffix(".1.log"))
+                self.rotations += 1
+                self._open()
+            part = data[: self.max_bytes - self._size]
+            os.write(self._fd, part)
+            self._size += len(part)
+            data = data[len(part) :]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._served:
+            writer.close()  # only QEMU's connection
+            return
+        self._served = True
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+        try:
+            while data := await reader.read(65536):
+                try:
+                    self.write(data)
+                except OSError as exc:  # disk full: the console is lost, the VM is not
+                    log.warning("console.log: %s", exc)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 class VmError(RuntimeError):
@@ -117,6 +191,7 @@ class VirtualMachine:
         self._event_task: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self._stage_seen = asyncio.Event()
+        self.console = ConsoleLog(spec.console_log)
 
     # ------------------------------------------------------------ launch
     async def __aenter__(self) -> VirtualMachine:
@@ -142,6 +217,7 @@ class VirtualMachine:
     async def launch(self) -> None:
         self._prepare_files()
         self.started_at = time.monotonic()
+        await self.console.start(console_socket(self.spec))  # QEMU connects to it at start
         stderr = self._stderr_path.open("wb")
         try:
             if shutil.which(self.argv[0]) is None:  # setpriv would exec it: check first
@@ -205,6 +281,8 @@ class VirtualMachine:
                     chunk = fh.read()
             except FileNotFoundError:
                 chunk = b""
+            if not chunk and pos and self._console_size() < pos:
+                pos = 0  # rotated (a guest printing without end)
             if chunk:
                 pos += len(chunk)
                 buf = (buf + chunk)[-8192:]
@@ -219,6 +297,12 @@ class VirtualMachine:
             if "supervisor" in self.stages:
                 return
             await asyncio.sleep(0.1)
+
+    def _console_size(self) -> int:
+        try:
+            return self.spec.console_log.stat().st_size
+        except FileNotFoundError:
+            return 0
 
     def console_tail(self) -> str:
         tail = tail_file(self.spec.console_log)
@@ -314,6 +398,9 @@ class VirtualMachine:
     async def _cleanup(self) -> None:
         if self.proc is not None and self.proc.returncode is None:
             await self.kill()
+        await self.console.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(console_socket(self.spec))
         for task in (self._watch_task, self._event_task):
             if task is not None and not task.done():
                 task.cancel()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -358,3 +359,35 @@ def test_the_cli_refuses_a_bad_allow_net_entry_with_the_reason(
     assert "public suffix" in capsys.readouterr().err
     args = build_parser().parse_args(["run", "hi", "--allow-net", "Example.COM."])
     assert args.allow_net == ["example.com"]
+
+
+async def test_concurrent_connections_past_the_cap_are_closed_at_once(origin: Origin) -> None:
+    policy = Policy(allowed={"localhost"})
+    async with EgressProxy(policy, allow_private_networks=True, max_connections=4) as proxy:
+        held = [await connect_via(proxy, f"localhost:{origin.echo_port}") for _ in range(4)]
+        for head, _, _ in held:
+            assert head.startswith(b"HTTP/1.1 200")
+        # The fifth is dropped before anything is read: no answer, no question.
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(f"CONNECT localhost:{origin.echo_port} HTTP/1.1\r\n\r\n".encode())
+        with contextlib.suppress(ConnectionResetError):
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        assert proxy.refused_connections == 1
+        assert len(origin.echo_connections) == 4
+        # A slot freed is a slot usable again.
+        _, _, first = held.pop()
+        first.close()
+        for _ in range(100):
+            try:
+                head, _, w = await connect_via(proxy, f"localhost:{origin.echo_port}")
+            except (asyncio.IncompleteReadError, ConnectionResetError):
+                await asyncio.sleep(0.02)
+                continue
+            assert head.startswith(b"HTTP/1.1 200")
+            w.close()
+            break
+        else:
+            raise AssertionError("the freed slot never came back")
+        for _, _, w in held:
+            w.close()

@@ -143,3 +143,10 @@ def test_template_ram_is_a_shared_file_and_a_clone_maps_it_privately() -> None:
     assert [a.replace("share=on", "share=off").replace(",,x", "") for a in tpl] == [
         a for a in clone if a not in strip
     ]
+
+
+def test_the_console_goes_to_a_host_socket_not_a_file_qemu_grows() -> None:
+    argv = build_command(spec())
+    assert "socket,id=console,path=/run/cq.sock" in option(argv, "-chardev")
+    assert not any(c.startswith("file,") for c in option(argv, "-chardev"))
+    assert option(argv, "-serial") == ["chardev:console"]

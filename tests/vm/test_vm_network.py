@@ -6,10 +6,12 @@ Acceptance of the providers/egress issue, VM part:
   only through the host gateway, and nothing the guest can read holds it;
 * a domain the policy allows goes through the egress proxy; a denied one
   fails with a reason the model can read;
-* the guest cannot reach the host's other services: not on 127.0.0.1, not on
-  0.0.0.0, not through slirp's 10.0.2.2/10.0.2.3, not on other ports of the
-  forwarded addresses. The probes print what happened (error text and time)
-  so the result is measured, not assumed.
+* the guest cannot reach the host's other services: it has no network card
+  (only ``lo``; the gateway and egress addresses are the supervisor's netmux
+  listeners), so nothing on 127.0.0.1 or 0.0.0.0 of the host, nothing at the
+  old slirp addresses 10.0.2.2/10.0.2.3, no other port of the two addresses.
+  The probes print what happened (error text and time) so the result is
+  measured, not assumed.
 
 Two boots: one task with private addresses allowed through the egress proxy
 (the test's "allowed" origin listens on loopback), one with the defaults.
@@ -357,7 +359,9 @@ class TestKeyStaysOnTheHost:
         # 3. Host side: the QEMU command line and environment, and every task file.
         proc = Path(f"/proc/{agent.vm.pid}")
         qemu_cmdline = (proc / "cmdline").read_bytes()
-        assert b"qemu-system" in qemu_cmdline and b"guestfwd" in qemu_cmdline
+        assert b"qemu-system" in qemu_cmdline and b"name=piwork.net" in qemu_cmdline
+        # No network card, no slirp, no per-connection command on the host.
+        assert b"guestfwd" not in qemu_cmdline and b"-netdev" not in qemu_cmdline
         assert SECRET.encode() not in qemu_cmdline
         assert SECRET.encode() not in (proc / "environ").read_bytes()
         task = keyed.session.task
@@ -422,6 +426,7 @@ probe() {{
   printf '%s\n' "$out" | head -n 3 | sed 's/^/  | /'
 }}
 echo "ENV $(env | grep -i '_proxy=' | sort | tr '\n' ' ')"
+echo "IFACES $(ls /sys/class/net | tr '\n' ' ')"
 unset http_proxy HTTP_PROXY https_proxy HTTPS_PROXY
 W="wget -Y off -O-"
 probe control-gateway $W http://10.0.2.100/
@@ -525,6 +530,8 @@ class TestDefaultIsolation:
         for name in ("http_proxy", "https_proxy"):
             assert {f"{name}={proxy}", f"{name.upper()}={proxy}"} <= env, env
         assert {f"no_proxy={bypass}", f"NO_PROXY={bypass}"} <= env, env
+        # The VM has no network card: only lo, which holds the two service addresses.
+        assert out.split("IFACES ", 1)[1].splitlines()[0].split() == ["lo"], out
         probes = parse_probes(out)
         # The network itself works: the gateway answers (its 404 for a bare path).
         assert "404" in probes["control-gateway"][1]

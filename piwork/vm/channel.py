@@ -24,6 +24,8 @@ import orjson
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024 * 1024
+MAX_GAPS = 100
+"""Gaps remembered (the latest ones); each is also reported as an event."""
 YIELD_EVERY = 0.005
 """Seconds of reading after which the reader lets other tasks run."""
 
@@ -198,7 +200,9 @@ class GuestChannel:
             if not greeted or seq <= self.last_seq:
                 continue
             if seq != self.last_seq + 1:
-                self.gaps.append((self.last_seq + 1, seq - 1))
+                # Bounded like the replay's own gap reports: a guest jumping its
+                # numbering forever must not grow host memory.
+                self.gaps = [*self.gaps[-(MAX_GAPS - 1) :], (self.last_seq + 1, seq - 1)]
                 self.on_event({"ev": "gap", "from": self.last_seq + 1, "to": seq - 1})
             self.last_seq = seq
             if payload.startswith(b"!"):
@@ -229,7 +233,7 @@ class GuestChannel:
                 fut.set_result(msg)
         elif ev == "gap":
             start, end = int(msg["from"]), int(msg["to"])
-            self.gaps = [*self.gaps[-99:], (start, end)]
+            self.gaps = [*self.gaps[-(MAX_GAPS - 1) :], (start, end)]
             self.last_seq = max(self.last_seq, end)
             self.on_event(msg)
         return False

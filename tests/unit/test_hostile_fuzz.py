@@ -147,3 +147,19 @@ def test_the_channel_reader_never_dies_on_any_bytes(chunks: list[bytes]) -> None
 
     lines = asyncio.run(run())
     assert lines and lines[-1] == b"tail"
+
+
+def test_a_guest_skipping_seqs_forever_leaves_a_bounded_gap_list() -> None:
+    async def run() -> GuestChannel:
+        chan = GuestChannel(Endpoint(tcp_port=1), lambda _l: None, lambda _e: None)
+        reader = asyncio.StreamReader()
+        reader.feed_data(b'0 !{"ev":"hello","bootId":"b"}\n')
+        for i in range(1, 20_000):
+            reader.feed_data(b"%d {}\n" % (2 * i))  # every other seq missing
+        reader.feed_eof()
+        await asyncio.wait_for(chan._read_loop(reader), 30)
+        return chan
+
+    chan = asyncio.run(run())
+    assert len(chan.gaps) <= 100
+    assert chan.gaps[-1] == (2 * 19_999 - 1, 2 * 19_999 - 1)

@@ -133,3 +133,23 @@ def test_missing_ram_or_unreadable_meta_is_refused(tmp_path: Path) -> None:
 def test_only_the_virtio_transport_is_warm_started() -> None:
     assert usable(spec()) is None
     assert usable(spec(transport=Transport.TCP, host_tcp_port=5)) is not None
+
+
+def test_a_template_saved_with_a_network_card_is_never_restored(tmp_path: Path) -> None:
+    """Format 1 templates had slirp's NIC; a NIC-less clone must not load one."""
+    now = spec(net_socket=Path("/run/net.sock"))
+    assert template_key(now)["format"] >= 2 and template_key(now)["netmux"] is True
+    old_key = {**template_key(now), "format": 1}
+    del old_key["netmux"]
+    # An old template sits where a new one with the old key would be: not found ...
+    assert key_digest(old_key) != key_digest(template_key(now))
+    # ... and even under the new digest, its meta.json's key is refused.
+    tpl = template_for(now, tmp_path)
+    d = make(tmp_path, now)
+    meta = orjson.loads((d / META).read_bytes())
+    (d / META).chmod(0o600)
+    (d / META).write_bytes(orjson.dumps({**meta, "key": old_key}))
+    with pytest.raises(TemplateUnavailable, match="another pack"):
+        tpl.check()
+    # The socket's path is per run and does not change the key.
+    assert template_key(replace(now, net_socket=Path("/x/n.sock"))) == template_key(now)

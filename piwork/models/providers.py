@@ -47,7 +47,7 @@ GUEST_PLACEHOLDER_KEY = "piwork-gateway-placeholder"
 """The ``apiKey`` pi in the guest sends. Meaningless outside the gateway."""
 
 DEFAULT_GATEWAY_BASE = "http://10.0.2.100"
-"""The gateway as the guest sees it: a slirp ``guestfwd`` (guest-protocol.md)."""
+"""The gateway as the guest sees it: a netmux address on the guest's lo (guest-protocol.md)."""
 
 DEMO_PROVIDER = "piwork-demo"
 PROVIDERS_FILE_NAME = "providers.json"

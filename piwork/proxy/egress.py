@@ -1,8 +1,8 @@
 """The egress proxy: the VM's only way to the internet, one domain at a time.
 
-The VM's slirp network runs with ``restrict=on``, so nothing leaves it except
-through ``guestfwd`` entries. One of them (``10.0.2.101:3128`` in the guest)
-leads here, and the guest's ``HTTP_PROXY``/``HTTPS_PROXY`` point at it. The
+The VM has no network card: nothing leaves it except the two addresses the
+netmux carries (``piwork.vm.netmux``). One of them (``10.0.2.101:3128`` in
+the guest) leads here, and the guest's ``HTTP_PROXY``/``HTTPS_PROXY`` point at it. The
 proxy speaks just enough HTTP/1.1 for that job:
 
 * ``CONNECT host:port`` (HTTPS and anything else): a byte tunnel; TLS stays

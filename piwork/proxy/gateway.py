@@ -1,7 +1,8 @@
 """The model gateway: pi's provider requests leave the VM here, keys join them here.
 
-The guest reaches this server through a slirp ``guestfwd`` (10.0.2.100:80 ->
-a byte relay -> 127.0.0.1:<port>). pi in the guest has a ``models.json``
+The guest reaches this server through the netmux (10.0.2.100:80 on the
+guest's lo -> a stream on the ``piwork.net`` port -> 127.0.0.1:<port>,
+``piwork.vm.netmux``). pi in the guest has a ``models.json``
 whose every ``baseUrl`` is ``http://10.0.2.100/p/<provider><upstream path>``
 and whose ``apiKey`` is a placeholder (``piwork.models.providers``). For each
 request the gateway:

@@ -48,7 +48,8 @@ from piwork.vm.command import Transport, VmSpec
 
 TEMPLATE_FORMAT = 2
 """2: no network card; the netmux virtio-serial port instead (a format-1 template
-had a NIC and cannot be restored without one: its key no longer matches)."""
+had a NIC and cannot be restored without one: its key no longer matches). Every
+VM piwork starts has the netmux port, so the key needs no field for it."""
 META = "meta.json"
 RAM = "ram"
 STATE = "state"
@@ -85,7 +86,6 @@ def template_key(spec: VmSpec) -> dict[str, Any]:
         "memory_mb": spec.memory_mb,
         "cpus": spec.cpus,
         "transport": spec.transport.value,
-        "netmux": spec.net_socket is not None,
         "cmdline": spec.manifest.cmdline,
         "shares": [[s.tag, s.readonly] for s in spec.shares],
         "extra_kernel_args": spec.extra_kernel_args,

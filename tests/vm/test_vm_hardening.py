@@ -118,7 +118,8 @@ async def test_qemu_killed_mid_stream_fails_the_task_with_its_reason_and_loses_n
     assert problems == []
     assert [r.seq for r in after[: len(before)]] == [r.seq for r in before]
     assert not pid_alive(qemu)
-    # No helper process of this VM is left (guestfwd relays are QEMU's children).
+    # No helper process of this VM is left (there are none since the netmux; slirp's
+    # guestfwd relays used to be QEMU's children).
     mine = [
         pid
         for pid in os.listdir("/proc")

@@ -210,8 +210,9 @@ class NetMux:
         while not self._closed:
             try:
                 reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
-            except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError):
+            except OSError as exc:  # not there yet (QEMU starting), or refused
                 if not self.alive():
+                    self.stats.closed_reason = f"the VM is gone ({exc})"
                     return
                 await asyncio.sleep(0.05)
                 continue

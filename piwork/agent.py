@@ -123,8 +123,13 @@ def _free_tcp_port() -> int:
 
 
 def _socket_dir(preferred: Path) -> Path:
-    """AF_UNIX paths are limited to ~104 bytes; fall back to a short temp dir."""
-    if len(str(preferred / "rpc.sock")) < 100:
+    """AF_UNIX paths are limited to ~104 bytes; fall back to a short temp dir.
+
+    Measured with the longest name put there (the console socket beside the
+    QMP one: ``cqmp-<pid>-<id>.sock``), not a short stand-in.
+    """
+    longest = f"cqmp-{4194304}-{2**48:x}.sock"
+    if len(str(preferred / longest)) < 100:
         preferred.mkdir(parents=True, exist_ok=True)
         return preferred
     return Path(tempfile.mkdtemp(prefix="piwork-"))

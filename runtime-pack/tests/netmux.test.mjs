@@ -130,3 +130,25 @@ test("a broken frame from the host resets the mux instead of crashing", async ()
   assert.ok(p.sock.destroyed);
   p.client.destroy();
 });
+
+test("after the host goes away and comes back (a restore), a new HELLO starts a fresh session", async () => {
+  const { mux, sent } = harness();
+  mux.feed(HELLO);
+  const [a] = await pairs(1);
+  const old = mux.accept(a.sock, 0);
+  mux.feed(frame(T.DATA, old.id, Buffer.from("half a fr"))); // then the host vanishes
+  mux.reset();
+  assert.equal(mux.session, false);
+  const again = Buffer.concat([Buffer.from([2, 0, 0]), HELLO]); // stale tail, then HELLO
+  assert.ok(mux.feed(again));
+  assert.equal(mux.session, true);
+  assert.equal(sent.filter((f) => f.type === T.HELLO).length, 2);
+  const [b] = await pairs(1);
+  const st = mux.accept(b.sock, 0);
+  assert.ok(st);
+  assert.equal(mux.streams.size, 1);
+  await tick();
+  assert.ok(a.sock.destroyed);
+  a.client.destroy();
+  b.client.destroy();
+});

@@ -48,7 +48,7 @@ from pathlib import Path
 from piwork import __version__
 from piwork.config import get_paths, repo_root
 from piwork.fsutil import fsync_dir
-from piwork.pack import cpio, ingredients, node
+from piwork.pack import bundle, cpio, ingredients, node
 from piwork.pack.cache import (
     TMP_PREFIX,
     clean_stale_tmp,
@@ -89,7 +89,7 @@ ETC_FILES: dict[str, str] = {
     "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
 }
 # runtime-pack/<dir> -> /opt/piwork/<dir>, except these.
-RUNTIME_PACK_SKIP = frozenset({"pi", "tests", "test", "node_modules"})
+RUNTIME_PACK_SKIP = frozenset({"pi", "pack-tools", "tests", "test", "node_modules"})
 SMOKE_TIMEOUT = 120.0
 
 Log = Callable[[str], None]
@@ -102,7 +102,7 @@ def _stderr(msg: str) -> None:
 class Progress:
     """Prints one line per build step with its duration (to stderr by default)."""
 
-    def __init__(self, log: Log | None = None, total: int = 7) -> None:
+    def __init__(self, log: Log | None = None, total: int = 8) -> None:
         self.log = log or _stderr
         self.total = total
         self.n = 0
@@ -272,6 +272,24 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         copied = _install_guest_files(w.source, initrd)
         progress.note(", ".join(copied))
 
+    with progress.step("bundle pi, compile extensions (esbuild)"):
+        tools = bundle.install_tools(w.source, work / "tools")
+        pi_pkg = initrd / GUEST_PI / "node_modules" / node.PI_PACKAGE
+        dropped = node.DROPPED_PACKAGES - {node.NODE_PACKAGE}
+        res = bundle.compile_guest(tools, pi_pkg, initrd / GUEST_ROOT / "extensions", dropped)
+        stats["pi_bundle_bytes"] = res.bundle_bytes
+        stats["pi_bundle_modules"] = res.bundle_inputs
+        progress.note(
+            f"pi bundle: {res.bundle_inputs} modules -> {res.bundle_files} files, "
+            f"{_mb(res.bundle_bytes)}; extensions: "
+            + (", ".join(p.name for p in res.extensions) or "none")
+        )
+        if _host_runs_guest_binaries():
+            home = work / "bundle-smoke-home"
+            home.mkdir()
+            bundle.smoke_test(initrd / GUEST_NODE, pi_pkg, res.extensions, _smoke_env(home), home)
+            progress.note("smoke test: bundled pi answered get_state with the extensions loaded")
+
     with progress.step("initramfs (newc cpio)"):
         size = cpio.write_tree(initrd, out / INITRD_NAME, extra=_special_entries())
         stats["initrd_bytes"] = size
@@ -323,6 +341,16 @@ def _node_runs(binary: Path, version: str) -> bool:
     return out.returncode == 0 and out.stdout.strip() == f"v{version}"
 
 
+def _smoke_env(home: Path) -> dict[str, str]:
+    return {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "PI_CODING_AGENT_DIR": str(home / "agent"),
+        "PI_OFFLINE": "1",
+        "PI_TELEMETRY": "0",
+    }
+
+
 def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
     """Start the pruned pi with the pack's node on the host: ``--mode rpc`` + ``get_state``.
 
@@ -334,13 +362,7 @@ def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
         return
     home = work / "smoke-home"
     home.mkdir()
-    env = {
-        "HOME": str(home),
-        "PATH": "/usr/bin:/bin",
-        "PI_CODING_AGENT_DIR": str(home / "agent"),
-        "PI_OFFLINE": "1",
-        "PI_TELEMETRY": "0",
-    }
+    env = _smoke_env(home)
     cmd = [
         str(initrd / GUEST_NODE),
         str(initrd / GUEST_PI_CLI),

@@ -81,6 +81,24 @@ def kernel_cmdline(spec: VmSpec) -> str:
     return " ".join(p for p in parts if p)
 
 
+def rootfs_args(spec: VmSpec) -> list[str]:
+    """The pack's read-only disk (node + pi), the first virtio-blk device (/dev/vda).
+
+    ``readonly=on``: QEMU opens the image read-only with a shared lock, so every
+    VM (and every clone of a template) attaches the same file; the guest reads
+    it through the host's page cache.
+    """
+    if not spec.manifest.rootfs:
+        return []
+    path = qemu_opt(str(spec.pack_dir / spec.manifest.rootfs))
+    return [
+        "-drive",
+        f"file={path},if=none,id=pwroot,format=raw,readonly=on",
+        "-device",
+        "virtio-blk-pci,drive=pwroot",
+    ]
+
+
 def build_command(spec: VmSpec) -> list[str]:
     """Return the argv that boots ``spec``; raises ValueError on an incoherent spec."""
     if spec.transport is Transport.VIRTIO and spec.rpc_socket is None:
@@ -127,6 +145,7 @@ def build_command(spec: VmSpec) -> list[str]:
         str(spec.pack_dir / spec.manifest.initrd),
         "-append",
         kernel_cmdline(spec),
+        *rootfs_args(spec),
         "-chardev",
         f"file,id=console,path={qemu_opt(str(spec.console_log))}",
         "-serial",

@@ -44,7 +44,7 @@ import orjson
 from piwork.fsutil import atomic_write_bytes, fsync_dir
 from piwork.vm.command import Transport, VmSpec
 
-TEMPLATE_FORMAT = 1
+TEMPLATE_FORMAT = 2  # 2: the pack's read-only disk is part of the device layout
 META = "meta.json"
 RAM = "ram"
 STATE = "state"
@@ -82,6 +82,9 @@ def template_key(spec: VmSpec) -> dict[str, Any]:
         "cpus": spec.cpus,
         "transport": spec.transport.value,
         "cmdline": spec.manifest.cmdline,
+        # The kernel file and the read-only disk shape the device layout and RAM.
+        "kernel": spec.manifest.kernel,
+        "rootfs": spec.manifest.rootfs,
         "shares": [[s.tag, s.readonly] for s in spec.shares],
         "extra_kernel_args": spec.extra_kernel_args,
     }

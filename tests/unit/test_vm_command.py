@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,17 @@ def test_template_ram_is_a_shared_file_and_a_clone_maps_it_privately() -> None:
     assert [a.replace("share=on", "share=off").replace(",,x", "") for a in tpl] == [
         a for a in clone if a not in strip
     ]
+
+
+def test_the_packs_read_only_disk_is_attached_read_only_when_the_pack_has_one() -> None:
+    assert "-drive" not in build_command(spec())  # a pack without one: no disk
+    with_disk = spec()
+    with_disk.manifest = with_disk.manifest.model_copy(update={"rootfs": "root.erofs"})
+    argv = build_command(with_disk)
+    assert option(argv, "-drive") == [
+        "file=/packs/abc/root.erofs,if=none,id=pwroot,format=raw,readonly=on"
+    ]
+    assert "virtio-blk-pci,drive=pwroot" in option(argv, "-device")
+    # A restored clone is launched from the same spec: it attaches the same disk.
+    clone = build_command(replace(with_disk, incoming=True, memory_file=Path("/t/ram")))
+    assert option(clone, "-drive") == option(argv, "-drive")

@@ -73,8 +73,18 @@ def qemu_opt(value: str) -> str:
     return value.replace(",", ",,")
 
 
+# For the `pc` machine (SeaBIOS provides a $PIR table): route PCI interrupts
+# without ACPI. With ACPI the kernel evaluates each interrupt link's AML as
+# the virtio drivers bind, ~1.3 s of a cold boot under TCG for 8 devices.
+MACHINE_KERNEL_ARGS: tuple[str, ...] = ("pci=noacpi",)
+
+
 def kernel_cmdline(spec: VmSpec) -> str:
-    parts = [spec.manifest.cmdline, f"piwork.transport={spec.transport.value}"]
+    parts = [
+        spec.manifest.cmdline,
+        *MACHINE_KERNEL_ARGS,
+        f"piwork.transport={spec.transport.value}",
+    ]
     if spec.transport is Transport.TCP:
         parts.append(f"piwork.port={GUEST_TCP_PORT}")
     parts.extend(spec.extra_kernel_args)

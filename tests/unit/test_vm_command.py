@@ -45,7 +45,7 @@ def test_boots_pack_kernel_and_initrd_with_transport_on_cmdline() -> None:
     argv = build_command(spec())
     assert option(argv, "-kernel") == ["/packs/abc/vmlinuz"]
     assert option(argv, "-initrd") == ["/packs/abc/initrd.cpio"]
-    assert option(argv, "-append") == ["console=ttyS0 panic=-1 piwork.transport=virtio"]
+    assert option(argv, "-append") == ["console=ttyS0 panic=-1 pci=noacpi piwork.transport=virtio"]
     assert "-no-reboot" in argv
     assert argv[argv.index("-accel") + 1] == "tcg,thread=multi"
 

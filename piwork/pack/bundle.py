@@ -120,7 +120,7 @@ def compile_guest(
 
 SMOKE_SCRIPT = """
 import { pathToFileURL } from "node:url";
-const [entry, ...exts] = process.argv.slice(1);
+const [entry, tsExt, ...exts] = process.argv.slice(1);
 for (const e of exts) {
   const m = await import(pathToFileURL(e).href);
   if (typeof m.default !== "function") throw new Error(`${e}: no default export function`);
@@ -130,21 +130,38 @@ for (const k of ["main", "EnvHttpProxyAgent", "setGlobalDispatcher"]) {
   if (typeof m[k] !== "function") throw new Error(`bundle lacks ${k}`);
 }
 const ext = exts.map((e) => import(pathToFileURL(e).href).then((x) => x.default));
-await m.main(["--mode", "rpc", "--offline", "--no-session", "--no-extensions"],
+await m.main(["--mode", "rpc", "--offline", "--no-session", "--no-extensions", "-e", tsExt],
   { extensionFactories: await Promise.all(ext) });
+"""
+# A TypeScript extension that is not precompiled still loads through jiti
+# (which the bundle loads lazily): it leaves a mark.
+SMOKE_TS_EXTENSION = """import fs from "node:fs";
+export default function smoke(pi: { on: unknown }): void {
+  fs.writeFileSync(process.env.PIWORK_SMOKE_MARK as string, typeof pi.on);
+}
 """
 
 
 def smoke_test(
     node_binary: Path, pi_dir: Path, extensions: list[Path], env: dict[str, str], cwd: Path
 ) -> None:
-    """Run the bundle with the guest's node: ``get_state`` with every extension loaded."""
+    """Run the bundle with the guest's node: ``get_state`` with every extension loaded.
+
+    Also loads a small TypeScript extension by path, the way pi loads any
+    extension that was not precompiled (through jiti, which the bundle loads
+    lazily from node_modules).
+    """
+    ts_ext = cwd / "smoke-extension.ts"
+    ts_ext.write_text(SMOKE_TS_EXTENSION)
+    mark = cwd / "smoke-extension.mark"
+    env = {**env, "PIWORK_SMOKE_MARK": str(mark)}
     cmd = [
         str(node_binary),
         "--input-type=module",
         "-e",
         SMOKE_SCRIPT,
         str(pi_dir / BUNDLE_REL / BUNDLE_ENTRY),
+        str(ts_ext),
         *map(str, extensions),
     ]
     try:
@@ -164,4 +181,9 @@ def smoke_test(
         raise PackError(
             f"the bundled pi failed its smoke test (exit {proc.returncode}):\n"
             f"stdout: {proc.stdout.strip()[-1000:]}\nstderr: {proc.stderr.strip()[-2000:]}"
+        )
+    if not mark.is_file() or mark.read_text() != "function":
+        raise PackError(
+            "the bundled pi did not load a TypeScript extension by path (jiti): "
+            f"stderr: {proc.stderr.strip()[-2000:]}"
         )

@@ -16,6 +16,12 @@
 // calls before it, so one copy of undici serves both. It lives two levels below
 // pi's package root (like dist/core/extensions/loader.js), so pi's own
 // path arithmetic (package.json lookup, jiti aliases) finds the same files.
+// pi's extension loader imports "jiti/static", which evaluates jiti's whole
+// babel build at import (~25 % of pi's import natively, seconds under TCG)
+// although nothing needs it unless an extension is loaded from a .ts path.
+// In the bundle that import is a small module with the same createJiti that
+// loads jiti's own lazy entry from node_modules on first use (babel only on
+// the first transform), exactly as jiti does outside Bun binaries.
 // Each extension becomes one self-contained ES module (its gate/*.js helpers
 // and typebox inlined) whose default export is the extension factory, which
 // the launcher hands to pi's main() (options.extensionFactories).
@@ -44,6 +50,20 @@ const common = {
   banner: { js: BANNER },
 };
 
+const LAZY_JITI = `import { createRequire } from "node:module";
+export function createJiti(id, opts) {
+  return createRequire(import.meta.url)("jiti").createJiti(id, opts);
+}
+`;
+
+const lazyJiti = {
+  name: "piwork-lazy-jiti",
+  setup(build) {
+    build.onResolve({ filter: /^jiti\/static$/ }, () => ({ path: "jiti-lazy", namespace: "piwork" }));
+    build.onLoad({ filter: /.*/, namespace: "piwork" }, () => ({ contents: LAZY_JITI, loader: "js" }));
+  },
+};
+
 function report(err) {
   const msgs = (err.errors || []).slice(0, 10).map((e) => {
     const loc = e.location ? `${e.location.file}:${e.location.line}: ` : "";
@@ -67,6 +87,7 @@ async function main() {
     entryNames: "entry",
     chunkNames: "chunk-[hash]",
     external: job.external,
+    plugins: [lazyJiti],
     metafile: true,
   });
   const outputs = Object.entries(r.metafile.outputs);

@@ -63,6 +63,7 @@ def check_build_tools() -> list[Check]:
         ("dpkg-deb", "dpkg"),
         ("depmod", "kmod"),
         ("npm", "nodejs npm"),
+        ("mkfs.erofs", "erofs-utils"),
     ):
         path = shutil.which(tool)
         checks.append(

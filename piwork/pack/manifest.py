@@ -33,6 +33,10 @@ class Manifest(BaseModel):
     arch: str = "x86_64"
     kernel: str = Field(description="Relative path of the kernel image.")
     initrd: str = Field(description="Relative path of the initramfs (newc cpio).")
+    rootfs: str | None = Field(
+        default=None,
+        description="Relative path of the read-only disk image /init mounts at /opt/piwork.",
+    )
     cmdline: str = Field(description="Base kernel command line; the host appends transport args.")
     versions: dict[str, str] = Field(description="kernel, busybox, node, pi, libc, ...")
     files: list[PackFile]

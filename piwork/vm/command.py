@@ -78,12 +78,40 @@ def qemu_opt(value: str) -> str:
     return value.replace(",", ",,")
 
 
+# For the `pc` machine (SeaBIOS provides a $PIR table): route PCI interrupts
+# without ACPI. With ACPI the kernel evaluates each interrupt link's AML as
+# the virtio drivers bind, ~1.3 s of a cold boot under TCG for 8 devices.
+MACHINE_KERNEL_ARGS: tuple[str, ...] = ("pci=noacpi",)
+
+
 def kernel_cmdline(spec: VmSpec) -> str:
-    parts = [spec.manifest.cmdline, f"piwork.transport={spec.transport.value}"]
+    parts = [
+        spec.manifest.cmdline,
+        *MACHINE_KERNEL_ARGS,
+        f"piwork.transport={spec.transport.value}",
+    ]
     if spec.transport is Transport.TCP:
         parts.append(f"piwork.port={GUEST_TCP_PORT}")
     parts.extend(spec.extra_kernel_args)
     return " ".join(p for p in parts if p)
+
+
+def rootfs_args(spec: VmSpec) -> list[str]:
+    """The pack's read-only disk (node + pi), the first virtio-blk device (/dev/vda).
+
+    ``readonly=on``: QEMU opens the image read-only with a shared lock, so every
+    VM (and every clone of a template) attaches the same file; the guest reads
+    it through the host's page cache.
+    """
+    if not spec.manifest.rootfs:
+        return []
+    path = qemu_opt(str(spec.pack_dir / spec.manifest.rootfs))
+    return [
+        "-drive",
+        f"file={path},if=none,id=pwroot,format=raw,readonly=on",
+        "-device",
+        "virtio-blk-pci,drive=pwroot",
+    ]
 
 
 def build_command(spec: VmSpec) -> list[str]:
@@ -134,6 +162,7 @@ def build_command(spec: VmSpec) -> list[str]:
         str(spec.pack_dir / spec.manifest.initrd),
         "-append",
         kernel_cmdline(spec),
+        *rootfs_args(spec),
         "-chardev",
         f"socket,id=console,path={qemu_opt(str(console_socket(spec)))}",
         "-serial",

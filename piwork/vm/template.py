@@ -46,10 +46,11 @@ import orjson
 from piwork.fsutil import atomic_write_bytes, fsync_dir
 from piwork.vm.command import Transport, VmSpec
 
-TEMPLATE_FORMAT = 2
+TEMPLATE_FORMAT = 3
 """2: no network card; the netmux virtio-serial port instead (a format-1 template
 had a NIC and cannot be restored without one: its key no longer matches). Every
-VM piwork starts has the netmux port, so the key needs no field for it."""
+VM piwork starts has the netmux port, so the key needs no field for it.
+3: the pack's read-only disk (root.erofs) is part of the device layout too."""
 META = "meta.json"
 RAM = "ram"
 STATE = "state"
@@ -87,6 +88,9 @@ def template_key(spec: VmSpec) -> dict[str, Any]:
         "cpus": spec.cpus,
         "transport": spec.transport.value,
         "cmdline": spec.manifest.cmdline,
+        # The kernel file and the read-only disk shape the device layout and RAM.
+        "kernel": spec.manifest.kernel,
+        "rootfs": spec.manifest.rootfs,
         "shares": [[s.tag, s.readonly] for s in spec.shares],
         "extra_kernel_args": spec.extra_kernel_args,
     }

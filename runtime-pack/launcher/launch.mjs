@@ -8,6 +8,14 @@
 // for any task: nothing task-specific is loaded yet. On {"op":"go", argv,
 // env, cwd} it applies the task's environment and working directory and runs
 // pi's own `main(argv)` exactly as pi's cli.js does.
+//
+// Fast path (made by the pack builder, runtime-pack/pack-tools/compile.mjs):
+// pi, undici and their dependencies pre-linked into one bundle
+// (dist/core/piwork-bundle/entry.js), and each TypeScript extension
+// precompiled next to its source (X.ts -> X.mjs). A precompiled extension is
+// imported here and handed to pi as an extension factory (pi's
+// main(argv, {extensionFactories})) in place of its `-e X.ts` argument, so
+// pi never starts jiti. Anything not precompiled takes the old path.
 import fs from "node:fs";
 import net from "node:net";
 import { createRequire } from "node:module";
@@ -21,10 +29,56 @@ const require = createRequire(`${PI_DIR}/package.json`);
 const ctl = new net.Socket({ fd: 3, readable: true, writable: true });
 const say = (obj) => ctl.write(`${JSON.stringify(obj)}\n`);
 
-const [{ main }, { EnvHttpProxyAgent, setGlobalDispatcher }] = await Promise.all([
-  import(pathToFileURL(`${PI_DIR}/dist/main.js`).href),
-  import(pathToFileURL(require.resolve("undici")).href),
-]);
+const BUNDLE = `${PI_DIR}/dist/core/piwork-bundle/entry.js`;
+const [{ main }, { EnvHttpProxyAgent, setGlobalDispatcher }] = fs.existsSync(BUNDLE)
+  ? await import(pathToFileURL(BUNDLE).href).then((m) => [m, m])
+  : await Promise.all([
+      import(pathToFileURL(`${PI_DIR}/dist/main.js`).href),
+      import(pathToFileURL(require.resolve("undici")).href),
+    ]);
+
+/** X.ts -> X.mjs beside it, if the pack builder made one. */
+function compiledPath(p) {
+  return p.endsWith(".ts") ? `${p.slice(0, -3)}.mjs` : null;
+}
+
+// Extension source path -> factory, for the extensions precompiled by the pack.
+const factories = new Map();
+async function loadCompiled(paths) {
+  const rest = [];
+  for (const p of paths) {
+    const js = compiledPath(p);
+    if (!js || !fs.existsSync(js)) {
+      rest.push(p);
+      continue;
+    }
+    try {
+      const mod = await import(pathToFileURL(js).href);
+      if (typeof mod.default !== "function") throw new Error("no default export function");
+      factories.set(p, mod.default);
+    } catch (err) {
+      process.stderr.write(`piwork-launcher: ${js}: ${err.message}; pi loads ${p} itself\n`);
+      rest.push(p);
+    }
+  }
+  return rest;
+}
+
+/** argv without the `-e`/`--extension` pairs we hold factories for, and those factories. */
+function takeExtensions(argv, have) {
+  const out = [];
+  const picked = [];
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    if ((a === "-e" || a === "--extension") && i + 1 < argv.length && have.has(argv[i + 1])) {
+      picked.push(have.get(argv[i + 1]));
+      i++;
+      continue;
+    }
+    out.push(a);
+  }
+  return { argv: out, extensionFactories: picked };
+}
 
 // Extensions are loaded by pi through jiti ("jiti/static", file cache in
 // /tmp). Importing them once here loads jiti and babel and fills that cache,
@@ -66,7 +120,7 @@ async function warmExtensions(paths) {
   }
 }
 const warm = (process.env.PIWORK_WARM_EXTENSIONS || "").split(":").filter(Boolean);
-await warmExtensions(warm);
+await warmExtensions(await loadCompiled(warm));
 say({ ev: "loaded", ms: Math.round(performance.now() - t0) });
 
 function applyEnv(env) {
@@ -96,7 +150,8 @@ ctl.on("data", (chunk) => {
   process.env.PI_CODING_AGENT = "true";
   process.emitWarning = () => {};
   setGlobalDispatcher(new EnvHttpProxyAgent({ bodyTimeout: 0, headersTimeout: 0 }));
-  main((msg.argv || []).map(String));
+  const { argv, extensionFactories } = takeExtensions((msg.argv || []).map(String), factories);
+  main(argv, extensionFactories.length ? { extensionFactories } : undefined);
 });
 ctl.on("error", () => process.exit(71));
 ctl.on("end", () => {

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
 from pathlib import Path
 
 from piwork.config import repo_root
 from piwork.pack import build, cache
 from piwork.pack.cpio import CpioMember, read_newc
-from piwork.pack.ingredients import load_pins
+from piwork.pack.ingredients import has_pvh_entry, load_pins
 
 
 def members(initrd: Path) -> dict[str, CpioMember]:
@@ -29,11 +31,13 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     result = build.build_pack(packs=packs, downloads=downloads, log=logs.append)
     assert result.built
     m = result.manifest
-    assert m.cmdline == "console=ttyS0 panic=-1 quiet loglevel=3"
+    assert m.cmdline == "console=ttyS0 panic=-1 quiet loglevel=3 piwork.rootfs=erofs"
     pins = load_pins(repo_root() / "vm-image" / "pins.toml")
     assert m.versions["kernel"] == pins.kernel_release
     assert m.versions["node"] == "22.23.3" and m.versions["pi"] == "0.73.1"
-    assert {f.path for f in m.files} == {"vmlinuz", "initrd.cpio"}
+    assert {f.path for f in m.files} == {"vmlinux", "initrd.cpio", "root.erofs"}
+    assert m.kernel == "vmlinux" and m.rootfs == "root.erofs"
+    assert has_pvh_entry((result.pack_dir / "vmlinux").read_bytes())  # QEMU boots it directly
     assert cache.verify(result.pack_dir).ok
     assert any("smoke test" in line for line in logs)
     assert m.stats["pi_tree_bytes"] < m.stats["pi_tree_bytes_unpruned"]
@@ -51,18 +55,43 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
         "lib/x86_64-linux-gnu/libm.so.6",
         "lib/x86_64-linux-gnu/libgcc_s.so.1",
         "usr/lib/x86_64-linux-gnu/libstdc++.so.6",
-        "opt/piwork/node/bin/node",
-        "opt/piwork/supervisor/supervisor.js",
-        "opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js",
-        "opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/docs/rpc.md",
     ):
         assert stat.S_ISREG(tree[lib].mode), lib
+    # /opt/piwork is only a mount point in the initramfs: its files are on the disk image.
+    assert stat.S_ISDIR(tree["opt/piwork"].mode)
+    assert not any(n.startswith("opt/piwork/") for n in tree)
+    disk = tmp_path / "disk"
+    subprocess.run(
+        ["fsck.erofs", f"--extract={disk}", str(result.pack_dir / "root.erofs")], check=True
+    )
+    pi = "pi/node_modules/@mariozechner/pi-coding-agent"
+    for rel in (
+        "node/bin/node",
+        "supervisor/supervisor.js",
+        "launcher/launch.mjs",
+        f"{pi}/dist/cli.js",
+        f"{pi}/docs/rpc.md",
+        f"{pi}/dist/core/piwork-bundle/entry.js",  # pi pre-linked (piwork.pack.bundle)
+        "extensions/permission-gate.mjs",  # the extensions precompiled
+        "extensions/ask-user.mjs",
+    ):
+        assert (disk / rel).is_file(), rel
+    assert os.access(disk / "node/bin/node", os.X_OK)
+    assert not (disk / "pack-tools").exists()  # build tools never reach the guest
+    disk_tree = [
+        f"opt/piwork/{(Path(d) / f).relative_to(disk).as_posix()}"
+        for d, _dirs, files in os.walk(disk)
+        for f in files
+    ]
     modules_dep = tree[f"lib/modules/{pins.kernel_release}/modules.dep"].data.decode()
     loaded = {
         line.split(":")[0].rsplit("/", 1)[-1][: -len(".ko")].replace("-", "_")
         for line in modules_dep.splitlines()
     }
     assert set(pins.modules) <= loaded
+    order = tree[f"lib/modules/{pins.kernel_release}/piwork.load"].data.decode().split()
+    assert set(order) == loaded  # /init loads every module, in this order
+    assert order.index("crc32c_generic") < order.index("libcrc32c") < order.index("erofs")
     assert tree["etc/resolv.conf"].data == b"nameserver 10.0.2.3\n"
     assert tree["etc/passwd"].data.startswith(b"root:x:0:0:")
     for d in (
@@ -87,9 +116,9 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
                 "opt/piwork/pi/node_modules/@types",
             )
         )
-        for n in tree
+        for n in disk_tree
     )
-    assert not any(n.endswith((".map", ".d.ts")) for n in tree)
+    assert not any(n.endswith((".map", ".d.ts")) for n in disk_tree)
 
     again = build.build_pack(packs=packs, downloads=downloads, log=logs.append)
     assert not again.built and again.pack_dir == result.pack_dir

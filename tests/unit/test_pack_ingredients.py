@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import lzma
+import struct
 import subprocess
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from piwork.pack.ingredients import (
     Pins,
     download_debs,
     elf_deps,
+    extract_pvh_vmlinux,
+    has_pvh_entry,
     load_pins,
     module_closure,
     module_name,
@@ -112,3 +116,36 @@ def test_a_cached_deb_matching_the_pin_is_reused_without_apt(tmp_path: Path) -> 
     )
     # apt-get would fail: no such package exists in any archive.
     assert download_debs(pins, debs) == {"piwork-fake": deb}
+
+
+def _elf_with_notes(notes: list[tuple[bytes, int]]) -> bytes:
+    """A minimal 64-bit ELF whose one PT_NOTE segment holds ``notes`` (name, type)."""
+    body = b""
+    for name, ntype in notes:
+        n = name + b"\0"
+        desc = b"\0" * 4
+        body += struct.pack("<III", len(n), len(desc), ntype)
+        body += n + b"\0" * (-len(n) % 4) + desc
+    ehdr = bytearray(64)
+    ehdr[:6] = b"\x7fELF\x02\x01"
+    struct.pack_into("<Q", ehdr, 32, 64)  # e_phoff
+    struct.pack_into("<HH", ehdr, 54, 56, 1)  # e_phentsize, e_phnum
+    phdr = struct.pack("<IIQQQQQQ", 4, 0, 64 + 56, 0, 0, len(body), len(body), 4)
+    return bytes(ehdr) + phdr + body
+
+
+def test_pvh_entry_is_found_only_in_a_xen_phys32_entry_note() -> None:
+    assert has_pvh_entry(_elf_with_notes([(b"Xen", 6), (b"Xen", 18)]))
+    assert not has_pvh_entry(_elf_with_notes([(b"Xen", 6), (b"GNU", 18)]))
+    assert not has_pvh_entry(b"MZ" + b"\0" * 100)
+
+
+def test_a_vmlinux_comes_out_of_an_xz_bzimage_only_with_a_pvh_entry(tmp_path: Path) -> None:
+    pvh = _elf_with_notes([(b"Xen", 18)])
+    bz = tmp_path / "vmlinuz"
+    bz.write_bytes(b"setup code" + lzma.compress(pvh, format=lzma.FORMAT_XZ) + b"trailer")
+    assert extract_pvh_vmlinux(bz) == pvh
+    bz.write_bytes(b"setup code" + lzma.compress(_elf_with_notes([]), format=lzma.FORMAT_XZ))
+    assert extract_pvh_vmlinux(bz) is None
+    bz.write_bytes(b"no xz here")
+    assert extract_pvh_vmlinux(bz) is None

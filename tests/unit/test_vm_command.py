@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def test_boots_pack_kernel_and_initrd_with_transport_on_cmdline() -> None:
     argv = build_command(spec())
     assert option(argv, "-kernel") == ["/packs/abc/vmlinuz"]
     assert option(argv, "-initrd") == ["/packs/abc/initrd.cpio"]
-    assert option(argv, "-append") == ["console=ttyS0 panic=-1 piwork.transport=virtio"]
+    assert option(argv, "-append") == ["console=ttyS0 panic=-1 pci=noacpi piwork.transport=virtio"]
     assert "-no-reboot" in argv
     assert argv[argv.index("-accel") + 1] == "tcg,thread=multi"
 
@@ -150,3 +151,17 @@ def test_the_console_goes_to_a_host_socket_not_a_file_qemu_grows() -> None:
     assert "socket,id=console,path=/run/cq.sock" in option(argv, "-chardev")
     assert not any(c.startswith("file,") for c in option(argv, "-chardev"))
     assert option(argv, "-serial") == ["chardev:console"]
+
+
+def test_the_packs_read_only_disk_is_attached_read_only_when_the_pack_has_one() -> None:
+    assert "-drive" not in build_command(spec())  # a pack without one: no disk
+    with_disk = spec()
+    with_disk.manifest = with_disk.manifest.model_copy(update={"rootfs": "root.erofs"})
+    argv = build_command(with_disk)
+    assert option(argv, "-drive") == [
+        "file=/packs/abc/root.erofs,if=none,id=pwroot,format=raw,readonly=on"
+    ]
+    assert "virtio-blk-pci,drive=pwroot" in option(argv, "-device")
+    # A restored clone is launched from the same spec: it attaches the same disk.
+    clone = build_command(replace(with_disk, incoming=True, memory_file=Path("/t/ram")))
+    assert option(clone, "-drive") == option(argv, "-drive")

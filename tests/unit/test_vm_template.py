@@ -89,6 +89,9 @@ def test_task_folders_and_sockets_do_not_change_the_key() -> None:
         {"accel": AccelChoice(Accel.KVM, "test", ["-accel", "kvm"])},
         {"shares": [Share("pwstate", Path("/a"))]},
         {"shares": [Share("pwstate", Path("/a")), Share("pwup", Path("/b"))]},
+        # The pack's read-only disk and kernel shape the device layout and guest RAM.
+        {"manifest": MANIFEST.model_copy(update={"rootfs": "root.erofs"})},
+        {"manifest": MANIFEST.model_copy(update={"kernel": "vmlinux"})},
     ],
 )
 def test_anything_a_restore_depends_on_changes_the_key(change: dict[str, object]) -> None:

@@ -1,0 +1,189 @@
+"""Pre-link pi and precompile the extensions at pack build (cold start under TCG).
+
+Under TCG the guest spends most of a cold start in Node: resolving and reading
+~1,400 module files of pi's tree (~12 s) and transpiling the TypeScript
+extensions through jiti (~7 s). The builder therefore runs esbuild (pinned in
+``runtime-pack/pack-tools/package-lock.json``, installed with ``npm ci`` into
+the build's scratch dir, never into the guest) through
+``runtime-pack/pack-tools/compile.mjs``:
+
+* pi + undici -> ``<pi>/dist/core/piwork-bundle/entry.js`` (+ lazy chunks);
+  the launcher imports it when present, else pi's own ``dist/main.js``;
+* ``/opt/piwork/extensions/X.ts`` -> ``X.mjs`` beside it, one self-contained
+  module each; the launcher hands them to pi as extension factories.
+
+Both are then started once on the build host (when it can run the guest's
+binaries), so a bundle that does not work fails the build, not a boot.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from piwork.pack.errors import PackError
+
+TOOLS_DIR = Path("runtime-pack") / "pack-tools"
+COMPILE_SCRIPT = "compile.mjs"
+BUNDLE_REL = Path("dist") / "core" / "piwork-bundle"
+BUNDLE_ENTRY = "entry.js"
+NPM_CI_TOOLS = ["npm", "ci", "--ignore-scripts", "--no-audit", "--no-fund"]
+TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    bundle_files: int
+    bundle_bytes: int
+    bundle_inputs: int
+    extensions: list[Path]
+
+
+def _node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        raise PackError("node not found on PATH: the pack build runs esbuild with it (Node >= 20)")
+    return node
+
+
+def install_tools(source: Path, scratch: Path) -> Path:
+    """``npm ci`` the pinned build tools into ``scratch``; return the dir holding compile.mjs."""
+    src = source / TOOLS_DIR
+    for name in ("package.json", "package-lock.json", COMPILE_SCRIPT):
+        if not (src / name).is_file():
+            raise PackError(f"{src / name} is missing: the pack build needs its pinned tools")
+        scratch.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src / name, scratch / name)
+    env = dict(os.environ, npm_config_update_notifier="false")
+    # Optional dependencies stay in: esbuild's binary is @esbuild/<platform>.
+    proc = subprocess.run(
+        NPM_CI_TOOLS, cwd=scratch, env=env, capture_output=True, text=True, check=False
+    )
+    if proc.returncode != 0:
+        raise PackError(
+            f"npm ci of the pack build tools ({src}) failed (exit {proc.returncode}):\n"
+            f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
+        )
+    return scratch
+
+
+def external_patterns(dropped: frozenset[str]) -> list[str]:
+    """Packages the pruned tree lacks stay run-time imports (they fail there, as before)."""
+    return sorted(p for name in dropped for p in (name, f"{name}/*"))
+
+
+def compile_guest(
+    tools: Path, pi_dir: Path, extensions_dir: Path, dropped: frozenset[str]
+) -> CompileResult:
+    """Bundle pi under ``pi_dir`` and compile every ``extensions_dir/*.ts`` beside itself."""
+    exts = sorted(extensions_dir.glob("*.ts")) if extensions_dir.is_dir() else []
+    job = {
+        "piDir": str(pi_dir),
+        "bundleDir": str(pi_dir / BUNDLE_REL),
+        "external": external_patterns(dropped),
+        "extensions": [{"src": str(p), "out": str(p.with_suffix(".mjs"))} for p in exts],
+    }
+    job_file = tools / "job.json"
+    job_file.write_text(json.dumps(job))
+    try:
+        proc = subprocess.run(
+            [_node(), str(tools / COMPILE_SCRIPT), str(job_file)],
+            cwd=tools,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PackError(f"esbuild did not finish within {TIMEOUT:.0f}s") from exc
+    if proc.returncode != 0:
+        raise PackError(
+            "bundling pi / compiling the extensions with esbuild failed "
+            f"(runtime-pack/pack-tools/{COMPILE_SCRIPT}):\n{proc.stderr.strip()[-3000:]}"
+        )
+    try:
+        out = json.loads(proc.stdout.strip().splitlines()[-1])
+        bundle = out["bundle"]
+        return CompileResult(
+            bundle_files=int(bundle["files"]),
+            bundle_bytes=int(bundle["bytes"]),
+            bundle_inputs=int(bundle["inputs"]),
+            extensions=[Path(e["out"]) for e in out["extensions"]],
+        )
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise PackError(f"{COMPILE_SCRIPT} printed no result: {proc.stdout[-500:]!r}") from exc
+
+
+SMOKE_SCRIPT = """
+import { pathToFileURL } from "node:url";
+const [entry, tsExt, ...exts] = process.argv.slice(1);
+for (const e of exts) {
+  const m = await import(pathToFileURL(e).href);
+  if (typeof m.default !== "function") throw new Error(`${e}: no default export function`);
+}
+const m = await import(pathToFileURL(entry).href);
+for (const k of ["main", "EnvHttpProxyAgent", "setGlobalDispatcher"]) {
+  if (typeof m[k] !== "function") throw new Error(`bundle lacks ${k}`);
+}
+const ext = exts.map((e) => import(pathToFileURL(e).href).then((x) => x.default));
+await m.main(["--mode", "rpc", "--offline", "--no-session", "--no-extensions", "-e", tsExt],
+  { extensionFactories: await Promise.all(ext) });
+"""
+# A TypeScript extension that is not precompiled still loads through jiti
+# (which the bundle loads lazily): it leaves a mark.
+SMOKE_TS_EXTENSION = """import fs from "node:fs";
+export default function smoke(pi: { on: unknown }): void {
+  fs.writeFileSync(process.env.PIWORK_SMOKE_MARK as string, typeof pi.on);
+}
+"""
+
+
+def smoke_test(
+    node_binary: Path, pi_dir: Path, extensions: list[Path], env: dict[str, str], cwd: Path
+) -> None:
+    """Run the bundle with the guest's node: ``get_state`` with every extension loaded.
+
+    Also loads a small TypeScript extension by path, the way pi loads any
+    extension that was not precompiled (through jiti, which the bundle loads
+    lazily from node_modules).
+    """
+    ts_ext = cwd / "smoke-extension.ts"
+    ts_ext.write_text(SMOKE_TS_EXTENSION)
+    mark = cwd / "smoke-extension.mark"
+    env = {**env, "PIWORK_SMOKE_MARK": str(mark)}
+    cmd = [
+        str(node_binary),
+        "--input-type=module",
+        "-e",
+        SMOKE_SCRIPT,
+        str(pi_dir / BUNDLE_REL / BUNDLE_ENTRY),
+        str(ts_ext),
+        *map(str, extensions),
+    ]
+    try:
+        proc = subprocess.run(
+            cmd,
+            input='{"type":"get_state","id":"smoke"}\n',
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PackError("the bundled pi did not answer get_state within 120s") from exc
+    if '"id":"smoke"' not in proc.stdout.replace(" ", "") or "Failed to load" in proc.stderr:
+        raise PackError(
+            f"the bundled pi failed its smoke test (exit {proc.returncode}):\n"
+            f"stdout: {proc.stdout.strip()[-1000:]}\nstderr: {proc.stderr.strip()[-2000:]}"
+        )
+    if not mark.is_file() or mark.read_text() != "function":
+        raise PackError(
+            "the bundled pi did not load a TypeScript extension by path (jiti): "
+            f"stderr: {proc.stderr.strip()[-2000:]}"
+        )

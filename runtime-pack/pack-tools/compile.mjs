@@ -1,0 +1,115 @@
+// piwork pack build step (runs on the build host, never in the guest):
+// turn pi and the TypeScript extensions into a few pre-linked JavaScript files,
+// so the guest spends its (emulated, slow) start-up running code instead of
+// resolving ~1,400 module files and transpiling TypeScript through jiti.
+//
+//   node compile.mjs <job.json>
+//
+// job.json: {
+//   "piDir":      ".../node_modules/@mariozechner/pi-coding-agent",  (pruned tree)
+//   "bundleDir":  "<piDir>/dist/core/piwork-bundle",  (output: entry.js + chunks)
+//   "external":   ["@mistralai/*", ...],  (dropped packages: left as run-time imports)
+//   "extensions": [{"src": ".../permission-gate.ts", "out": ".../permission-gate.mjs"}, ...]
+// }
+//
+// The bundle entry exports pi's `main` and the two undici functions pi's cli.js
+// calls before it, so one copy of undici serves both. It lives two levels below
+// pi's package root (like dist/core/extensions/loader.js), so pi's own
+// path arithmetic (package.json lookup, jiti aliases) finds the same files.
+// pi's extension loader imports "jiti/static", which evaluates jiti's whole
+// babel build at import (~25 % of pi's import natively, seconds under TCG)
+// although nothing needs it unless an extension is loaded from a .ts path.
+// In the bundle that import is a small module with the same createJiti that
+// loads jiti's own lazy entry from node_modules on first use (babel only on
+// the first transform), exactly as jiti does outside Bun binaries.
+// Each extension becomes one self-contained ES module (its gate/*.js helpers
+// and typebox inlined) whose default export is the extension factory, which
+// the launcher hands to pi's main() (options.extensionFactories).
+import fs from "node:fs";
+import path from "node:path";
+import { createRequire } from "node:module";
+
+const require = createRequire(import.meta.url);
+const esbuild = require("esbuild");
+
+const job = JSON.parse(fs.readFileSync(process.argv[2], "utf8"));
+
+// CommonJS code inside an ES module bundle calls require() for Node built-ins.
+const BANNER =
+  'import { createRequire as __piworkCreateRequire } from "node:module";\n' +
+  "const require = __piworkCreateRequire(import.meta.url);";
+
+const common = {
+  bundle: true,
+  format: "esm",
+  platform: "node",
+  target: "node22",
+  logLevel: "silent",
+  charset: "utf8",
+  legalComments: "none",
+  banner: { js: BANNER },
+};
+
+const LAZY_JITI = `import { createRequire } from "node:module";
+export function createJiti(id, opts) {
+  return createRequire(import.meta.url)("jiti").createJiti(id, opts);
+}
+`;
+
+const lazyJiti = {
+  name: "piwork-lazy-jiti",
+  setup(build) {
+    build.onResolve({ filter: /^jiti\/static$/ }, () => ({ path: "jiti-lazy", namespace: "piwork" }));
+    build.onLoad({ filter: /.*/, namespace: "piwork" }, () => ({ contents: LAZY_JITI, loader: "js" }));
+  },
+};
+
+function report(err) {
+  const msgs = (err.errors || []).slice(0, 10).map((e) => {
+    const loc = e.location ? `${e.location.file}:${e.location.line}: ` : "";
+    return `${loc}${e.text}`;
+  });
+  return msgs.length ? msgs.join("\n") : String(err && err.stack ? err.stack : err);
+}
+
+async function main() {
+  const out = { bundle: null, extensions: [] };
+  fs.rmSync(job.bundleDir, { recursive: true, force: true });
+  const entry = [
+    `export { main } from ${JSON.stringify(path.join(job.piDir, "dist", "main.js"))};`,
+    'export { EnvHttpProxyAgent, setGlobalDispatcher } from "undici";',
+  ].join("\n");
+  const r = await esbuild.build({
+    ...common,
+    stdin: { contents: entry, resolveDir: job.piDir, sourcefile: "piwork-entry.mjs", loader: "js" },
+    splitting: true, // pi's lazy imports (provider SDKs) stay lazy: separate chunks
+    outdir: job.bundleDir,
+    entryNames: "entry",
+    chunkNames: "chunk-[hash]",
+    external: job.external,
+    plugins: [lazyJiti],
+    metafile: true,
+  });
+  const outputs = Object.entries(r.metafile.outputs);
+  out.bundle = {
+    files: outputs.length,
+    bytes: outputs.reduce((n, [, o]) => n + o.bytes, 0),
+    inputs: Object.keys(r.metafile.inputs).length,
+  };
+  for (const ext of job.extensions) {
+    await esbuild.build({
+      ...common,
+      entryPoints: [ext.src],
+      outfile: ext.out,
+      // Resolve what the extension imports (typebox) from pi's tree, as jiti did.
+      nodePaths: [path.resolve(job.piDir, "..", "..")],
+    });
+    out.extensions.push({ src: ext.src, out: ext.out, bytes: fs.statSync(ext.out).size });
+  }
+  process.stdout.write(`${JSON.stringify(out)}\n`);
+}
+
+main().catch((err) => {
+  process.stderr.write(`${report(err)}\n`);
+  process.exit(1);
+});

@@ -242,6 +242,9 @@ class TaskController(QObject):
         self.status, self.reason = "starting", None
         self.changed.emit()
         self._job = asyncio.ensure_future(self._run(prompt, self._opts))
+        # ``live`` turns false only once the job is done (after its last signals):
+        # say so, so the window can enable what waits for the VM to be off (undo).
+        self._job.add_done_callback(lambda _f: self.changed.emit())
         self.pool.track(self)
 
     def start_queued(self) -> None:

@@ -91,6 +91,7 @@ def test_the_panel_shows_each_turn_and_undoes_one_in_a_real_task(
 
                 ctl.run_event.connect(on_changes)
                 await until(lambda: ctl.label == "done" and not ctl.live, BOOT + STEP, "done")
+                assert any(e.kind is EventKind.READY for e in events)  # pi ran in the VM
                 assert disabled_while_live and all(disabled_while_live)
                 turns = [e.data["turn"] for e in events if e.kind is EventKind.CHANGES]
                 assert turns[:2] == [1, 2], turns

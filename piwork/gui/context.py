@@ -17,6 +17,7 @@ results that arrive after the person switched to another task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import io
 import logging
@@ -96,16 +97,41 @@ class TurnChanges:
         return ", ".join(f"{n[k]} {k.replace('_', ' ')}" for k in order if n.get(k))
 
 
-def load_turns(task_id: str, paths: Paths) -> list[TurnChanges]:
-    """Each turn's changes, newest turns only (blocking: git; call it off the Qt thread)."""
+@dataclass(frozen=True)
+class TaskTurns:
+    turns: list[TurnChanges]
+    # (turn, checkpoint) when the task's last act was undoing that turn: "Undo the
+    # undo" goes back to that pre-undo checkpoint. Read from the checkpoints'
+    # labels, so it survives a restart of the app.
+    undone: tuple[int, str] | None
+
+
+def load_turns(task_id: str, paths: Paths, *, include_open: bool = True) -> TaskTurns:
+    """Each turn's changes, newest turns only (blocking: git; call it off the Qt thread).
+
+    A turn with no checkpoint after it yet is the one running now (or the one a
+    crash cut short): it is listed only with ``include_open``, since reading it
+    means checkpointing the whole folder again.
+    """
     checkpoints = list_checkpoints(task_id, paths=paths)
     turns = sorted({c.turn for c in checkpoints if c.turn is not None})[-MAX_TURNS:]
     out = []
     for t in turns:
+        first = next(i for i, c in enumerate(checkpoints) if c.turn == t)
+        closed = any(c.turn != t for c in checkpoints[first + 1 :])
+        if not closed and not include_open:
+            continue
         files = task_changes(task_id, turn=t, paths=paths)
         if files:
             out.append(TurnChanges(t, tuple(files)))
-    return out
+    undone = None
+    if len(checkpoints) >= 2:
+        last, before = checkpoints[-1], checkpoints[-2]
+        words = last.label.split()
+        if before.label == "before undo" and words[:2] == ["undo", "turn"] and len(words) == 3:
+            with contextlib.suppress(ValueError):
+                undone = (int(words[2]), before.id)
+    return TaskTurns(out, undone)
 
 
 def bounded_diff(text: str, limit: int = MAX_DIFF_LINES) -> tuple[str, int]:
@@ -275,7 +301,7 @@ class ContextPanel(QWidget):
         # Checkpoints: what was loaded for the shown task, and per task the pre-undo
         # checkpoint that "Undo the undo" goes back to (with the turn it undid).
         self.turn_changes: list[TurnChanges] = []
-        self._undone: dict[str, tuple[int, str]] = {}
+        self.undone: tuple[int, str] | None = None  # from the shown task's checkpoints
         self._running = False
         self._gen = 0  # bumped when another task is shown: late results are dropped
         self._again = False
@@ -308,7 +334,7 @@ class ContextPanel(QWidget):
         self._gen += 1
         self._again = False
         self._note = None
-        self.turn_changes = []
+        self.turn_changes, self.undone = [], None
         self.turns.clear()
         self.diff_view.clear()
         if self._job is not None:
@@ -515,28 +541,30 @@ class ContextPanel(QWidget):
         if self.loading:
             self._again = True
             return
-        task_id, paths = self.task_id, self.paths
+        task_id, paths, running = self.task_id, self.paths, self._running
         gen = self._gen
 
         def loaded(result: object) -> None:
             if gen == self._gen:  # still the task it was loaded for
                 self._turns_loaded(result)
 
-        self._run_off_thread(lambda: load_turns(task_id, paths), loaded)
+        self._run_off_thread(lambda: load_turns(task_id, paths, include_open=not running), loaded)
 
     def _turns_loaded(self, result: object) -> None:
         if isinstance(result, BaseException):
             self.turn_changes = []
+            self.undone = None
             self.turns.clear()
             self._show_checkpoint_state(f"Checkpoints: {self._error_text(result)}")
             return
-        assert isinstance(result, list)
+        assert isinstance(result, TaskTurns)
         self._note = None
         keep = self._selected()
-        self.turn_changes = result
+        self.turn_changes, self.undone = result.turns, result.undone
+        turns = result.turns
         self.turns.clear()
         select: QTreeWidgetItem | None = None
-        for tc in reversed(result):  # newest turn first
+        for tc in reversed(turns):  # newest turn first
             top = QTreeWidgetItem([f"Turn {tc.turn} · {tc.counts()}"])
             top.setData(0, Qt.ItemDataRole.UserRole, (tc.turn, None))
             top.setToolTip(0, f"what the agent changed in turn {tc.turn}")
@@ -550,7 +578,7 @@ class ContextPanel(QWidget):
                     select = child
             self.turns.addTopLevelItem(top)
             top.setExpanded(True)
-            if keep == (tc.turn, None) or (select is None and keep is None and tc is result[-1]):
+            if keep == (tc.turn, None) or (select is None and keep is None and tc is turns[-1]):
                 select = top
         if select is None and self.turns.topLevelItemCount():
             select = self.turns.topLevelItem(0)
@@ -585,7 +613,7 @@ class ContextPanel(QWidget):
     def _show_checkpoint_state(self, message: str | None = None) -> None:
         """Buttons and the status line from what is known (no I/O)."""
         turn = self.selected_turn()
-        undone = self._undone.get(self.task_id or "")
+        undone = self.undone
         idle = not self.loading and self.task_id is not None
         self.undo_btn.setEnabled(idle and not self._running and turn is not None)
         self.redo_btn.setEnabled(idle and not self._running and undone is not None)
@@ -640,7 +668,7 @@ class ContextPanel(QWidget):
 
     def undo_undo(self, *, force: bool = False) -> None:
         """Go back to the checkpoint taken just before the undo (``piwork undo --to``)."""
-        entry = self._undone.get(self.task_id or "")
+        entry = self.undone
         if self.task_id is None or entry is None or self._running or self.loading:
             return
         task_id, paths, (turn, before) = self.task_id, self.paths, entry
@@ -654,13 +682,8 @@ class ContextPanel(QWidget):
         self.checkpoints.setText(f"Bringing back turn {turn}…")
 
     def _undo_done(self, result: object, task_id: str, turn: int | None, what: str) -> None:
-        if isinstance(result, UndoResult):  # recorded even if another task is shown now
-            if turn is not None:
-                self._undone[task_id] = (turn, result.checkpoint_before)
-            else:
-                self._undone.pop(task_id, None)
         if task_id != self.task_id:
-            return
+            return  # done all the same: that task's checkpoints say so when it is shown
         if isinstance(result, UndoConflict):
             self._ask_force(result, turn, what)
             self._show_checkpoint_state(f"Not done: {what} would overwrite files changed since")
@@ -672,6 +695,7 @@ class ContextPanel(QWidget):
             self._show_checkpoint_state(f"Not done: {self._error_text(result)}")
             return
         assert isinstance(result, UndoResult)
+        self.undone = (turn, result.checkpoint_before) if turn is not None else None
         for p in result.restored:
             self.note_change(p, "modified", task_id=task_id)
         for p in result.removed:

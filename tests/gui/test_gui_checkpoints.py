@@ -113,9 +113,9 @@ def test_turns_diff_bounds_and_undo_through_the_checkpoints_api(
     threads: list[bool] = []
     real_load: Callable[..., Any] = context_mod.load_turns
 
-    def spy(*a: Any) -> Any:
+    def spy(*a: Any, **kw: Any) -> Any:
         threads.append(threading.current_thread() is threading.main_thread())
-        return real_load(*a)
+        return real_load(*a, **kw)
 
     monkeypatch.setattr(context_mod, "load_turns", spy)
 
@@ -188,6 +188,13 @@ def test_turns_diff_bounds_and_undo_through_the_checkpoints_api(
     assert (folder / "b.txt").read_text() == "bravo\n"
     assert (folder / "a.txt").read_text().startswith("ALPHA from turn one")
     assert panel.redo_btn.isEnabled() and "Turn 2 undone" in panel.checkpoints.text()
+    # The undo is read back from the checkpoints: a restarted app can undo it too.
+    fresh = ContextPanel(gui_paths)
+    qtbot.addWidget(fresh)
+    fresh.show_task(task_id, folder, None)
+    settle(qloop, fresh)
+    assert fresh.redo_btn.isEnabled() and "Turn 2 undone" in fresh.checkpoints.text()
+    assert fresh.undone is not None and fresh.undone == panel.undone
     panel.redo_btn.click()
     settle(qloop, panel)
     assert (folder / "b.txt").read_text() == "the person's own edit\n"

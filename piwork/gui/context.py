@@ -535,7 +535,7 @@ class ContextPanel(QWidget):
 
     def refresh_checkpoints(self) -> None:
         """Reload the shown task's turns (in a worker thread); keep the selection."""
-        if self.task_id is None:
+        if self.task_id is None or self.root is None:
             self._show_checkpoint_state()
             return
         if self.loading:
@@ -633,6 +633,8 @@ class ContextPanel(QWidget):
         if message is None:
             if self.task_id is None:
                 message = "No task"
+            elif self.root is None:
+                message = "This task has no working folder, so no checkpoints"
             elif self.loading:
                 message = "Reading checkpoints…"
             elif not self.turn_changes:

@@ -307,6 +307,7 @@ class ContextPanel(QWidget):
         self._again = False
         self._note: str | None = None  # the last outcome to show (an error, a refusal)
         self._job: asyncio.Future[None] | None = None
+        self._preview_gen = 0
         self.conflict_box: QMessageBox | None = None
         self._show_checkpoint_state()
 
@@ -430,18 +431,33 @@ class ContextPanel(QWidget):
         if item is not None:
             self.preview_file(str(item.data(Qt.ItemDataRole.UserRole)))
 
-    def preview_file(self, rel: str) -> None:
+    def preview_file(self, rel: str) -> asyncio.Future[None] | None:
+        """Preview ``rel``: read in a worker thread (the window never waits on disk), shown
+        when read unless another preview was asked for meanwhile. Await the result to wait."""
         where = self._resolve(rel)
         if where is None:
-            return
+            return None
         self.preview_title.setText(f"Preview — {sanitize(rel, limit=120, keep_newlines=False)}")
         root, sub = where
-        try:
-            data = sharefs.read_beneath(root, sub, max_bytes=MAX_PREVIEW)
-        except OSError as exc:
-            self.preview_text.setPlainText(f"cannot preview {rel}: {exc.strerror or exc}")
-            self.preview.setCurrentWidget(self.preview_text)
-            return
+        self._preview_gen += 1
+        gen = self._preview_gen
+
+        async def job() -> None:
+            try:
+                data = await asyncio.to_thread(
+                    sharefs.read_beneath, root, sub, max_bytes=MAX_PREVIEW
+                )
+            except OSError as exc:
+                if gen == self._preview_gen:
+                    self.preview_text.setPlainText(f"cannot preview {rel}: {exc.strerror or exc}")
+                    self.preview.setCurrentWidget(self.preview_text)
+                return
+            if gen == self._preview_gen:
+                self._show_preview(rel, sub, data)
+
+        return asyncio.ensure_future(job())
+
+    def _show_preview(self, rel: str, sub: str, data: bytes) -> None:
         kind = file_kind(sub)
         if kind == "image":
             img = QImage.fromData(data)
@@ -605,6 +621,7 @@ class ContextPanel(QWidget):
         if tc is None:
             return
         files = [f for f in tc.files if path is None or f.path == path]
+        self._preview_gen += 1  # a file preview still being read must not replace the diff
         self.diff_view.setPlainText(diff_text(files, self.task_id, turn))
         what = sanitize(path, limit=120, keep_newlines=False) if path else "all files"
         self.preview_title.setText(f"Diff — turn {turn}, {what}")

@@ -198,7 +198,9 @@ def test_question_bar_select_options_are_buttons(qtbot: QtBot) -> None:
 # ----------------------------------------------------------------------------- context panel
 
 
-def test_context_panel_never_follows_a_link_out_of_the_folder(qtbot: QtBot, tmp_path: Path) -> None:
+def test_context_panel_never_follows_a_link_out_of_the_folder(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
     root = tmp_path / "work"
     (root / "sub").mkdir(parents=True)
     secret = tmp_path / "secret.txt"
@@ -212,15 +214,17 @@ def test_context_panel_never_follows_a_link_out_of_the_folder(qtbot: QtBot, tmp_
     panel = ContextPanel()
     qtbot.addWidget(panel)
     panel.root = root
-    panel.preview_file("link.txt")
+    qloop.run_until_complete(panel.preview_file("link.txt"))
     assert "host secret" not in panel.preview_text.toPlainText()
-    panel.preview_file("sub-link/secret.txt")
+    qloop.run_until_complete(panel.preview_file("sub-link/secret.txt"))
     assert "host secret" not in panel.preview_text.toPlainText()
-    panel.preview_file("ok.md")
+    qloop.run_until_complete(panel.preview_file("ok.md"))
     assert panel.preview_text.toPlainText().startswith("Heading")
 
 
-def test_context_panel_previews_csv_images_and_html_as_source(qtbot: QtBot, tmp_path: Path) -> None:
+def test_context_panel_previews_csv_images_and_html_as_source(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
     root = tmp_path / "work"
     root.mkdir()
     (root / "t.csv").write_text("name,n\nalpha,1\nbeta,2\n")
@@ -231,14 +235,14 @@ def test_context_panel_previews_csv_images_and_html_as_source(qtbot: QtBot, tmp_
     panel = ContextPanel()
     qtbot.addWidget(panel)
     panel.root = root
-    panel.preview_file("t.csv")
+    qloop.run_until_complete(panel.preview_file("t.csv"))
     t = panel.preview_table
     assert panel.preview.currentWidget() is t
     assert (t.rowCount(), t.columnCount()) == (2, 2)
     assert t.horizontalHeaderItem(0).text() == "name" and t.item(1, 0).text() == "beta"
-    panel.preview_file("p.html")
+    qloop.run_until_complete(panel.preview_file("p.html"))
     assert panel.preview_text.toPlainText() == "<b>bold</b><script>x()</script>"
-    panel.preview_file("i.png")
+    qloop.run_until_complete(panel.preview_file("i.png"))
     assert panel.preview.currentWidget() is panel.preview_image
     assert not panel.preview_image.pixmap().isNull()
 

@@ -251,3 +251,36 @@ def test_everywhere_for_a_delete_asks_a_second_time_a_command_does_not(
     before = win._everywhere_box
     win._answer(ctl, make, Choice.ALWAYS_EVERYWHERE)
     assert make.future.result() is Choice.ALWAYS_EVERYWHERE and win._everywhere_box is before
+
+
+def test_a_running_turn_is_listed_only_once_the_task_stops(
+    qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    """While the VM runs, reading the open turn would checkpoint the folder again on every
+    refresh: the panel lists closed turns then, and the open one once the task is off."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a\n")
+    store = TaskStore(gui_paths.tasks)
+    try:
+        task = store.create("open turn", folder)
+    finally:
+        store.close()
+    rec = RunRecorder(repo_for(task), lambda _e: None, turn_start_wait=0.01)
+
+    async def turn() -> None:
+        rec.turn_started()
+        await rec.before_model_call()
+
+    run(qloop, rec.start())
+    run(qloop, turn())
+    (folder / "a.txt").write_text("A\n")
+    run(qloop, turn())  # turn 2 is open: no checkpoint after it yet
+    (folder / "b.txt").write_text("b\n")
+    running = context_mod.load_turns(task.id, gui_paths, include_open=False)
+    assert [t.turn for t in running.turns] == [1] and running.undone is None
+    stopped = context_mod.load_turns(task.id, gui_paths)
+    assert {t.turn: [f.path for f in t.files] for t in stopped.turns} == {
+        1: ["a.txt"],
+        2: ["b.txt"],
+    }

@@ -298,8 +298,8 @@ class ContextPanel(QWidget):
         self.changed: dict[str, str] = {}  # display name -> status
         self._watches: dict[str, tuple[asyncio.Future[None], asyncio.Event]] = {}
         self._changes: dict[str, dict[str, str]] = {}
-        # Checkpoints: what was loaded for the shown task, and per task the pre-undo
-        # checkpoint that "Undo the undo" goes back to (with the turn it undid).
+        # Checkpoints of the shown task: its turns, and (turn, pre-undo checkpoint)
+        # when its last act was undoing that turn ("Undo the undo" goes back there).
         self.turn_changes: list[TurnChanges] = []
         self.undone: tuple[int, str] | None = None  # from the shown task's checkpoints
         self._running = False

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from piwork.checkpoints.shadow import CheckpointError, Commit, RawChange, ShadowRepo, compact
-from piwork.config import get_paths
+from piwork.config import Paths, get_paths
 from piwork.tasks.model import ACTIVE_STATUSES
 from piwork.tasks.settings import load_task_settings
 from piwork.tasks.store import Task, TaskBusy, TaskStore
@@ -76,8 +76,8 @@ class TaskRunning(CheckpointError):
 # --------------------------------------------------------------------------- locating
 
 
-def _store() -> TaskStore:
-    return TaskStore(get_paths().tasks)
+def _store(paths: Paths | None = None) -> TaskStore:
+    return TaskStore((paths or get_paths()).tasks)
 
 
 def repo_for(task: Task) -> ShadowRepo:
@@ -88,9 +88,9 @@ def repo_for(task: Task) -> ShadowRepo:
     return ShadowRepo(task.dir / CHECKPOINTS_DIR, Path(folder), max_file_bytes=limit)
 
 
-def _open_optional(task_id: str) -> tuple[Task, ShadowRepo | None]:
+def _open_optional(task_id: str, paths: Paths | None = None) -> tuple[Task, ShadowRepo | None]:
     """Like _open, but a task without a working folder has no repository (None)."""
-    with _store() as store:
+    with _store(paths) as store:
         task = store.get(task_id)
     return task, repo_for(task) if task.record.working_folder is not None else None
 
@@ -102,9 +102,9 @@ def _to_checkpoint(c: Commit) -> Checkpoint:
 # --------------------------------------------------------------------------- reading
 
 
-def list_checkpoints(task_id: str) -> list[Checkpoint]:
-    """The task's checkpoints, oldest first."""
-    _task, repo = _open_optional(task_id)
+def list_checkpoints(task_id: str, *, paths: Paths | None = None) -> list[Checkpoint]:
+    """The task's checkpoints, oldest first (``paths``: another piwork home, as the app's)."""
+    _task, repo = _open_optional(task_id, paths)
     return [_to_checkpoint(c) for c in repo.log()] if repo is not None else []
 
 
@@ -140,9 +140,11 @@ def describe(repo: ShadowRepo, old: str, new: str, *, diffs: int = MAX_DIFFS) ->
     return out
 
 
-def task_changes(task_id: str, *, turn: int | None = None) -> list[FileChange]:
+def task_changes(
+    task_id: str, *, turn: int | None = None, paths: Paths | None = None
+) -> list[FileChange]:
     """What the agent changed in the task (first to last checkpoint) or in one turn."""
-    _task, repo = _open_optional(task_id)
+    _task, repo = _open_optional(task_id, paths)
     commits = repo.log() if repo is not None else []
     if repo is None or not commits:
         return []
@@ -190,6 +192,7 @@ def undo(
     to: str | None = None,
     files: list[str] | None = None,
     force: bool = False,
+    paths: Paths | None = None,
 ) -> UndoResult:
     """Undo one turn's changes (``turn``), or go back to a checkpoint (``to``, default:
     the task's first), optionally only for ``files``.
@@ -202,7 +205,7 @@ def undo(
     """
     if turn is not None and to is not None:
         raise CheckpointError("give --turn or --to, not both")
-    with _store() as store:
+    with _store(paths) as store:
         store.mark_interrupted()
         task = store.get(task_id)
         try:

@@ -1,8 +1,17 @@
-"""The right-hand panel: working folder, files changed (live), preview, usage, checkpoints.
+"""The right-hand panel: working folder, files changed (live), preview, usage, and each
+turn's changes with their diff, **Undo this turn** and **Undo the undo**.
 
 Every host file access under the working folder or the task's outputs goes
 through ``piwork.sharefs`` (one component at a time, ``O_NOFOLLOW``): the guest
 can plant links there, and the panel must never follow one out of the folder.
+
+Checkpoints (the "Turns" tab) go through the same API as ``piwork changes`` and
+``piwork undo`` (:mod:`piwork.checkpoints`). Those functions block (git runs as
+a subprocess), so the panel never calls them on the window's thread: it runs
+them with ``asyncio.to_thread`` on the app's qasync loop (the pattern
+``app.py`` uses for the doctor checks; see controller.py for why qasync) and
+fills the widgets when the result comes back. A generation counter drops
+results that arrive after the person switched to another task.
 """
 
 from __future__ import annotations
@@ -13,41 +22,186 @@ import csv
 import io
 import logging
 import stat
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from PySide6.QtCore import Qt, QUrl
-from PySide6.QtGui import QDesktopServices, QImage, QPixmap
+from PySide6.QtGui import (
+    QColor,
+    QDesktopServices,
+    QFont,
+    QImage,
+    QPixmap,
+    QSyntaxHighlighter,
+    QTextCharFormat,
+    QTextDocument,
+)
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QListWidget,
     QListWidgetItem,
+    QMessageBox,
+    QPlainTextEdit,
     QPushButton,
     QStackedWidget,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
     QTextBrowser,
+    QTreeWidget,
+    QTreeWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from piwork import sharefs
+from piwork.checkpoints import (
+    CheckpointError,
+    FileChange,
+    TaskRunning,
+    UndoConflict,
+    UndoResult,
+    list_checkpoints,
+    task_changes,
+    undo,
+)
+from piwork.config import Paths, get_paths
 from piwork.gui.text import sanitize
 from piwork.gui.widgets import file_kind
+from piwork.tasks.store import TaskStoreError
 
 log = logging.getLogger(__name__)
 MAX_PREVIEW = 512 * 1024
 MAX_FILES = 500
+MAX_TURNS = 50  # newest turns listed (older ones: `piwork changes TASK --turn N`)
+MAX_DIFF_LINES = 1500  # lines of diff shown at once; the rest is summarised
+MARK = {"added": "A", "modified": "M", "deleted": "D", "type_changed": "T"}
+RUNNING_TIP = (
+    "The task's VM is running, and undo is refused while it runs (as `piwork undo` is). "
+    "Stop the task, or wait until its VM powers off, then undo."
+)
 
 
-def checkpoints_api() -> Any | None:
-    """``piwork.checkpoints`` when it is installed (another branch builds it), else None."""
-    try:
-        import piwork.checkpoints as ck  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
-    return ck
+@dataclass(frozen=True)
+class TurnChanges:
+    turn: int
+    files: tuple[FileChange, ...]
+
+    def counts(self) -> str:
+        n: dict[str, int] = {}
+        for f in self.files:
+            n[f.status] = n.get(f.status, 0) + 1
+        order = ("added", "modified", "deleted", "type_changed")
+        return ", ".join(f"{n[k]} {k.replace('_', ' ')}" for k in order if n.get(k))
+
+
+@dataclass(frozen=True)
+class TaskTurns:
+    turns: list[TurnChanges]
+    # (turn, checkpoint) when the task's last act was undoing that turn: "Undo the
+    # undo" goes back to that pre-undo checkpoint. Read from the checkpoints'
+    # labels, so it survives a restart of the app.
+    undone: tuple[int, str] | None
+
+
+def load_turns(task_id: str, paths: Paths, *, include_open: bool = True) -> TaskTurns:
+    """Each turn's changes, newest turns only (blocking: git; call it off the Qt thread).
+
+    A turn with no checkpoint after it yet is the one running now (or the one a
+    crash cut short): it is listed only with ``include_open``, since reading it
+    means checkpointing the whole folder again.
+    """
+    checkpoints = list_checkpoints(task_id, paths=paths)
+    turns = sorted({c.turn for c in checkpoints if c.turn is not None})[-MAX_TURNS:]
+    out = []
+    for t in turns:
+        first = next(i for i, c in enumerate(checkpoints) if c.turn == t)
+        closed = any(c.turn != t for c in checkpoints[first + 1 :])
+        if not closed and not include_open:
+            continue
+        files = task_changes(task_id, turn=t, paths=paths)
+        if files:
+            out.append(TurnChanges(t, tuple(files)))
+    undone = None
+    if len(checkpoints) >= 2:
+        last, before = checkpoints[-1], checkpoints[-2]
+        words = last.label.split()
+        if before.label == "before undo" and words[:2] == ["undo", "turn"] and len(words) == 3:
+            with contextlib.suppress(ValueError):
+                undone = (int(words[2]), before.id)
+    return TaskTurns(out, undone)
+
+
+def bounded_diff(text: str, limit: int = MAX_DIFF_LINES) -> tuple[str, int]:
+    """(what to show, total lines): at most ``limit`` lines, guest text made safe to show."""
+    lines = text.splitlines()
+    shown = "\n".join(sanitize(ln, limit=2000) for ln in lines[:limit])
+    return shown, len(lines)
+
+
+def diff_text(changes: list[FileChange], task_id: str, turn: int) -> str:
+    """The unified diff of ``changes`` as the panel shows it, bounded to MAX_DIFF_LINES."""
+    parts: list[str] = []
+    for ch in changes:
+        path = sanitize(ch.path, limit=300, keep_newlines=False)
+        if ch.binary:
+            parts.append(f"# {path}: binary file {ch.status}")
+        elif ch.diff is None:
+            parts.append(
+                f"# {path}: diff too large to show here; "
+                f"`piwork changes {task_id} --turn {turn}` prints it"
+            )
+        elif not ch.diff.strip():
+            parts.append(f"# {path}: {ch.status} (no text change)")
+        else:
+            parts.append(ch.diff.rstrip("\n"))
+    shown, total = bounded_diff("\n".join(parts))
+    if total > MAX_DIFF_LINES:
+        note = (
+            f"# diff too large, {total:,} lines: showing the first {MAX_DIFF_LINES:,} "
+            f"(`piwork changes {task_id} --turn {turn}` prints all of it)"
+        )
+        shown = note + "\n" + shown + "\n" + note
+    return shown
+
+
+class DiffHighlighter(QSyntaxHighlighter):
+    """Colours a unified diff line by line: additions, deletions, hunks, file headers."""
+
+    def __init__(self, doc: QTextDocument) -> None:
+        super().__init__(doc)
+
+        def fmt(fg: str, bg: str | None = None, bold: bool = False) -> QTextCharFormat:
+            f = QTextCharFormat()
+            f.setForeground(QColor(fg))
+            if bg:
+                f.setBackground(QColor(bg))
+            if bold:
+                f.setFontWeight(QFont.Weight.Bold)
+            return f
+
+        self.added = fmt("#1b5e20", "#e6ffec")
+        self.removed = fmt("#b00020", "#ffebe9")
+        self.hunk = fmt("#6f42c1")
+        self.header = fmt("#333333", bold=True)
+        self.note = fmt("#8a6d00", "#fff8e1", bold=True)
+
+    def highlightBlock(self, text: str) -> None:
+        if text.startswith(("+++", "---", "diff ", "index ", "new file", "deleted file")):
+            f = self.header
+        elif text.startswith("+"):
+            f = self.added
+        elif text.startswith("-"):
+            f = self.removed
+        elif text.startswith("@@"):
+            f = self.hunk
+        elif text.startswith("# "):
+            f = self.note
+        else:
+            return
+        self.setFormat(0, len(text), f)
 
 
 def relative_beneath(root: Path, changed: str) -> str | None:
@@ -68,8 +222,9 @@ def relative_beneath(root: Path, changed: str) -> str | None:
 
 
 class ContextPanel(QWidget):
-    def __init__(self) -> None:
+    def __init__(self, paths: Paths | None = None) -> None:
         super().__init__()
+        self.paths = paths or get_paths()
         self.setObjectName("contextPanel")
         self.setMinimumWidth(260)
         lay = QVBoxLayout(self)
@@ -81,33 +236,59 @@ class ContextPanel(QWidget):
         self.open_btn = QPushButton("Open in file manager")
         self.open_btn.clicked.connect(self._open_folder)
         lay.addWidget(self.open_btn)
-        lay.addWidget(QLabel("Files changed in this task"))
+        self.tabs = QTabWidget()
+        self.tabs.setObjectName("contextTabs")
+        # Files: what changed in the folder (live, by watchfiles), previewed below.
         self.files = QListWidget()
         self.files.setObjectName("changedFiles")
+        self.files.setToolTip("Files changed in this task (live)")
         self.files.currentItemChanged.connect(self._preview_item)
-        lay.addWidget(self.files, 2)
-        lay.addWidget(QLabel("Preview"))
+        self.tabs.addTab(self.files, "Files changed")
+        # Turns: each turn's changes from the checkpoints, the diff below, undo.
+        turns_page = QWidget()
+        tl = QVBoxLayout(turns_page)
+        tl.setContentsMargins(0, 4, 0, 0)
+        self.turns = QTreeWidget()
+        self.turns.setObjectName("turnChanges")
+        self.turns.setHeaderHidden(True)
+        self.turns.setRootIsDecorated(True)
+        self.turns.currentItemChanged.connect(self._turn_item)
+        tl.addWidget(self.turns, 1)
+        self.checkpoints = QLabel()
+        self.checkpoints.setWordWrap(True)
+        self.checkpoints.setObjectName("checkpoints")
+        tl.addWidget(self.checkpoints)
+        row = QHBoxLayout()
+        self.undo_btn = QPushButton("Undo this turn")
+        self.redo_btn = QPushButton("Undo the undo")
+        self.undo_btn.clicked.connect(lambda: self.undo_turn())
+        self.redo_btn.clicked.connect(lambda: self.undo_undo())
+        row.addWidget(self.undo_btn)
+        row.addWidget(self.redo_btn)
+        tl.addLayout(row)
+        self.tabs.addTab(turns_page, "Turns")
+        lay.addWidget(self.tabs, 2)
+        self.preview_title = QLabel("Preview")
+        self.preview_title.setObjectName("previewTitle")
+        lay.addWidget(self.preview_title)
         self.preview = QStackedWidget()
         self.preview_text = QTextBrowser()
         self.preview_text.setOpenLinks(False)
         self.preview_image = QLabel()
         self.preview_image.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.preview_table = QTableWidget()
-        for w in (self.preview_text, self.preview_image, self.preview_table):
+        self.diff_view = QPlainTextEdit()
+        self.diff_view.setObjectName("diffView")
+        self.diff_view.setReadOnly(True)
+        self.diff_view.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+        mono = QFont("DejaVu Sans Mono")
+        mono.setStyleHint(QFont.StyleHint.Monospace)
+        mono.setPointSizeF(max(7.0, self.font().pointSizeF() * 0.9))
+        self.diff_view.setFont(mono)
+        self._diff_colours = DiffHighlighter(self.diff_view.document())
+        for w in (self.preview_text, self.preview_image, self.preview_table, self.diff_view):
             self.preview.addWidget(w)
         lay.addWidget(self.preview, 3)
-        self.checkpoints = QLabel()
-        self.checkpoints.setWordWrap(True)
-        self.checkpoints.setObjectName("checkpoints")
-        lay.addWidget(self.checkpoints)
-        row = QHBoxLayout()
-        self.undo_btn = QPushButton("Undo this turn")
-        self.redo_btn = QPushButton("Undo the undo")
-        self.undo_btn.clicked.connect(self._undo_turn)
-        self.redo_btn.clicked.connect(self._undo_undo)
-        row.addWidget(self.undo_btn)
-        row.addWidget(self.redo_btn)
-        lay.addLayout(row)
         self.usage = QLabel()
         self.usage.setObjectName("usage")
         lay.addWidget(self.usage)
@@ -117,14 +298,32 @@ class ContextPanel(QWidget):
         self.changed: dict[str, str] = {}  # display name -> status
         self._watches: dict[str, tuple[asyncio.Future[None], asyncio.Event]] = {}
         self._changes: dict[str, dict[str, str]] = {}
-        self._last_turn: int | None = None
-        self._undo_checkpoint: str | None = None
-        self._refresh_checkpoints()
+        # Checkpoints of the shown task: its turns, and (turn, pre-undo checkpoint)
+        # when its last act was undoing that turn ("Undo the undo" goes back there).
+        self.turn_changes: list[TurnChanges] = []
+        self.undone: tuple[int, str] | None = None  # from the shown task's checkpoints
+        self._running = False
+        self._gen = 0  # bumped when another task is shown: late results are dropped
+        self._again = False
+        self._note: str | None = None  # the last outcome to show (an error, a refusal)
+        self._job: asyncio.Future[None] | None = None
+        self._preview_gen = 0
+        self.conflict_box: QMessageBox | None = None
+        self._show_checkpoint_state()
 
     # ------------------------------------------------------------ task binding
-    def show_task(self, task_id: str | None, folder: Path | None, outputs: Path | None) -> None:
-        """Show ``task_id``'s folder and the changes recorded for it (watched while it runs)."""
+    def show_task(
+        self,
+        task_id: str | None,
+        folder: Path | None,
+        outputs: Path | None,
+        *,
+        running: bool = False,
+    ) -> None:
+        """Show ``task_id``'s folder and the changes recorded for it (watched while it runs);
+        ``running``: its VM runs (undo is refused then)."""
         self.task_id, self.root, self.outputs = task_id, folder, outputs
+        self._running = running
         self.changed = self._changes.setdefault(task_id or "", {})
         self.files.clear()
         for rel, status in self.changed.items():
@@ -133,7 +332,17 @@ class ContextPanel(QWidget):
             f"Working folder: {folder}" if folder else "Working folder: (none for this task)"
         )
         self.open_btn.setEnabled(folder is not None)
-        self._refresh_checkpoints()
+        self._gen += 1
+        self._again = False
+        self._note = None
+        self.turn_changes, self.undone = [], None
+        self.turns.clear()
+        self.diff_view.clear()
+        if self._job is not None:
+            # A late result is dropped (the generation changed); an undo still finishes
+            # and is recorded (see _undo_done), the new task's turns load after it.
+            self._again = True
+        self.refresh_checkpoints()
 
     def watch(self, task_id: str, folder: Path | None, outputs: Path | None) -> None:
         """Record changes under the task's folder and outputs, selected or not."""
@@ -222,17 +431,33 @@ class ContextPanel(QWidget):
         if item is not None:
             self.preview_file(str(item.data(Qt.ItemDataRole.UserRole)))
 
-    def preview_file(self, rel: str) -> None:
+    def preview_file(self, rel: str) -> asyncio.Future[None] | None:
+        """Preview ``rel``: read in a worker thread (the window never waits on disk), shown
+        when read unless another preview was asked for meanwhile. Await the result to wait."""
         where = self._resolve(rel)
         if where is None:
-            return
+            return None
+        self.preview_title.setText(f"Preview — {sanitize(rel, limit=120, keep_newlines=False)}")
         root, sub = where
-        try:
-            data = sharefs.read_beneath(root, sub, max_bytes=MAX_PREVIEW)
-        except OSError as exc:
-            self.preview_text.setPlainText(f"cannot preview {rel}: {exc.strerror or exc}")
-            self.preview.setCurrentWidget(self.preview_text)
-            return
+        self._preview_gen += 1
+        gen = self._preview_gen
+
+        async def job() -> None:
+            try:
+                data = await asyncio.to_thread(
+                    sharefs.read_beneath, root, sub, max_bytes=MAX_PREVIEW
+                )
+            except OSError as exc:
+                if gen == self._preview_gen:
+                    self.preview_text.setPlainText(f"cannot preview {rel}: {exc.strerror or exc}")
+                    self.preview.setCurrentWidget(self.preview_text)
+                return
+            if gen == self._preview_gen:
+                self._show_preview(rel, sub, data)
+
+        return asyncio.ensure_future(job())
+
+    def _show_preview(self, rel: str, sub: str, data: bytes) -> None:
         kind = file_kind(sub)
         if kind == "image":
             img = QImage.fromData(data)
@@ -278,60 +503,255 @@ class ContextPanel(QWidget):
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.root)))
 
     # ------------------------------------------------------------ checkpoints
-    def on_changes_event(self, data: dict[str, Any]) -> None:
-        """A ``changes`` event (checkpoints branch): the turn's files, with their status."""
-        turn = data.get("turn")
-        self._last_turn = turn if isinstance(turn, int) else None
-        for f in data.get("files") or []:
+    def on_changes_event(self, data: dict[str, object], *, task_id: str | None = None) -> None:
+        """The runner's ``changes`` event after a turn: note its files, reload the turns."""
+        task_id = task_id or self.task_id
+        files = data.get("files")
+        for f in files if isinstance(files, list) else []:
             if isinstance(f, dict) and isinstance(f.get("path"), str):
-                self.note_change(f["path"], str(f.get("status") or "modified"))
-        self._refresh_checkpoints()
+                self.note_change(f["path"], str(f.get("status") or "modified"), task_id=task_id)
+        if task_id == self.task_id:
+            self.refresh_checkpoints()
 
-    def _refresh_checkpoints(self) -> None:
-        ck = checkpoints_api()
-        if ck is None:
-            self.checkpoints.setText("Checkpoints: not available in this build")
-            self.undo_btn.setEnabled(False)
-            self.redo_btn.setEnabled(False)
-            return
-        if self.task_id is None:
-            self.checkpoints.setText("Checkpoints: no task")
-            self.undo_btn.setEnabled(False)
-            self.redo_btn.setEnabled(False)
-            return
-        try:
-            changes = ck.task_changes(self.task_id, turn=self._last_turn)
-        except Exception as exc:
-            self.checkpoints.setText(f"Checkpoints: {sanitize(exc, limit=300)}")
-            self.undo_btn.setEnabled(False)
-            return
-        lines = [f"{c.status[:1].upper()} {sanitize(c.path, limit=200)}" for c in changes[:30]]
-        turn = f"turn {self._last_turn}" if self._last_turn is not None else "last turn"
-        self.checkpoints.setText(f"Changes in {turn}:\n" + ("\n".join(lines) or "(none)"))
-        self.undo_btn.setEnabled(bool(changes))
-        self.redo_btn.setEnabled(self._undo_checkpoint is not None)
+    def set_running(self, running: bool) -> None:
+        """Whether the shown task's VM runs (``piwork undo`` refuses then: so do the buttons)."""
+        if running != self._running:
+            was, self._running = self._running, running
+            if was and not running:
+                self.refresh_checkpoints()  # the VM is off: its last turn is recorded
+            self._show_checkpoint_state()
 
-    def _undo_turn(self) -> None:
-        ck = checkpoints_api()
-        if ck is None or self.task_id is None:
-            return
-        try:
-            res = ck.undo(self.task_id, turn=self._last_turn)
-        except Exception as exc:  # UndoConflict / TaskRunning: say what blocks it
-            conflicts = getattr(exc, "conflicts", None)
-            msg = f"cannot undo: {type(exc).__name__}"
-            if conflicts:
-                msg += " (changed since: " + ", ".join(sanitize(c) for c in conflicts[:5]) + ")"
-            self.checkpoints.setText(msg)
-            return
-        self._undo_checkpoint = res.checkpoint_before
-        self._refresh_checkpoints()
+    @property
+    def loading(self) -> bool:
+        return self._job is not None and not self._job.done()
 
-    def _undo_undo(self) -> None:
-        ck = checkpoints_api()
-        if ck is None or self.task_id is None or self._undo_checkpoint is None:
+    def _run_off_thread(self, work: Callable[[], object], done: Callable[[object], None]) -> None:
+        """``work()`` in a worker thread (never on the window's thread), then ``done(result)``
+        back on the Qt thread (an exception is passed as the result). One job at a time:
+        the buttons are disabled while one runs, and a refresh asked for meanwhile runs
+        after it."""
+
+        async def job() -> None:
+            try:
+                result: object = await asyncio.to_thread(work)
+            except Exception as exc:  # shown in the panel: what blocks it and what to do
+                result = exc
+            try:
+                done(result)
+            finally:
+                self._job = None
+                if self._again:
+                    self._again = False
+                    self.refresh_checkpoints()
+                else:
+                    self._show_checkpoint_state()
+
+        self._job = asyncio.ensure_future(job())
+        self._show_checkpoint_state()
+
+    def refresh_checkpoints(self) -> None:
+        """Reload the shown task's turns (in a worker thread); keep the selection."""
+        if self.task_id is None or self.root is None:
+            self._show_checkpoint_state()
             return
-        with contextlib.suppress(Exception):
-            ck.undo(self.task_id, to=self._undo_checkpoint)
-            self._undo_checkpoint = None
-        self._refresh_checkpoints()
+        if self.loading:
+            self._again = True
+            return
+        task_id, paths, running = self.task_id, self.paths, self._running
+        gen = self._gen
+
+        def loaded(result: object) -> None:
+            if gen == self._gen:  # still the task it was loaded for
+                self._turns_loaded(result)
+
+        self._run_off_thread(lambda: load_turns(task_id, paths, include_open=not running), loaded)
+
+    def _turns_loaded(self, result: object) -> None:
+        if isinstance(result, BaseException):
+            self.turn_changes = []
+            self.undone = None
+            self.turns.clear()
+            self._show_checkpoint_state(f"Checkpoints: {self._error_text(result)}")
+            return
+        assert isinstance(result, TaskTurns)
+        self._note = None
+        keep = self._selected()
+        self.turn_changes, self.undone = result.turns, result.undone
+        turns = result.turns
+        self.turns.clear()
+        select: QTreeWidgetItem | None = None
+        for tc in reversed(turns):  # newest turn first
+            top = QTreeWidgetItem([f"Turn {tc.turn} · {tc.counts()}"])
+            top.setData(0, Qt.ItemDataRole.UserRole, (tc.turn, None))
+            top.setToolTip(0, f"what the agent changed in turn {tc.turn}")
+            for f in tc.files:
+                path = sanitize(f.path, limit=300, keep_newlines=False)
+                child = QTreeWidgetItem([f"{MARK.get(f.status, '?')}  {path}"])
+                child.setData(0, Qt.ItemDataRole.UserRole, (tc.turn, f.path))
+                child.setToolTip(0, f.status.replace("_", " ") + (" (binary)" if f.binary else ""))
+                top.addChild(child)
+                if keep == (tc.turn, f.path):
+                    select = child
+            self.turns.addTopLevelItem(top)
+            top.setExpanded(True)
+            if keep == (tc.turn, None) or (select is None and keep is None and tc is turns[-1]):
+                select = top
+        if select is None and self.turns.topLevelItemCount():
+            select = self.turns.topLevelItem(0)
+        if select is not None:
+            self.turns.setCurrentItem(select)
+        self._show_checkpoint_state()
+
+    def _selected(self) -> tuple[int, str | None] | None:
+        item = self.turns.currentItem()
+        data = item.data(0, Qt.ItemDataRole.UserRole) if item is not None else None
+        return (int(data[0]), data[1]) if isinstance(data, (tuple, list)) else None
+
+    def selected_turn(self) -> int | None:
+        sel = self._selected()
+        return sel[0] if sel is not None else None
+
+    def _turn_item(self, item: QTreeWidgetItem | None, _prev: QTreeWidgetItem | None) -> None:
+        self._show_checkpoint_state()
+        sel = self._selected()
+        if sel is None or self.task_id is None:
+            return
+        turn, path = sel
+        tc = next((t for t in self.turn_changes if t.turn == turn), None)
+        if tc is None:
+            return
+        files = [f for f in tc.files if path is None or f.path == path]
+        self._preview_gen += 1  # a file preview still being read must not replace the diff
+        self.diff_view.setPlainText(diff_text(files, self.task_id, turn))
+        what = sanitize(path, limit=120, keep_newlines=False) if path else "all files"
+        self.preview_title.setText(f"Diff — turn {turn}, {what}")
+        self.preview.setCurrentWidget(self.diff_view)
+
+    def _show_checkpoint_state(self, message: str | None = None) -> None:
+        """Buttons and the status line from what is known (no I/O)."""
+        turn = self.selected_turn()
+        undone = self.undone
+        idle = not self.loading and self.task_id is not None
+        self.undo_btn.setEnabled(idle and not self._running and turn is not None)
+        self.redo_btn.setEnabled(idle and not self._running and undone is not None)
+        for b in (self.undo_btn, self.redo_btn):
+            b.setToolTip(RUNNING_TIP if self._running else "")
+        if not self._running:
+            self.undo_btn.setToolTip(
+                f"Put back the files turn {turn} changed, as they were before it"
+                if turn is not None
+                else "Pick a turn above"
+            )
+            if undone is not None:
+                self.redo_btn.setToolTip(f"Bring back what undoing turn {undone[0]} took away")
+        if message is not None:
+            self._note = message  # kept until the next load or action
+        message = self._note
+        if message is None:
+            if self.task_id is None:
+                message = "No task"
+            elif self.root is None:
+                message = "This task has no working folder, so no checkpoints"
+            elif self.loading:
+                message = "Reading checkpoints…"
+            elif not self.turn_changes:
+                message = "No changes recorded yet (each turn is checkpointed as it ends)"
+            elif undone is not None:
+                message = f"Turn {undone[0]} undone. “Undo the undo” brings it back."
+            else:
+                n = len(self.turn_changes)
+                message = f"{n} turn{'s' if n != 1 else ''} changed files"
+            if self._running and self.task_id is not None:
+                message += " · undo waits until the task's VM is off"
+        self.checkpoints.setText(message)
+
+    @staticmethod
+    def _error_text(exc: BaseException) -> str:
+        if isinstance(exc, (CheckpointError, TaskStoreError, OSError)):
+            return sanitize(exc, limit=600)
+        return f"{type(exc).__name__}: {sanitize(exc, limit=400)}"
+
+    # ------------------------------------------------------------ undo
+    def undo_turn(self, turn: int | None = None, *, force: bool = False) -> None:
+        """Undo a turn's changes (default: the selected turn), like ``piwork undo --turn N``."""
+        turn = self.selected_turn() if turn is None else turn
+        if self.task_id is None or turn is None or self._running or self.loading:
+            return
+        task_id, paths = self.task_id, self.paths
+
+        def work() -> UndoResult:
+            return undo(task_id, turn=turn, force=force, paths=paths)
+
+        self._run_off_thread(work, lambda r: self._undo_done(r, task_id, turn, f"undo turn {turn}"))
+        self.checkpoints.setText(f"Undoing turn {turn}…")
+
+    def undo_undo(self, *, force: bool = False) -> None:
+        """Go back to the checkpoint taken just before the undo (``piwork undo --to``)."""
+        entry = self.undone
+        if self.task_id is None or entry is None or self._running or self.loading:
+            return
+        task_id, paths, (turn, before) = self.task_id, self.paths, entry
+
+        def work() -> UndoResult:
+            return undo(task_id, to=before, force=force, paths=paths)
+
+        self._run_off_thread(
+            work, lambda r: self._undo_done(r, task_id, None, f"bring back turn {turn}")
+        )
+        self.checkpoints.setText(f"Bringing back turn {turn}…")
+
+    def _undo_done(self, result: object, task_id: str, turn: int | None, what: str) -> None:
+        if task_id != self.task_id:
+            return  # done all the same: that task's checkpoints say so when it is shown
+        if isinstance(result, UndoConflict):
+            self._ask_force(result, turn, what)
+            self._show_checkpoint_state(f"Not done: {what} would overwrite files changed since")
+            return
+        if isinstance(result, TaskRunning):
+            self._show_checkpoint_state(f"Not done: {self._error_text(result)}")
+            return
+        if isinstance(result, BaseException):
+            self._show_checkpoint_state(f"Not done: {self._error_text(result)}")
+            return
+        assert isinstance(result, UndoResult)
+        self.undone = (turn, result.checkpoint_before) if turn is not None else None
+        for p in result.restored:
+            self.note_change(p, "modified", task_id=task_id)
+        for p in result.removed:
+            self.note_change(p, "deleted", task_id=task_id)
+        self.refresh_checkpoints()
+
+    def _ask_force(self, exc: UndoConflict, turn: int | None, what: str) -> None:
+        """Show the conflicting files and ask before overwriting them (``--force``)."""
+        lines = "\n".join(
+            f"• {sanitize(p, limit=200, keep_newlines=False)}: "
+            f"{sanitize(exc.reasons.get(p, 'changed'), limit=120, keep_newlines=False)}"
+            for p in exc.conflicts[:20]
+        )
+        more = f"\n… and {len(exc.conflicts) - 20} more" if len(exc.conflicts) > 20 else ""
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Warning)
+        box.setWindowTitle("Overwrite changed files?")
+        box.setText(f"To {what}, piwork would overwrite files changed after the agent's changes:")
+        box.setInformativeText(
+            lines + more + "\n\nThe folder as it is now is checkpointed first, so this "
+            "can be undone too."
+        )
+        overwrite = box.addButton("Overwrite them", QMessageBox.ButtonRole.DestructiveRole)
+        keep = box.addButton("Cancel", QMessageBox.ButtonRole.RejectRole)
+        box.setDefaultButton(keep)  # Enter never overwrites
+        self.conflict_box = box
+        task_id = self.task_id
+
+        def answered(_r: int) -> None:
+            self.conflict_box = None
+            if box.clickedButton() is not overwrite or task_id != self.task_id:
+                self._show_checkpoint_state()
+                return
+            if turn is not None:
+                self.undo_turn(turn, force=True)
+            else:
+                self.undo_undo(force=True)
+
+        box.finished.connect(answered)
+        box.open()

@@ -242,7 +242,14 @@ class TaskController(QObject):
         self.status, self.reason = "starting", None
         self.changed.emit()
         self._job = asyncio.ensure_future(self._run(prompt, self._opts))
+        # ``live`` turns false only once the job is done (after its last signals):
+        # say so, so the window can enable what waits for the VM to be off (undo).
+        self._job.add_done_callback(self._job_done)
         self.pool.track(self)
+
+    def _job_done(self, _job: asyncio.Future[None]) -> None:
+        with contextlib.suppress(RuntimeError):  # the window may be gone (quit)
+            self.changed.emit()
 
     def start_queued(self) -> None:
         prompt, self._queued_prompt = self._queued_prompt, None

@@ -1,17 +1,13 @@
-"""Qt-free helpers the window uses: guest text sanitizing and the "Always" rule preview.
-
-Both are single functions on purpose (the lead can switch the rule preview to
-the policy's own function once it exists, in one place).
-"""
+"""Qt-free helpers the window uses: guest text sanitizing and the "Always" rule preview
+(which only shows what the policy module derived: see ``always_rules``)."""
 
 from __future__ import annotations
 
 import re
 import unicodedata
-from pathlib import Path
+from collections.abc import Sequence
 
-from piwork.policy import Choice, PermissionRequest, PolicyStore, Rule, Scope, TaskContext, Verdict
-from piwork.policy.decider import persist_pattern
+from piwork.policy import Choice, PermissionRequest, Rule, describe_rules
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f]")
 MAX_GUEST_TEXT = 4000
@@ -36,48 +32,28 @@ def sanitize(text: object, *, limit: int = MAX_GUEST_TEXT, keep_newlines: bool =
     return s
 
 
-def always_rules(
-    request: PermissionRequest,
-    choice: Choice,
-    *,
-    task_id: str | None,
-    folder: Path | None,
-    policy_file: Path,
-) -> list[str]:
-    """Exactly the rules an "Always" answer would store, as ``piwork policy list`` shows them.
+def always_rules(request: PermissionRequest, choice: Choice) -> tuple[Rule, ...]:
+    """Exactly the rules an "Always" answer (``choice``) would store.
 
-    Mirrors ``Decider.record_answer`` without writing: one rule per target not
-    already allowed, pattern from ``persist_pattern``, scope from the choice
-    (folder; task when the task has no folder; global for "everywhere").
+    No derivation here: the runner fills ``request.proposals`` from the policy's
+    own ``Decider.proposed_rules`` (the function ``record_answer`` stores from)
+    before it asks, as the CLI's TerminalAsker shows them. Empty for "Allow
+    once"/"Deny", and when nothing can be remembered for the request.
     """
-    if not choice.persists:
-        return []
-    ctx = TaskContext(task_id=task_id, working_folder=folder)
-    if choice is Choice.ALWAYS_EVERYWHERE:
-        scope = Scope.global_()
-    elif folder is not None:
-        scope = Scope.folder(folder)
-    elif task_id is not None:
-        scope = Scope.task(task_id)
-    else:
-        scope = Scope.global_()
-    from piwork.policy import Decider
+    return tuple(request.proposals.get(choice, ())) if choice.persists else ()
 
-    current = Decider(PolicyStore(policy_file)).evaluate(request, ctx)
-    out: list[str] = []
-    keys: set[object] = set()
-    for td in current.targets:
-        if td.verdict is Verdict.ALLOW:
-            continue
-        ok, pattern = persist_pattern(td.target)
-        if not ok:
-            continue
-        rule = Rule(action=td.target.action, verdict=Verdict.ALLOW, scope=scope, pattern=pattern)
-        if rule.key in keys:
-            continue
-        keys.add(rule.key)
-        out.append(sanitize(rule.describe(), limit=400, keep_newlines=False))
-    return out
+
+def rule_text(rules: Sequence[Rule]) -> str:
+    """What storing ``rules`` allows in plain words (``describe_rules``, as the CLI says it),
+    then each rule as ``piwork policy list`` and Settings show it."""
+    if not rules:
+        return sanitize(describe_rules(rules), limit=400, keep_newlines=False)
+    exact = "; ".join(r.describe() for r in rules)
+    return (
+        sanitize(describe_rules(rules), limit=600, keep_newlines=False)
+        + "\n    rule: "
+        + sanitize(exact, limit=600, keep_newlines=False)
+    )
 
 
 def plain_request(request: PermissionRequest) -> str:

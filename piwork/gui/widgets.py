@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -33,8 +33,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from piwork.gui.text import sanitize
-from piwork.policy import Choice
+from piwork.gui.text import rule_text, sanitize
+from piwork.policy import Choice, Rule
 
 _COLOURS: list[tuple[object, str]] = [
     (Comment, "#6a737d"),
@@ -232,8 +232,8 @@ class PermissionSheet(QFrame):
         plain: str,
         detail: str,
         folder: str | None,
-        folder_rules: list[str],
-        everywhere_rules: list[str],
+        folder_rules: Sequence[Rule],
+        everywhere_rules: Sequence[Rule],
         queued: int = 0,
     ) -> None:
         super().__init__()
@@ -281,13 +281,10 @@ class PermissionSheet(QFrame):
         lay.addLayout(row)
 
     @staticmethod
-    def _rule_text(folder_rules: list[str], everywhere_rules: list[str]) -> str:
-        def lines(rules: list[str]) -> str:
-            return "; ".join(rules) if rules else "(nothing can be remembered)"
-
+    def _rule_text(folder_rules: Sequence[Rule], everywhere_rules: Sequence[Rule]) -> str:
         return (
-            f"“Always allow in this folder” saves: {lines(folder_rules)}\n"
-            f"“Always allow everywhere” saves: {lines(everywhere_rules)}"
+            f"“Always allow in this folder” saves: {rule_text(folder_rules)}\n"
+            f"“Always allow everywhere” saves: {rule_text(everywhere_rules)}"
         )
 
     def keyPressEvent(self, e: QKeyEvent) -> None:

@@ -43,7 +43,7 @@ from piwork.gui.controller import (
 )
 from piwork.gui.history import load_history
 from piwork.gui.prefs import Prefs, model_choices
-from piwork.gui.text import always_rules, plain_request, sanitize
+from piwork.gui.text import always_rules, plain_request, rule_text, sanitize
 from piwork.gui.widgets import (
     Composer,
     MessageView,
@@ -52,7 +52,7 @@ from piwork.gui.widgets import (
     QuestionBar,
     ToolRow,
 )
-from piwork.policy import Choice
+from piwork.policy import Choice, needs_confirmation
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
 
@@ -250,7 +250,7 @@ class MainWindow(QMainWindow):
         cl.addLayout(row)
         split.addWidget(centre)
         # Context
-        self.context = ContextPanel()
+        self.context = ContextPanel(self.paths)
         split.addWidget(self.context)
         split.setSizes([240, 620, 320])
         split.setStretchFactor(1, 1)
@@ -355,10 +355,11 @@ class MainWindow(QMainWindow):
         if ctl is None:
             self.stack.setCurrentWidget(self.empty)
             self.context.show_task(None, None, None)
+            self.context.set_running(False)
         else:
             self.stack.setCurrentWidget(self.conversation(ctl))
             outputs = self.paths.tasks / ctl.task_id / "outputs" if ctl.task_id else None
-            self.context.show_task(ctl.task_id, ctl.folder, outputs)
+            self.context.show_task(ctl.task_id, ctl.folder, outputs, running=ctl.live)
             self.context.set_usage(ctl.tokens, ctl.cost, ctl.elapsed)
         self._show_sheets()
         self._update_composer()
@@ -386,6 +387,7 @@ class MainWindow(QMainWindow):
                 + (f" · {sel.model}" if sel.model else "")
             )
             self.context.set_usage(sel.tokens, sel.cost, sel.elapsed)
+            self.context.set_running(sel.live)
         else:
             self.header.setText("New task")
         self._update_composer()
@@ -561,7 +563,7 @@ class MainWindow(QMainWindow):
             outputs = self.paths.tasks / ctl.task_id / "outputs"
             self.context.watch(ctl.task_id, ctl.folder, outputs)
             if self.current() is ctl:
-                self.context.show_task(ctl.task_id, ctl.folder, outputs)
+                self.context.show_task(ctl.task_id, ctl.folder, outputs, running=ctl.live)
         elif k is EventKind.DONE:
             conv.text_end()
             msg = d.get("message")
@@ -570,8 +572,8 @@ class MainWindow(QMainWindow):
                 + (f": {msg}" if msg else "")
                 + f" · {d.get('tokens', 0)} tokens, {d.get('turns', 0)} turns —"
             )
-        elif str(k.value) == "changes" and self.current() is ctl:  # checkpoints branch
-            self.context.on_changes_event(d)
+        elif k is EventKind.CHANGES and ctl.task_id:  # a turn ended: its files and counts
+            self.context.on_changes_event(d, task_id=ctl.task_id)
 
     def _notify(self, ctl: TaskController, what: str) -> None:
         if self.isActiveWindow() or self.tray is None:
@@ -619,13 +621,12 @@ class MainWindow(QMainWindow):
             p = pending[0]
             req = p.request
             folder = ctl.folder
-            kw = dict(task_id=ctl.task_id, folder=folder, policy_file=self.paths.policy_file)
             sheet = PermissionSheet(
                 plain_request(req),
                 sanitize(req.question, limit=600),
                 str(folder) if folder else None,
-                always_rules(req, Choice.ALWAYS_FOLDER, **kw),  # type: ignore[arg-type]
-                always_rules(req, Choice.ALWAYS_EVERYWHERE, **kw),  # type: ignore[arg-type]
+                always_rules(req, Choice.ALWAYS_FOLDER),
+                always_rules(req, Choice.ALWAYS_EVERYWHERE),
                 queued=len(pending) - 1,
             )
             sheet.answered.connect(lambda c, p=p, t=ctl: self._answer(t, p, c))
@@ -640,8 +641,33 @@ class MainWindow(QMainWindow):
             self.question_bar = bar
 
     def _answer(self, ctl: TaskController, p: PendingPermission, c: Choice) -> None:
+        rules = always_rules(p.request, c)
+        if c is Choice.ALWAYS_EVERYWHERE and needs_confirmation(rules):
+            self._confirm_everywhere(ctl, p, rules)
+            return
         ctl.answer_permission(p, c)
         QTimer.singleShot(0, self._show_sheets)
+
+    def _confirm_everywhere(self, ctl: TaskController, p: PendingPermission, rules: Any) -> None:
+        """A global rule for network, delete, move or outside-scope is confirmed a second
+        time (as the CLI asks for "yes"); "Back" (the default) returns to the sheet."""
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Icon.Warning)
+        box.setWindowTitle("Allow in every folder?")
+        box.setText("This stores a rule for EVERY task, in every folder:")
+        box.setInformativeText(rule_text(rules))
+        store = box.addButton("Store the rule", QMessageBox.ButtonRole.DestructiveRole)
+        back = box.addButton("Back", QMessageBox.ButtonRole.RejectRole)
+        box.setDefaultButton(back)
+        self._everywhere_box = box
+
+        def answered(_r: int) -> None:
+            if box.clickedButton() is store and not p.future.done():
+                ctl.answer_permission(p, Choice.ALWAYS_EVERYWHERE)
+                QTimer.singleShot(0, self._show_sheets)
+
+        box.finished.connect(answered)
+        box.open()
 
     def _answer_q(self, ctl: TaskController, answer: object) -> None:
         ctl.answer_question(answer)  # type: ignore[arg-type]

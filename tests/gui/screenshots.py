@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-SHOTS = ("setup", "running", "permission", "finished", "settings")
+SHOTS = ("setup", "running", "permission", "finished", "finished-files", "settings")
 
 
 def main(out: Path) -> None:
@@ -42,7 +42,16 @@ async def settle(app: Any, secs: float = 0.4) -> None:
     await asyncio.sleep(secs)  # the qasync loop runs Qt meanwhile (no nested processEvents)
 
 
+async def wait_for(cond: Any, timeout: float) -> bool:
+    for _ in range(int(timeout / 0.1)):
+        if cond():
+            return True
+        await asyncio.sleep(0.1)
+    return bool(cond())
+
+
 async def shoot(app: Any, home: Path, out: Path) -> None:
+    from piwork.checkpoints import RunRecorder, repo_for
     from piwork.config import get_paths
     from piwork.gui.controller import PendingPermission, TaskController
     from piwork.gui.prefs import Prefs
@@ -60,6 +69,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
         TaskContext,
     )
     from piwork.runner import EventKind, RunEvent
+    from piwork.tasks import TaskStore
 
     paths = get_paths()
     setup = SetupScreen(paths)
@@ -84,10 +94,25 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
     def feed(ctl: TaskController, kind: EventKind, t: float, **data: Any) -> None:
         ctl._sink(RunEvent(kind, data, t, ctl.task_id))
 
-    # --- a finished task: summary written, changed files listed, CSV previewed
-    done = TaskController(win.pool, title="Summarise the sales figures", folder=folder)
+    # --- a finished task: a real task record and real checkpoints, taken by the
+    # runner's own recorder turn by turn around the agent's edits.
+    store = TaskStore(paths.tasks)
+    try:
+        record = store.create("Summarise the sales figures", folder)
+    finally:
+        store.close()
+    recorder = RunRecorder(repo_for(record), lambda _e: None, turn_start_wait=0.01)
+
+    async def turn() -> None:
+        recorder.turn_started()
+        await recorder.before_model_call()
+
+    await recorder.start()
+    await turn()  # turn 1 reads sales.csv
+    await turn()  # turn 2 writes the summary
+    done = TaskController(win.pool, title=record.record.title, folder=folder)
     win._add(done)
-    done.task_id = "3f2a9c1d0b7e"
+    done.task_id = record.id
     feed(
         done,
         EventKind.TASK,
@@ -116,13 +141,22 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
     (folder / "summary.md").write_text(summary)
     feed(done, EventKind.TOOL_START, 5.0, id="c2", name="write", arg="summary.md")
     feed(done, EventKind.TOOL_END, 5.1, id="c2", name="write", ok=True, text="wrote 164 bytes")
+    await turn()  # turn 3 updates the notes
+    (folder / "notes.md").write_text(
+        "# Notes\n\nNumbers from the finance export (Q1 to Q3).\n\n"
+        "- summary.md: totals and trend per region\n"
+    )
+    feed(done, EventKind.TOOL_START, 6.0, id="c3", name="edit", arg="notes.md")
+    feed(done, EventKind.TOOL_END, 6.1, id="c3", name="edit", ok=True, text="1 edit")
+    await turn()  # turn 4 answers
+    await recorder.end()
     for chunk in (
-        "I wrote **summary.md**: East sold the most (442), ",
+        "I wrote **summary.md** and noted it in notes.md: East sold the most (442), ",
         "and every region except East grew each quarter.",
     ):
         feed(done, EventKind.TEXT, 7.0, delta=chunk)
     feed(done, EventKind.TEXT_END, 7.5, stop_reason="stop", error=None)
-    feed(done, EventKind.USAGE, 7.5, tokens=18432, cost=0.0412, turns=3)
+    feed(done, EventKind.USAGE, 7.5, tokens=18432, cost=0.0412, turns=4)
     feed(done, EventKind.STATUS, 7.6, status="stopped", reason="completed")
     feed(
         done,
@@ -132,7 +166,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
         reason="completed",
         message=None,
         tokens=18432,
-        turns=3,
+        turns=4,
         timings={},
     )
 
@@ -185,7 +219,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
     win.grab().save(str(out / "running.png"))
 
     # --- a permission prompt with the exact rule "Always" would save
-    req = PermissionRequest(
+    req0 = PermissionRequest(
         request_id="p1",
         question="The agent wants to delete a file in the working folder: rm old-draft.docx",
         options=tuple(c.value for c in Choice),
@@ -203,6 +237,9 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
         ),
         payload={},
     )
+    # What the runner does before it asks: attach the policy's own proposals.
+    ctx = TaskContext(task_id=run.task_id, working_folder=folder)
+    req = replace(req0, proposals=Decider(PolicyStore(paths.policy_file)).proposals(req0, ctx))
     fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
     run.permissions.append(PendingPermission(req, fut))
     run.permission_asked.emit(run.permissions[0])
@@ -212,15 +249,26 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
     run.permissions.clear()
     win._show_sheets()
 
-    # --- finished task with the changed-files panel and a preview
+    # --- finished task: each turn's changes and a diff (the Turns tab)
     win.select(done)
-    await settle(app, 0.3)
-    for name, status in (("summary.md", "added"), ("sales.csv", "modified")):
+    for name, status in (("summary.md", "added"), ("notes.md", "modified")):
         win.context.note_change(name, status)
-    win.context.files.setCurrentRow(1)
-    win.context.preview_file("sales.csv")
+    ok = await wait_for(lambda: win.context.turns.topLevelItemCount() > 0, 30)
+    assert ok, "the finished task's turns never loaded"
+    win.context.tabs.setCurrentIndex(1)
+    panel = win.context
+    top = panel.turns.topLevelItem(0)
+    notes = next(
+        top.child(i) for i in range(top.childCount()) if "notes.md" in top.child(i).text(0)
+    )
+    panel.turns.setCurrentItem(notes)
     await settle(app, 0.8)
     win.grab().save(str(out / "finished.png"))
+    # The Files tab: the changed files, live, with a preview (Markdown rendered).
+    panel.tabs.setCurrentIndex(0)
+    panel.files.setCurrentRow(1)
+    await settle(app, 0.8)
+    win.grab().save(str(out / "finished-files.png"))
 
     # --- settings with a saved rule
     # A rule saved the way the runner saves one (and audited), and a custom provider.

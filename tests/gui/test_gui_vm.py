@@ -175,6 +175,9 @@ def test_the_window_drives_real_tasks(
                 win.open_settings()
                 assert saved[0] in win.settings_dialog.rule_texts()
                 win.settings_dialog.reject()
+                # The offscreen platform has no window manager to hand activation back
+                # from the closed dialog (Esc is a window shortcut): do what one does.
+                await shown(win)
 
                 # Streamed Markdown in B: rendered (no ** left), table and code block, throttled.
                 win.select(b)
@@ -196,7 +199,9 @@ def test_the_window_drives_real_tasks(
                 assert {r.name for r in conv_b.tool_rows()} == {"bash"}
                 # The changed-files panel shows the CSV the agent wrote, previewed as a table.
                 await until(lambda: "table.csv" in win.context.changed, 20, "csv in changed files")
-                win.context.preview_file("table.csv")
+                read = win.context.preview_file("table.csv")
+                assert read is not None
+                await read
                 assert win.context.preview.currentWidget() is win.context.preview_table
                 assert win.context.preview_table.columnCount() == 2
 

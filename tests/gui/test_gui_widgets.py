@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -27,8 +28,11 @@ from piwork.policy import (
     Decider,
     PermissionRequest,
     PolicyStore,
+    Rule,
+    Scope,
     Target,
     TaskContext,
+    Verdict,
 )
 from piwork.tasks import TaskStore
 
@@ -74,21 +78,40 @@ def _request(action: Action, path: str | None, command: str | None = None) -> Pe
     ],
 )
 def test_the_sheet_shows_exactly_the_rule_that_always_saves(
-    tmp_path: Path, req: PermissionRequest, choice: Choice
+    qtbot: QtBot, tmp_path: Path, req: PermissionRequest, choice: Choice
 ) -> None:
     policy = tmp_path / "policy.json"
     folder = tmp_path / "work"
-    preview = always_rules(req, choice, task_id="t1", folder=folder, policy_file=policy)
+    ctx = TaskContext(task_id="t1", working_folder=folder)
     decider = Decider(PolicyStore(policy), AuditLog(tmp_path / "audit.jsonl"))
-    decider.record_answer(req, choice, TaskContext(task_id="t1", working_folder=folder))
-    saved = [r.describe() for r in PolicyStore(policy).load()]
-    assert preview == saved and saved
+    # The runner attaches the policy's own proposals before it asks a front end.
+    req = dataclasses.replace(req, proposals=decider.proposals(req, ctx))
+    sheet = PermissionSheet(
+        "x",
+        "",
+        str(folder),
+        always_rules(req, Choice.ALWAYS_FOLDER),
+        always_rules(req, Choice.ALWAYS_EVERYWHERE),
+    )
+    qtbot.addWidget(sheet)
+    decider.record_answer(req, choice, ctx)
+    saved = PolicyStore(policy).load()
+    assert [r.describe() for r in always_rules(req, choice)] == [r.describe() for r in saved]
+    assert saved
+    label = "this folder" if choice is Choice.ALWAYS_FOLDER else "everywhere"
+    [line] = [ln for ln in sheet.rule_label.text().split("\n“") if label in ln.split(":")[0]]
+    for r in saved:
+        assert r.describe() in line and r.human() in line
 
 
 def test_allow_once_and_deny_save_no_rule_preview(tmp_path: Path) -> None:
     req = _request(Action.DELETE, "/mnt/work/x", "rm x")
+    ctx = TaskContext(task_id="t", working_folder=None)
+    req = dataclasses.replace(
+        req, proposals=Decider(PolicyStore(tmp_path / "p")).proposals(req, ctx)
+    )
     for c in (Choice.ALLOW_ONCE, Choice.DENY):
-        assert always_rules(req, c, task_id="t", folder=None, policy_file=tmp_path / "p") == []
+        assert always_rules(req, c) == ()
     assert "delete" in plain_request(req) and "rm x" in plain_request(req)
 
 
@@ -96,12 +119,15 @@ def test_allow_once_and_deny_save_no_rule_preview(tmp_path: Path) -> None:
 
 
 def test_permission_sheet_enter_denies_and_never_always(qtbot: QtBot) -> None:
-    sheet = PermissionSheet("wants to delete x", "q", "/f", ["allow delete x (folder:/f)"], ["g"])
+    folder_rule = Rule(Action.DELETE, Verdict.ALLOW, Scope.folder(Path("/f")), pattern="x")
+    everywhere = Rule(Action.DELETE, Verdict.ALLOW, Scope.global_(), pattern="x")
+    sheet = PermissionSheet("wants to delete x", "q", "/f", [folder_rule], [everywhere])
     qtbot.addWidget(sheet)
     got: list[Any] = []
     sheet.answered.connect(got.append)
     sheet.show()
     assert "allow delete x (folder:/f)" in sheet.rule_label.text()
+    assert "allow delete x (global)" in sheet.rule_label.text()
     for b in (Choice.ALWAYS_FOLDER, Choice.ALWAYS_EVERYWHERE):
         assert not sheet.buttons[b].isDefault() and not sheet.buttons[b].autoDefault()
         sheet.buttons[b].setFocus()
@@ -172,7 +198,9 @@ def test_question_bar_select_options_are_buttons(qtbot: QtBot) -> None:
 # ----------------------------------------------------------------------------- context panel
 
 
-def test_context_panel_never_follows_a_link_out_of_the_folder(qtbot: QtBot, tmp_path: Path) -> None:
+def test_context_panel_never_follows_a_link_out_of_the_folder(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
     root = tmp_path / "work"
     (root / "sub").mkdir(parents=True)
     secret = tmp_path / "secret.txt"
@@ -186,15 +214,17 @@ def test_context_panel_never_follows_a_link_out_of_the_folder(qtbot: QtBot, tmp_
     panel = ContextPanel()
     qtbot.addWidget(panel)
     panel.root = root
-    panel.preview_file("link.txt")
+    qloop.run_until_complete(panel.preview_file("link.txt"))
     assert "host secret" not in panel.preview_text.toPlainText()
-    panel.preview_file("sub-link/secret.txt")
+    qloop.run_until_complete(panel.preview_file("sub-link/secret.txt"))
     assert "host secret" not in panel.preview_text.toPlainText()
-    panel.preview_file("ok.md")
+    qloop.run_until_complete(panel.preview_file("ok.md"))
     assert panel.preview_text.toPlainText().startswith("Heading")
 
 
-def test_context_panel_previews_csv_images_and_html_as_source(qtbot: QtBot, tmp_path: Path) -> None:
+def test_context_panel_previews_csv_images_and_html_as_source(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
     root = tmp_path / "work"
     root.mkdir()
     (root / "t.csv").write_text("name,n\nalpha,1\nbeta,2\n")
@@ -205,14 +235,14 @@ def test_context_panel_previews_csv_images_and_html_as_source(qtbot: QtBot, tmp_
     panel = ContextPanel()
     qtbot.addWidget(panel)
     panel.root = root
-    panel.preview_file("t.csv")
+    qloop.run_until_complete(panel.preview_file("t.csv"))
     t = panel.preview_table
     assert panel.preview.currentWidget() is t
     assert (t.rowCount(), t.columnCount()) == (2, 2)
     assert t.horizontalHeaderItem(0).text() == "name" and t.item(1, 0).text() == "beta"
-    panel.preview_file("p.html")
+    qloop.run_until_complete(panel.preview_file("p.html"))
     assert panel.preview_text.toPlainText() == "<b>bold</b><script>x()</script>"
-    panel.preview_file("i.png")
+    qloop.run_until_complete(panel.preview_file("i.png"))
     assert panel.preview.currentWidget() is panel.preview_image
     assert not panel.preview_image.pixmap().isNull()
 

@@ -15,7 +15,15 @@ from pathlib import Path
 from PySide6.QtGui import QImage
 
 SCRIPT = Path(__file__).with_name("screenshots.py")
-EXPECTED = ("setup", "running", "permission", "finished", "settings", "settings-permissions")
+EXPECTED = (
+    "setup",
+    "running",
+    "permission",
+    "finished",
+    "finished-files",
+    "settings",
+    "settings-permissions",
+)
 
 
 def test_screenshots_render_under_xvfb(tmp_path: Path) -> None:

@@ -1,0 +1,286 @@
+"""The context panel's turns, diffs and undo on a real checkpoint repository (no VM).
+
+The checkpoints are taken by the runner's own recorder (``RunRecorder``) on a
+temporary folder, turn by turn as the runner does; the panel reads and undoes
+them through ``piwork.checkpoints`` (what ``piwork changes``/``undo`` use), in
+a worker thread under the app's qasync loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox, QTreeWidgetItem
+from pytestqt.qtbot import QtBot
+
+from piwork.checkpoints import RunRecorder, repo_for
+from piwork.config import Paths
+from piwork.gui import context as context_mod
+from piwork.gui.context import MAX_DIFF_LINES, RUNNING_TIP, ContextPanel
+from piwork.gui.controller import PendingPermission, Pool, TaskController
+from piwork.gui.text import always_rules
+from piwork.policy import (
+    Action,
+    AuditLog,
+    Choice,
+    Decider,
+    PermissionRequest,
+    PolicyStore,
+    Target,
+    TaskContext,
+)
+from piwork.tasks import TaskStore
+
+from .conftest import until
+
+BIG = 5000
+
+
+def run(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
+    return loop.run_until_complete(asyncio.wait_for(coro, 60))
+
+
+def two_turns(loop: asyncio.AbstractEventLoop, paths: Paths, folder: Path) -> str:
+    """A task whose turn 1 edits a.txt and adds big.txt, and turn 2 edits b.txt."""
+    (folder / "a.txt").write_text("alpha\nunchanged line\n")
+    (folder / "b.txt").write_text("bravo\n")
+    store = TaskStore(paths.tasks)
+    try:
+        task = store.create("checkpoints in the window", folder)
+    finally:
+        store.close()
+    events: list[dict[str, Any]] = []
+    rec = RunRecorder(repo_for(task), events.append, turn_start_wait=0.01)
+
+    async def turn() -> None:
+        rec.turn_started()
+        await rec.before_model_call()
+
+    run(loop, rec.start())
+    run(loop, turn())
+    (folder / "a.txt").write_text("ALPHA from turn one\nunchanged line\n")
+    (folder / "big.txt").write_text("".join(f"line {i}\n" for i in range(BIG)))
+    run(loop, turn())
+    (folder / "b.txt").write_text("BRAVO from turn two\n")
+    run(loop, rec.end())
+    assert [e["turn"] for e in events] == [1, 2]
+    return task.id
+
+
+def tree(panel: ContextPanel) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for i in range(panel.turns.topLevelItemCount()):
+        top = panel.turns.topLevelItem(i)
+        out[top.text(0)] = [top.child(j).text(0) for j in range(top.childCount())]
+    return out
+
+
+def item(panel: ContextPanel, turn: int, path: str | None = None) -> QTreeWidgetItem:
+    for i in range(panel.turns.topLevelItemCount()):
+        top = panel.turns.topLevelItem(i)
+        if top.data(0, Qt.ItemDataRole.UserRole)[0] != turn:
+            continue
+        if path is None:
+            return top
+        for j in range(top.childCount()):
+            if top.child(j).data(0, Qt.ItemDataRole.UserRole)[1] == path:
+                return top.child(j)
+    raise AssertionError(f"no item for turn {turn} {path}")
+
+
+def settle(loop: asyncio.AbstractEventLoop, panel: ContextPanel) -> None:
+    run(loop, until(lambda: not panel.loading, 30, "the panel's worker finishes"))
+
+
+def test_turns_diff_bounds_and_undo_through_the_checkpoints_api(
+    qtbot: QtBot,
+    qloop: asyncio.AbstractEventLoop,
+    gui_paths: Paths,
+    tmp_path: Path,
+    monkeypatch: Any,
+) -> None:
+    folder = tmp_path / "work"
+    folder.mkdir()
+    task_id = two_turns(qloop, gui_paths, folder)
+
+    # Checkpoint work never runs on the window's (this) thread.
+    threads: list[bool] = []
+    real_load: Callable[..., Any] = context_mod.load_turns
+
+    def spy(*a: Any, **kw: Any) -> Any:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return real_load(*a, **kw)
+
+    monkeypatch.setattr(context_mod, "load_turns", spy)
+
+    panel = ContextPanel(gui_paths)
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_task(task_id, folder, None)
+    assert panel.loading and not panel.undo_btn.isEnabled()
+    settle(qloop, panel)
+    assert threads == [False]
+    assert tree(panel) == {
+        "Turn 2 · 1 modified": ["M  b.txt"],
+        "Turn 1 · 1 added, 1 modified": ["M  a.txt", "A  big.txt"],
+    }
+    assert panel.selected_turn() == 2  # the newest turn, its diff shown
+    assert panel.preview.currentWidget() is panel.diff_view
+    assert "+BRAVO from turn two" in panel.diff_view.toPlainText()
+
+    # A file's diff: the changed line, coloured by the diff highlighter.
+    panel.turns.setCurrentItem(item(panel, 1, "a.txt"))
+    text = panel.diff_view.toPlainText()
+    assert "-alpha" in text and "+ALPHA from turn one" in text and "big.txt" not in text
+    block = panel.diff_view.document().findBlockByNumber(
+        next(i for i, ln in enumerate(text.splitlines()) if ln.startswith("+ALPHA"))
+    )
+    assert block.layout().formats()  # the added line carries the "added" colours
+    # A huge diff is bounded, with a note saying how big it is.
+    panel.turns.setCurrentItem(item(panel, 1, "big.txt"))
+    big = panel.diff_view.toPlainText().splitlines()
+    assert big[0].startswith(f"# diff too large, {BIG + 6:,} lines")  # 6 header lines
+    assert len(big) == MAX_DIFF_LINES + 2 and big[-1] == big[0]
+
+    # While the task's VM runs the buttons are off and say why; the API refuses too.
+    panel.turns.setCurrentItem(item(panel, 2))
+    assert panel.undo_btn.isEnabled()
+    panel.set_running(True)
+    assert not panel.undo_btn.isEnabled() and panel.undo_btn.toolTip() == RUNNING_TIP
+    panel.undo_turn()
+    assert not panel.loading
+    panel.set_running(False)
+    settle(qloop, panel)
+    store = TaskStore(gui_paths.tasks)
+    try:
+        with store.claim(task_id):  # another piwork process runs it
+            panel.undo_btn.click()
+            settle(qloop, panel)
+    finally:
+        store.close()
+    assert "is running" in panel.checkpoints.text()
+    assert (folder / "b.txt").read_text() == "BRAVO from turn two\n"
+
+    # The person edited b.txt after the task: the conflict is listed and asked about.
+    (folder / "b.txt").write_text("the person's own edit\n")
+    panel.undo_btn.click()
+    settle(qloop, panel)
+    box = panel.conflict_box
+    assert isinstance(box, QMessageBox) and "b.txt" in box.informativeText()
+    assert box.defaultButton().text() == "Cancel"
+    box.defaultButton().click()
+    settle(qloop, panel)
+    assert (folder / "b.txt").read_text() == "the person's own edit\n"
+    assert not panel.redo_btn.isEnabled()
+    panel.undo_btn.click()
+    settle(qloop, panel)
+    assert panel.conflict_box is not None
+    [overwrite] = [b for b in panel.conflict_box.buttons() if b.text() == "Overwrite them"]
+    overwrite.click()
+    settle(qloop, panel)
+    # Turn 2 only: b.txt as before turn 2, turn 1's edits kept.
+    assert (folder / "b.txt").read_text() == "bravo\n"
+    assert (folder / "a.txt").read_text().startswith("ALPHA from turn one")
+    assert panel.redo_btn.isEnabled() and "Turn 2 undone" in panel.checkpoints.text()
+    # The undo is read back from the checkpoints: a restarted app can undo it too.
+    fresh = ContextPanel(gui_paths)
+    qtbot.addWidget(fresh)
+    fresh.show_task(task_id, folder, None)
+    settle(qloop, fresh)
+    assert fresh.redo_btn.isEnabled() and "Turn 2 undone" in fresh.checkpoints.text()
+    assert fresh.undone is not None and fresh.undone == panel.undone
+    panel.redo_btn.click()
+    settle(qloop, panel)
+    assert (folder / "b.txt").read_text() == "the person's own edit\n"
+    assert not panel.redo_btn.isEnabled()
+
+
+def _request(action: Action, path: str | None, command: str) -> PermissionRequest:
+    return PermissionRequest(
+        request_id="req-1",
+        question=f"allow {action.value}?",
+        options=tuple(c.value for c in Choice),
+        action=action,
+        tool="bash",
+        tool_call_id="call-1",
+        task_id="t1",
+        cwd="/mnt/work",
+        command=command,
+        paths=(path,) if path else (),
+        targets=(Target(action, op=action.value, path=path, command=command),),
+        payload={},
+    )
+
+
+def test_everywhere_for_a_delete_asks_a_second_time_a_command_does_not(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    from piwork.gui.window import MainWindow
+
+    win = MainWindow(paths=gui_paths)
+    qtbot.addWidget(win)
+    ctl = TaskController(Pool(1, paths=gui_paths), task_id="t1", folder=tmp_path)
+    ctx = TaskContext(task_id="t1", working_folder=tmp_path)
+    decider = Decider(PolicyStore(tmp_path / "p.json"), AuditLog(tmp_path / "a.jsonl"))
+
+    def pending(req: PermissionRequest) -> PendingPermission:
+        # What the runner does before it asks: the policy's own proposals.
+        req = dataclasses.replace(req, proposals=decider.proposals(req, ctx))
+        return PendingPermission(req, qloop.create_future())
+
+    rm = pending(_request(Action.DELETE, "/mnt/work/x", "rm x"))
+    assert always_rules(rm.request, Choice.ALWAYS_EVERYWHERE)
+    win._answer(ctl, rm, Choice.ALWAYS_EVERYWHERE)
+    box = win._everywhere_box
+    assert "EVERY task" in box.text() and "delet" in box.informativeText()
+    assert box.defaultButton().text() == "Back"
+    box.defaultButton().click()
+    assert not rm.future.done()
+    win._answer(ctl, rm, Choice.ALWAYS_EVERYWHERE)
+    [store] = [b for b in win._everywhere_box.buttons() if b.text() == "Store the rule"]
+    store.click()
+    assert rm.future.result() is Choice.ALWAYS_EVERYWHERE
+
+    make = pending(_request(Action.SHELL, None, "make test"))
+    before = win._everywhere_box
+    win._answer(ctl, make, Choice.ALWAYS_EVERYWHERE)
+    assert make.future.result() is Choice.ALWAYS_EVERYWHERE and win._everywhere_box is before
+
+
+def test_a_running_turn_is_listed_only_once_the_task_stops(
+    qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    """While the VM runs, reading the open turn would checkpoint the folder again on every
+    refresh: the panel lists closed turns then, and the open one once the task is off."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a\n")
+    store = TaskStore(gui_paths.tasks)
+    try:
+        task = store.create("open turn", folder)
+    finally:
+        store.close()
+    rec = RunRecorder(repo_for(task), lambda _e: None, turn_start_wait=0.01)
+
+    async def turn() -> None:
+        rec.turn_started()
+        await rec.before_model_call()
+
+    run(qloop, rec.start())
+    run(qloop, turn())
+    (folder / "a.txt").write_text("A\n")
+    run(qloop, turn())  # turn 2 is open: no checkpoint after it yet
+    (folder / "b.txt").write_text("b\n")
+    running = context_mod.load_turns(task.id, gui_paths, include_open=False)
+    assert [t.turn for t in running.turns] == [1] and running.undone is None
+    stopped = context_mod.load_turns(task.id, gui_paths)
+    assert {t.turn: [f.path for f in t.files] for t in stopped.turns} == {
+        1: ["a.txt"],
+        2: ["b.txt"],
+    }

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -165,7 +166,9 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
         session._stack.enter_context(session.store.claim(task.id))
         session.task = session.store.transition(task.id, TaskStatus.RUNNING)
         host = Host(_GuestAt(sock))  # type: ignore[arg-type]
-        host.rpc.set_line_tap(session._on_pi_line)
+        # As TaskSession.start wires it (big lines are recorded off the loop).
+        session._loop, session._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        host.rpc.set_line_tap(session._on_pi_line, thread_safe=True)
         host.rpc.add_listener(session._on_item)
         delivered = 0
         done = asyncio.Event()

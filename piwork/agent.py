@@ -200,7 +200,12 @@ class AgentVm:
     def _new_channel(self) -> GuestChannel:
         endpoint = Endpoint(unix_path=self.spec.rpc_socket, tcp_port=self.spec.host_tcp_port)
         return GuestChannel(
-            endpoint, self._on_pi_line, self._on_supervisor_event, alive=lambda: self.vm.running
+            endpoint,
+            self._on_pi_line,
+            self._on_supervisor_event,
+            alive=lambda: self.vm.running,
+            prepare_pi_line=self.rpc.prepare_line,  # big lines: parsed off the loop
+            on_prepared_pi_line=self._on_prepared_pi_line,
         )
 
     # ------------------------------------------------------------ plumbing
@@ -211,6 +216,11 @@ class AgentVm:
         if self.on_pi_line is not None:
             self.on_pi_line(line)  # the transcript first: it must not miss what pi said
         self.rpc.feed_line(line)
+
+    def _on_prepared_pi_line(self, line: bytes, prepared: object) -> None:
+        if self.on_pi_line is not None:
+            self.on_pi_line(line)
+        self.rpc.feed_prepared(prepared)  # type: ignore[arg-type]
 
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")

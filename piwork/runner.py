@@ -15,6 +15,7 @@ import errno
 import logging
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -276,6 +277,8 @@ class TaskSession:
         self._gateway: ModelGateway | None = None
         self._gateway_prices = False
         self._allow_net: tuple[str, ...] = ()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -291,7 +294,16 @@ class TaskSession:
             return
         try:
             self.store.append_event(self.task.id, kind, data)
-        except TranscriptWriteError as exc:
+        except Exception as exc:
+            if self._loop is not None and threading.get_ident() != self._loop_thread:
+                # A big pi line is recorded from a worker thread (the loop waits for
+                # it): what follows touches loop objects, so it runs on the loop.
+                self._loop.call_soon_threadsafe(self._note_failed, exc)
+            else:
+                self._note_failed(exc)
+
+    def _note_failed(self, exc: Exception) -> None:
+        if isinstance(exc, TranscriptWriteError):
             self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
             if (isinstance(exc, TranscriptFull) or exc.errno == errno.ENOSPC) and (
                 self._stop_reason is None
@@ -304,7 +316,7 @@ class TaskSession:
                     None,
                 )
                 self._limit_hit.set()
-        except Exception as exc:
+        else:
             self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
 
     def _set_status(
@@ -500,7 +512,8 @@ class TaskSession:
             on_boot_mode=lambda msg, data: self.emit(EventKind.NOTICE, message=msg, **data),
         )
         self.agent = agent
-        agent.rpc.set_line_tap(self._on_pi_line)
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        agent.rpc.set_line_tap(self._on_pi_line, thread_safe=True)  # see _note
         agent.rpc.set_ui_handler(self._on_ui_request)
         agent.rpc.add_listener(self._on_item)
         t = time.monotonic()

@@ -62,7 +62,7 @@ from piwork.proxy.egress import (
 from piwork.proxy.gateway import ModelGateway, UsageRecord
 from piwork.resources import ResourceError, vm_budget
 from piwork.rpc import models as m
-from piwork.rpc.client import ClientItem
+from piwork.rpc.client import ClientItem, RpcTimeout
 from piwork.rpc.framing import MalformedLine, OversizedLine
 from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
 from piwork.tasks.model import LimitKind
@@ -73,6 +73,9 @@ from piwork.vm.accel import probe
 from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
 
 log = logging.getLogger(__name__)
+
+ABORT_CONFIRM_S = 1.5
+"""How long a stop waits for pi to confirm the abort before ending the run anyway."""
 
 DEFAULT_RESUME_PROMPT = (
     "piwork resumed this task after an interruption. Continue where you left off; "
@@ -1038,7 +1041,17 @@ class TaskSession:
                     self._note("permission", fields)
         if self._paused:
             await self.resume_vm()
-        await self.rpc.abort(timeout=30)
+        try:
+            await self.rpc.abort(timeout=ABORT_CONFIRM_S)
+        except RpcTimeout:
+            # A stop must not wait on pi: a guest flooding the channel (or a pi too
+            # busy to answer) would hold it for as long as it likes. The run ends
+            # now; the abort stays asked for, and closing the task powers the VM off.
+            self.emit(
+                EventKind.NOTICE,
+                message=f"pi did not confirm the stop within {ABORT_CONFIRM_S:.0f} s; "
+                "the run is stopped here regardless",
+            )
 
     async def stop(self, message: str = "stopped by the person") -> None:
         """Cancel the task's current run: it ends ``cancelled`` within seconds."""

@@ -282,6 +282,7 @@ class TaskSession:
         self._allow_net: tuple[str, ...] = ()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
+        self._status_lock = asyncio.Lock()
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -322,7 +323,7 @@ class TaskSession:
         else:
             self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
 
-    def _set_status(
+    async def _set_status(
         self,
         status: TaskStatus,
         *,
@@ -331,12 +332,23 @@ class TaskSession:
         limit: LimitKind | None = None,
     ) -> None:
         assert self.task is not None
-        current = self.store.get(self.task.id).record.status
-        if current == status and status is not TaskStatus.STOPPED:
+        task_id = self.task.id
+
+        def write() -> Task | None:
+            current = self.store.get(task_id).record.status
+            if current == status and status is not TaskStatus.STOPPED:
+                return None
+            return self.store.transition(
+                task_id, status, reason=reason, message=message, limit=limit
+            )
+
+        # task.json is read and rewritten (lock wait, two fsyncs) off the event loop;
+        # the lock keeps status changes in the order they were asked for.
+        async with self._status_lock:
+            task = await asyncio.to_thread(write)
+        if task is None:
             return
-        self.task = self.store.transition(
-            self.task.id, status, reason=reason, message=message, limit=limit
-        )
+        self.task = task
         self.emit(
             EventKind.STATUS,
             status=status.value,
@@ -479,7 +491,7 @@ class TaskSession:
             accel=accel.accel.value,
         )
 
-        self._set_status(TaskStatus.RUNNING)
+        await self._set_status(TaskStatus.RUNNING)
         cfg = AgentVmConfig(
             pack_dir=pack_dir,
             manifest=manifest,
@@ -578,13 +590,13 @@ class TaskSession:
                 # Leaving while the task is live (crash, Ctrl-C twice): say so.
                 with contextlib.suppress(Exception):
                     if cancelled:
-                        self._set_status(
+                        await self._set_status(
                             TaskStatus.STOPPED,
                             reason=StopReason.CANCELLED,
                             message="stopped by the person before the task finished",
                         )
                     else:
-                        self._set_status(
+                        await self._set_status(
                             TaskStatus.STOPPED,
                             reason=StopReason.ERROR,
                             message="piwork stopped before the task finished",
@@ -818,7 +830,7 @@ class TaskSession:
             )
             self._note("permission", {**base, "decision": choice.value, "by": "rule"})
             return choice
-        self._set_status(TaskStatus.WAITING_PERMISSION)
+        await self._set_status(TaskStatus.WAITING_PERMISSION)
         self.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
         # Front ends show exactly the rules each "Always" would store (host-derived).
         perm = dataclasses.replace(perm, proposals=self.decider.proposals(perm, self._ctx))
@@ -826,7 +838,7 @@ class TaskSession:
             answer = await self.asker.permission(perm)
         finally:
             if self._stop_reason is None and self.task is not None:
-                self._set_status(TaskStatus.RUNNING)
+                await self._set_status(TaskStatus.RUNNING)
         if answer is None:
             by = DecidedBy.ASSUME_YES if self.req.assume_yes else DecidedBy.NO_TERMINAL
             answer = Choice.ALLOW_ONCE if self.req.assume_yes else Choice.DENY
@@ -853,13 +865,13 @@ class TaskSession:
         title = str(getattr(req, "title", ""))
         message = getattr(req, "message", None) or getattr(req, "placeholder", None)
         options = getattr(req, "options", None)
-        self._set_status(TaskStatus.WAITING_INPUT)
+        await self._set_status(TaskStatus.WAITING_INPUT)
         self.emit(EventKind.QUESTION, method=req.method, title=title, options=options)
         try:
             answer = await self.asker.question(req.method, title, message, options)
         finally:
             if self._stop_reason is None and self.task is not None:
-                self._set_status(TaskStatus.RUNNING)
+                await self._set_status(TaskStatus.RUNNING)
         self._note("question", {"method": req.method, "title": title, "answer": answer})
         if answer is None:
             return m.ui_cancelled(req.id)
@@ -925,8 +937,7 @@ class TaskSession:
             self._last_assistant = None
             self._note("prompt", {"message": text})
             self.emit(EventKind.PROMPT, message=text)
-            if self.store.get(self.task.id).record.status is not TaskStatus.RUNNING:
-                self._set_status(TaskStatus.RUNNING)
+            await self._set_status(TaskStatus.RUNNING)  # a no-op if it is already
             t = time.monotonic()
             work = asyncio.ensure_future(self._prompt_and_wait(text))
             limit = asyncio.ensure_future(self._limit_hit.wait())
@@ -962,7 +973,7 @@ class TaskSession:
             self.timings["prompt_to_idle"] = time.monotonic() - t
             await self._checkpoint_end()
             await self._flush_usage()
-            return self._finish()
+            return await self._finish()
 
     async def _watch_wall_time(self, every: float = 2.0) -> None:
         """Usage events cannot catch a wall-time limit during a long tool call: poll it."""
@@ -986,7 +997,7 @@ class TaskSession:
         await self.rpc.prompt(text)
         await self.rpc.wait_idle()
 
-    def _finish(self) -> Outcome:
+    async def _finish(self) -> Outcome:
         assert self.task is not None
         if self._stop_reason is not None:
             reason, message, limit = self._stop_reason
@@ -1002,10 +1013,10 @@ class TaskSession:
                 reason, message, limit = StopReason.CANCELLED, "aborted", None
             else:
                 reason, message, limit = StopReason.COMPLETED, None, None
-        self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
+        await self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
         self._stop_reason = None
         self._limit_hit.clear()
-        record = self.store.get(self.task.id).record
+        record = (await asyncio.to_thread(self.store.get, self.task.id)).record
         outcome = Outcome(
             self.task.id, record.status.value, reason.value, message, dict(self.timings)
         )
@@ -1086,14 +1097,14 @@ class TaskSession:
             self.rpc.thaw()
             raise
         self._paused = True
-        self._set_status(TaskStatus.PAUSED)
+        await self._set_status(TaskStatus.PAUSED)
 
     async def resume_vm(self) -> None:
         assert self.agent is not None
         await self.agent.vm.resume()
         self.rpc.thaw()
         self._paused = False
-        self._set_status(TaskStatus.RUNNING)
+        await self._set_status(TaskStatus.RUNNING)
 
 
 async def run_task(

@@ -1,17 +1,20 @@
-"""Floods and huge lines against the real host stack (channel, RPC client, the runner's
+"""Floods, huge lines and lock waits against the real host stack (channel, RPC client, the runner's
 TaskSession with its transcript on disk); the guest end is tests/unit/guest_double.py.
 
 Behaviour, with generous bounds (the figures are in benchmarks/README.md):
 - ``/stop`` while the guest floods ends the run promptly, even if pi never
   confirms the abort, and the loop keeps serving other tasks meanwhile;
 - a 60 MB line is parsed and recorded off the event loop: the loop thread
-  itself spends little time on it, and the line arrives whole.
+  itself spends little time on it, and the line arrives whole;
+- waiting for task.json's lock (held by another process) leaves the loop free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import os
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +26,8 @@ import orjson
 from piwork.config import Paths
 from piwork.rpc import models as m
 from piwork.runner import RunRequest, TaskSession
+from piwork.tasks import TaskStatus
+from piwork.tasks.store import META_LOCK
 from piwork.tasks.transcript import read_records
 from tests.unit.guest_double import FakeGuest, Host, guest_and_host
 
@@ -167,3 +172,27 @@ async def test_a_60_mb_line_is_parsed_and_recorded_off_the_event_loop(tmp_path: 
         assert not problems
         kinds = [(r.data or {}).get("type") for r in records if r.kind == "pi"]
         assert kinds == ["tool_execution_end", "agent_end"]
+
+
+async def test_waiting_for_the_task_json_lock_does_not_block_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """Another process holds task.json's write lock for a second: the status change
+    waits for it off the loop (it polled with time.sleep on the loop before)."""
+    async with session_on(tmp_path) as (_guest, _host, session):
+        assert session.task is not None
+        fd = os.open(session.task.dir / META_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: conflicts as another process
+            with Ticker() as ticker:
+                change = asyncio.create_task(session._set_status(TaskStatus.RUNNING))
+                await asyncio.sleep(1.0)
+                assert not change.done(), "the write did not wait for the lock"
+                ticks_while_held = ticker.ticks
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            await asyncio.wait_for(change, 10)
+        finally:
+            os.close(fd)
+        assert ticks_while_held > 50, f"only {ticks_while_held} ticks in a second"
+        assert ticker.worst < 0.5, f"the loop stalled {ticker.worst:.2f}s"
+        assert session.store.get(session.task.id).record.status is TaskStatus.RUNNING

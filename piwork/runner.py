@@ -62,7 +62,7 @@ from piwork.proxy.egress import (
 from piwork.proxy.gateway import ModelGateway, UsageRecord
 from piwork.resources import ResourceError, vm_budget
 from piwork.rpc import models as m
-from piwork.rpc.client import ClientItem, RpcTimeout
+from piwork.rpc.client import ClientItem
 from piwork.rpc.framing import MalformedLine, OversizedLine
 from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
 from piwork.tasks.model import LimitKind
@@ -283,6 +283,7 @@ class TaskSession:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
         self._status_lock = asyncio.Lock()
+        self._abort_inflight: asyncio.Future[Any] | None = None
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -934,6 +935,10 @@ class TaskSession:
         """Send ``text`` and wait until the agent is really finished (or stopped)."""
         assert self.task is not None and self.agent is not None
         async with self._run_lock:
+            if self._abort_inflight is not None:  # a stop pi had not confirmed yet
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._abort_inflight)
+                self._abort_inflight = None
             self._last_assistant = None
             self._note("prompt", {"message": text})
             self.emit(EventKind.PROMPT, message=text)
@@ -1052,17 +1057,22 @@ class TaskSession:
                     self._note("permission", fields)
         if self._paused:
             await self.resume_vm()
-        try:
-            await self.rpc.abort(timeout=ABORT_CONFIRM_S)
-        except RpcTimeout:
+        abort = asyncio.ensure_future(self.rpc.abort(timeout=30))
+        abort.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+        await asyncio.wait({abort}, timeout=ABORT_CONFIRM_S)
+        if not abort.done():
             # A stop must not wait on pi: a guest flooding the channel (or a pi too
             # busy to answer) would hold it for as long as it likes. The run ends
-            # now; the abort stays asked for, and closing the task powers the VM off.
+            # now; the next prompt waits for the confirmation first, and closing
+            # the task powers the VM off.
+            self._abort_inflight = abort
             self.emit(
                 EventKind.NOTICE,
-                message=f"pi did not confirm the stop within {ABORT_CONFIRM_S:.0f} s; "
+                message=f"pi has not confirmed the stop within {ABORT_CONFIRM_S:.1f} s; "
                 "the run is stopped here regardless",
             )
+        elif not abort.cancelled() and abort.exception() is not None:
+            raise abort.exception()
 
     async def stop(self, message: str = "stopped by the person") -> None:
         """Cancel the task's current run: it ends ``cancelled`` within seconds."""

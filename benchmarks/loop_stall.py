@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.hostile import peak_rss_mib
 from piwork.config import Paths
 from piwork.rpc.models import AgentEnd
 from piwork.runner import RunRequest, TaskSession
@@ -155,7 +155,7 @@ async def measure(scenario: str = "streamed", total: int = TOTAL) -> dict[str, A
         await session.close()
         guest.kill()
         guest.wait()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak = peak_rss_mib()
         return {
             "scenario": scenario,
             "tool_output_bytes": total,

@@ -8,6 +8,8 @@ this measures the host's parser and bounds, not the VM.
   python -m benchmarks.hostile flood [SECONDS]   events as fast as possible
   python -m benchmarks.hostile bigline           one 100 MB line, then normal traffic
   python -m benchmarks.hostile garbage [SECONDS] binary junk, bad JSON, absurd requests
+  python -m benchmarks.hostile stop [SECONDS]    /stop 1 s into a flood whose pi never
+                                                 confirms the abort: time to the run's end
 
 Each prints one JSON object: peak RSS of the host process, worst event-loop
 stall, lines the guest wrote, items the host delivered, how long a get_state
@@ -26,9 +28,27 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+
+def peak_rss_mib() -> float:
+    """This process's peak RSS (MiB) since it started its program.
+
+    ``VmHWM`` belongs to the current address space, so it starts afresh at
+    exec; ``ru_maxrss`` does not (Linux carries it over from the process that
+    forked us: a bench started by a big pytest would report pytest's peak).
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
 
 # ---------------------------------------------------------------- guest process
 
@@ -65,6 +85,8 @@ def _guest(path: str, scenario: str, seconds: float) -> None:
                 if raw.startswith(b"!"):
                     continue
                 cmd = json.loads(raw)
+                if scenario == "stop" and cmd["type"] == "abort":
+                    continue  # a hostile pi: never confirms the stop
                 reply = {
                     "id": cmd["id"],
                     "type": "response",
@@ -113,10 +135,17 @@ def _guest(path: str, scenario: str, seconds: float) -> None:
                 batch.append(line(rng.choice(garbage)))
             else:
                 batch.append(line(update))
-        conn.sendall(b"".join(batch))
-        sent += len(batch)
-        answer_commands()
-    conn.sendall(line(b'{"type":"agent_end","messages":[]}'))
+        try:
+            conn.sendall(b"".join(batch))
+            sent += len(batch)
+            answer_commands()
+        except OSError:  # "stop": the host went away mid-flood
+            break
+    try:
+        conn.sendall(line(b'{"type":"agent_end","messages":[]}'))
+    except OSError:  # "stop": the host went away mid-flood
+        print(json.dumps({"guest_lines": sent}), flush=True)
+        return
     sent += 1
     while True:  # keep answering until the host goes
         r, _, _ = select.select([conn], [], [], 30)
@@ -165,7 +194,9 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
         session._stack.enter_context(session.store.claim(task.id))
         session.task = session.store.transition(task.id, TaskStatus.RUNNING)
         host = Host(_GuestAt(sock))  # type: ignore[arg-type]
-        host.rpc.set_line_tap(session._on_pi_line)
+        # As TaskSession.start wires it (big lines are recorded off the loop).
+        session._loop, session._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        host.rpc.set_line_tap(session._on_pi_line, thread_safe=True)
         host.rpc.add_listener(session._on_item)
         delivered = 0
         done = asyncio.Event()
@@ -197,6 +228,35 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
 
         tick = asyncio.create_task(ticker())
         await host.channel.start(timeout=30)
+        if scenario == "stop":
+            # /stop while the guest floods and never confirms the abort: how long
+            # until the run has ended (the rest of the harness does not apply).
+            session.agent = host.agent
+            run = asyncio.create_task(session.run_prompt("flood"))
+            await asyncio.sleep(1.0)
+            t = time.monotonic()
+            await session.stop()
+            outcome = await asyncio.wait_for(run, 120)
+            stop_run_s = time.monotonic() - t
+            session.agent = None
+            t = time.monotonic()
+            await host.channel.close()
+            await host.rpc.aclose()
+            await session.close()
+            close_s = time.monotonic() - t
+            stop = True
+            await tick
+            out, _ = guest.communicate(timeout=60)
+            return {
+                "scenario": scenario,
+                **json.loads(out.strip().splitlines()[-1]),
+                "outcome": outcome.reason,
+                "stop_to_run_end_s": round(stop_run_s, 3),
+                "close_s": round(close_s, 3),
+                "worst_loop_stall_ms": round(worst * 1000, 1),
+                "worst_stall_cpu_ms": round(worst_cpu * 1000, 1),
+                "peak_rss_mib": round(peak_rss_mib(), 1),
+            }
         await asyncio.sleep(min(1.0, seconds / 3))
         t = time.monotonic()
         await host.rpc.get_state(timeout=300)  # in order: behind what is already buffered
@@ -222,7 +282,7 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
             "stop_s": round(stop_s, 3),
             "worst_loop_stall_ms": round(worst * 1000, 1),
             "worst_stall_cpu_ms": round(worst_cpu * 1000, 1),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_rss_mib": round(peak_rss_mib(), 1),
             "transcript_bytes": transcript,
             "oversized_reports": sum(1 for e in host.events if e.get("ev") == "oversized"),
         }

@@ -23,15 +23,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.hostile import peak_rss_mib
 from piwork.config import Paths
 from piwork.rpc.models import AgentEnd
 from piwork.runner import RunRequest, TaskSession
@@ -116,7 +117,9 @@ async def measure(scenario: str = "streamed", total: int = TOTAL) -> dict[str, A
         session._stack.enter_context(session.store.claim(task.id))
         session.task = session.store.transition(task.id, TaskStatus.RUNNING)
         host = Host(_FakeGuestPath(sock))  # type: ignore[arg-type]
-        host.rpc.set_line_tap(session._on_pi_line)
+        # As TaskSession.start wires it (big lines are recorded off the loop).
+        session._loop, session._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        host.rpc.set_line_tap(session._on_pi_line, thread_safe=True)
         host.rpc.add_listener(session._on_item)
         done = asyncio.Event()
         host.rpc.add_listener(lambda item: done.set() if isinstance(item, AgentEnd) else None)
@@ -152,7 +155,7 @@ async def measure(scenario: str = "streamed", total: int = TOTAL) -> dict[str, A
         await session.close()
         guest.kill()
         guest.wait()
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        peak = peak_rss_mib()
         return {
             "scenario": scenario,
             "tool_output_bytes": total,

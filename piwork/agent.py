@@ -229,7 +229,12 @@ class AgentVm:
             tcp_secret=self._tcp_secret,
         )
         return GuestChannel(
-            endpoint, self._on_pi_line, self._on_supervisor_event, alive=lambda: self.vm.running
+            endpoint,
+            self._on_pi_line,
+            self._on_supervisor_event,
+            alive=lambda: self.vm.running,
+            prepare_pi_line=self.rpc.prepare_line,  # big lines: parsed off the loop
+            on_prepared_pi_line=self._on_prepared_pi_line,
         )
 
     # ------------------------------------------------------------ plumbing
@@ -240,6 +245,11 @@ class AgentVm:
         if self.on_pi_line is not None:
             self.on_pi_line(line)  # the transcript first: it must not miss what pi said
         self.rpc.feed_line(line)
+
+    def _on_prepared_pi_line(self, line: bytes, prepared: object) -> None:
+        if self.on_pi_line is not None:
+            self.on_pi_line(line)
+        self.rpc.feed_prepared(prepared)  # type: ignore[arg-type]
 
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")

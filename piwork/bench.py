@@ -214,9 +214,18 @@ def _recorded_stream() -> list[bytes]:
 
 
 async def _throughput(lines: list[bytes], n: int, fsync_delay: float = 0.0) -> float:
-    """Frame, parse, dispatch and append ``n`` recorded pi lines, as a run does."""
+    """Frame, parse, dispatch and append ``n`` recorded pi lines, as a run does.
+
+    The same objects and hooks as a run: the guest channel's reader, the RPC
+    client (which parses each line once and hands it to the line tap), the
+    runner's tap (:func:`compact_pi_line` into ``TaskStore.append_event``), and
+    the runner's listener on the parsed items.
+    """
     from piwork.rpc.client import RpcClient
-    from piwork.tasks.transcript import TranscriptWriter
+    from piwork.rpc.framing import MalformedLine
+    from piwork.tasks.model import Limits
+    from piwork.tasks.store import TaskStore
+    from piwork.tasks.transcript import compact_pi_line
     from piwork.vm.channel import Endpoint, GuestChannel
 
     events = [lines[i % len(lines)] for i in range(n)]
@@ -224,7 +233,10 @@ async def _throughput(lines: list[bytes], n: int, fsync_delay: float = 0.0) -> f
     for seq, line in enumerate(events, 1):
         framed += b"%d " % seq + line + b"\n"
     with tempfile.TemporaryDirectory(prefix="piwork-bench-tp-") as tmp:
-        writer = TranscriptWriter(Path(tmp) / "transcript.jsonl", fsync_delay=fsync_delay)
+        store = TaskStore(Path(tmp) / "tasks", fsync_delay=fsync_delay)
+        task = store.create("throughput", limits=Limits())
+        lease = store.claim(task.id)
+        store.transcript(task.id)
 
         async def no_send(_line: bytes) -> None:
             return None
@@ -233,22 +245,24 @@ async def _throughput(lines: list[bytes], n: int, fsync_delay: float = 0.0) -> f
         seen = [0]
         rpc.add_listener(lambda _item: seen.__setitem__(0, seen[0] + 1))
 
-        def on_pi_line(raw: bytes) -> None:  # what TaskSession._on_pi_line + AgentVm do
-            try:
-                data: Any = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                data = {"malformed": raw[:2000].decode("utf-8", "replace")}
-            writer.append("pi", data)
-            rpc.feed_line(raw)
+        def tap(raw: bytes, parsed: Any) -> None:  # TaskSession._on_pi_line
+            if isinstance(parsed, MalformedLine):
+                data: Any = {"malformed": raw[:2000].decode("utf-8", "replace")}
+            else:
+                data = compact_pi_line(parsed)
+            store.append_event(task.id, "pi", data)
 
-        chan = GuestChannel(Endpoint(tcp_port=1), on_pi_line, lambda _m: None)
+        rpc.set_line_tap(tap)
+        chan = GuestChannel(Endpoint(tcp_port=1), rpc.feed_line, lambda _m: None)
         reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
         reader.feed_data(bytes(framed))
         reader.feed_eof()
         t = time.process_time()
         await chan._read_loop(reader)
-        writer.close()
+        store.transcript(task.id).flush()
         elapsed = time.process_time() - t
+        lease.release()
+        store.close()
         if chan.last_seq != n:
             raise RuntimeError(f"throughput: {chan.last_seq} of {n} lines went through")
     return n / elapsed

@@ -15,6 +15,7 @@ import errno
 import logging
 import secrets
 import stat
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -72,6 +73,9 @@ from piwork.vm.accel import probe
 from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
 
 log = logging.getLogger(__name__)
+
+ABORT_CONFIRM_S = 1.5
+"""How long a stop waits for pi to confirm the abort before ending the run anyway."""
 
 DEFAULT_RESUME_PROMPT = (
     "piwork resumed this task after an interruption. Continue where you left off; "
@@ -276,6 +280,10 @@ class TaskSession:
         self._gateway: ModelGateway | None = None
         self._gateway_prices = False
         self._allow_net: tuple[str, ...] = ()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._status_lock = asyncio.Lock()
+        self._abort_inflight: asyncio.Future[Any] | None = None
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -291,7 +299,16 @@ class TaskSession:
             return
         try:
             self.store.append_event(self.task.id, kind, data)
-        except TranscriptWriteError as exc:
+        except Exception as exc:
+            if self._loop is not None and threading.get_ident() != self._loop_thread:
+                # A big pi line is recorded from a worker thread (the loop waits for
+                # it): what follows touches loop objects, so it runs on the loop.
+                self._loop.call_soon_threadsafe(self._note_failed, exc)
+            else:
+                self._note_failed(exc)
+
+    def _note_failed(self, exc: Exception) -> None:
+        if isinstance(exc, TranscriptWriteError):
             self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
             if (isinstance(exc, TranscriptFull) or exc.errno == errno.ENOSPC) and (
                 self._stop_reason is None
@@ -304,10 +321,10 @@ class TaskSession:
                     None,
                 )
                 self._limit_hit.set()
-        except Exception as exc:
+        else:
             self.emit(EventKind.ERROR, message=f"cannot write the transcript: {exc}")
 
-    def _set_status(
+    async def _set_status(
         self,
         status: TaskStatus,
         *,
@@ -316,12 +333,23 @@ class TaskSession:
         limit: LimitKind | None = None,
     ) -> None:
         assert self.task is not None
-        current = self.store.get(self.task.id).record.status
-        if current == status and status is not TaskStatus.STOPPED:
+        task_id = self.task.id
+
+        def write() -> Task | None:
+            current = self.store.get(task_id).record.status
+            if current == status and status is not TaskStatus.STOPPED:
+                return None
+            return self.store.transition(
+                task_id, status, reason=reason, message=message, limit=limit
+            )
+
+        # task.json is read and rewritten (lock wait, two fsyncs) off the event loop;
+        # the lock keeps status changes in the order they were asked for.
+        async with self._status_lock:
+            task = await asyncio.to_thread(write)
+        if task is None:
             return
-        self.task = self.store.transition(
-            self.task.id, status, reason=reason, message=message, limit=limit
-        )
+        self.task = task
         self.emit(
             EventKind.STATUS,
             status=status.value,
@@ -464,7 +492,7 @@ class TaskSession:
             accel=accel.accel.value,
         )
 
-        self._set_status(TaskStatus.RUNNING)
+        await self._set_status(TaskStatus.RUNNING)
         cfg = AgentVmConfig(
             pack_dir=pack_dir,
             manifest=manifest,
@@ -500,7 +528,8 @@ class TaskSession:
             on_boot_mode=lambda msg, data: self.emit(EventKind.NOTICE, message=msg, **data),
         )
         self.agent = agent
-        agent.rpc.set_line_tap(self._on_pi_line)
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
+        agent.rpc.set_line_tap(self._on_pi_line, thread_safe=True)  # see _note
         agent.rpc.set_ui_handler(self._on_ui_request)
         agent.rpc.add_listener(self._on_item)
         t = time.monotonic()
@@ -562,13 +591,13 @@ class TaskSession:
                 # Leaving while the task is live (crash, Ctrl-C twice): say so.
                 with contextlib.suppress(Exception):
                     if cancelled:
-                        self._set_status(
+                        await self._set_status(
                             TaskStatus.STOPPED,
                             reason=StopReason.CANCELLED,
                             message="stopped by the person before the task finished",
                         )
                     else:
-                        self._set_status(
+                        await self._set_status(
                             TaskStatus.STOPPED,
                             reason=StopReason.ERROR,
                             message="piwork stopped before the task finished",
@@ -802,7 +831,7 @@ class TaskSession:
             )
             self._note("permission", {**base, "decision": choice.value, "by": "rule"})
             return choice
-        self._set_status(TaskStatus.WAITING_PERMISSION)
+        await self._set_status(TaskStatus.WAITING_PERMISSION)
         self.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
         # Front ends show exactly the rules each "Always" would store (host-derived).
         perm = dataclasses.replace(perm, proposals=self.decider.proposals(perm, self._ctx))
@@ -810,7 +839,7 @@ class TaskSession:
             answer = await self.asker.permission(perm)
         finally:
             if self._stop_reason is None and self.task is not None:
-                self._set_status(TaskStatus.RUNNING)
+                await self._set_status(TaskStatus.RUNNING)
         if answer is None:
             by = DecidedBy.ASSUME_YES if self.req.assume_yes else DecidedBy.NO_TERMINAL
             answer = Choice.ALLOW_ONCE if self.req.assume_yes else Choice.DENY
@@ -837,13 +866,13 @@ class TaskSession:
         title = str(getattr(req, "title", ""))
         message = getattr(req, "message", None) or getattr(req, "placeholder", None)
         options = getattr(req, "options", None)
-        self._set_status(TaskStatus.WAITING_INPUT)
+        await self._set_status(TaskStatus.WAITING_INPUT)
         self.emit(EventKind.QUESTION, method=req.method, title=title, options=options)
         try:
             answer = await self.asker.question(req.method, title, message, options)
         finally:
             if self._stop_reason is None and self.task is not None:
-                self._set_status(TaskStatus.RUNNING)
+                await self._set_status(TaskStatus.RUNNING)
         self._note("question", {"method": req.method, "title": title, "answer": answer})
         if answer is None:
             return m.ui_cancelled(req.id)
@@ -906,11 +935,14 @@ class TaskSession:
         """Send ``text`` and wait until the agent is really finished (or stopped)."""
         assert self.task is not None and self.agent is not None
         async with self._run_lock:
+            if self._abort_inflight is not None:  # a stop pi had not confirmed yet
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._abort_inflight)
+                self._abort_inflight = None
             self._last_assistant = None
             self._note("prompt", {"message": text})
             self.emit(EventKind.PROMPT, message=text)
-            if self.store.get(self.task.id).record.status is not TaskStatus.RUNNING:
-                self._set_status(TaskStatus.RUNNING)
+            await self._set_status(TaskStatus.RUNNING)  # a no-op if it is already
             t = time.monotonic()
             work = asyncio.ensure_future(self._prompt_and_wait(text))
             limit = asyncio.ensure_future(self._limit_hit.wait())
@@ -946,7 +978,7 @@ class TaskSession:
             self.timings["prompt_to_idle"] = time.monotonic() - t
             await self._checkpoint_end()
             await self._flush_usage()
-            return self._finish()
+            return await self._finish()
 
     async def _watch_wall_time(self, every: float = 2.0) -> None:
         """Usage events cannot catch a wall-time limit during a long tool call: poll it."""
@@ -970,7 +1002,7 @@ class TaskSession:
         await self.rpc.prompt(text)
         await self.rpc.wait_idle()
 
-    def _finish(self) -> Outcome:
+    async def _finish(self) -> Outcome:
         assert self.task is not None
         if self._stop_reason is not None:
             reason, message, limit = self._stop_reason
@@ -986,10 +1018,10 @@ class TaskSession:
                 reason, message, limit = StopReason.CANCELLED, "aborted", None
             else:
                 reason, message, limit = StopReason.COMPLETED, None, None
-        self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
+        await self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
         self._stop_reason = None
         self._limit_hit.clear()
-        record = self.store.get(self.task.id).record
+        record = (await asyncio.to_thread(self.store.get, self.task.id)).record
         outcome = Outcome(
             self.task.id, record.status.value, reason.value, message, dict(self.timings)
         )
@@ -1025,7 +1057,22 @@ class TaskSession:
                     self._note("permission", fields)
         if self._paused:
             await self.resume_vm()
-        await self.rpc.abort(timeout=30)
+        abort = asyncio.ensure_future(self.rpc.abort(timeout=30))
+        abort.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved
+        await asyncio.wait({abort}, timeout=ABORT_CONFIRM_S)
+        if not abort.done():
+            # A stop must not wait on pi: a guest flooding the channel (or a pi too
+            # busy to answer) would hold it for as long as it likes. The run ends
+            # now; the next prompt waits for the confirmation first, and closing
+            # the task powers the VM off.
+            self._abort_inflight = abort
+            self.emit(
+                EventKind.NOTICE,
+                message=f"pi has not confirmed the stop within {ABORT_CONFIRM_S:.1f} s; "
+                "the run is stopped here regardless",
+            )
+        elif not abort.cancelled() and abort.exception() is not None:
+            raise abort.exception()
 
     async def stop(self, message: str = "stopped by the person") -> None:
         """Cancel the task's current run: it ends ``cancelled`` within seconds."""
@@ -1060,14 +1107,14 @@ class TaskSession:
             self.rpc.thaw()
             raise
         self._paused = True
-        self._set_status(TaskStatus.PAUSED)
+        await self._set_status(TaskStatus.PAUSED)
 
     async def resume_vm(self) -> None:
         assert self.agent is not None
         await self.agent.vm.resume()
         self.rpc.thaw()
         self._paused = False
-        self._set_status(TaskStatus.RUNNING)
+        await self._set_status(TaskStatus.RUNNING)
 
 
 async def run_task(

@@ -108,6 +108,15 @@ LineTap = Callable[[bytes, "dict[str, Any] | MalformedLine"], None]
 Listener = Callable[[ClientItem], None]
 
 
+@dataclass(frozen=True)
+class PreparedLine:
+    """A pi line parsed (and perhaps recorded) off the loop: see RpcClient.prepare_line."""
+
+    raw: bytes
+    obj: dict[str, Any] | MalformedLine
+    tapped: bool
+
+
 class RpcError(Exception):
     """pi answered ``success: false`` (or could not answer)."""
 
@@ -258,6 +267,7 @@ class RpcClient:
         self._frozen = False
         self._freeze_changed = asyncio.Event()
         self._line_tap: LineTap | None = None
+        self._tap_thread_safe = False
         self._refusals: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------
@@ -280,6 +290,41 @@ class RpcClient:
                 self._line_tap(raw, obj)  # the transcript first: it must not miss a line
             except Exception:
                 log.exception("RPC line tap failed")
+        self._dispatch(raw, obj)
+
+    def prepare_line(self, raw: bytes) -> PreparedLine | None:
+        """The heavy half of :meth:`feed_line`, safe in a worker thread (for big lines).
+
+        Parses the line and, if the tap was set ``thread_safe``, records it; the
+        result goes to :meth:`feed_prepared` on the loop, in stream order.
+        """
+        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+        if not raw or raw.isspace():
+            return None
+        obj = decode_line(raw)
+        tapped = False
+        tap = self._line_tap
+        if tap is not None and self._tap_thread_safe:
+            tapped = True
+            try:
+                tap(raw, obj)
+            except Exception:
+                log.exception("RPC line tap failed")
+        return PreparedLine(raw, obj, tapped)
+
+    def feed_prepared(self, prepared: PreparedLine | None) -> None:
+        """Handle a line :meth:`prepare_line` made ready (on the event loop)."""
+        if self._closed is not None or prepared is None:
+            return
+        raw, obj = prepared.raw, prepared.obj
+        if not prepared.tapped and self._line_tap is not None:
+            try:
+                self._line_tap(raw, obj)
+            except Exception:
+                log.exception("RPC line tap failed")
+        self._dispatch(raw, obj)
+
+    def _dispatch(self, raw: bytes, obj: dict[str, Any] | MalformedLine) -> None:
         if isinstance(obj, MalformedLine):
             self._sniff_head(raw[:200])
             self._deliver(obj)
@@ -598,13 +643,16 @@ class RpcClient:
             self._subscriptions.append(sub)
         return sub
 
-    def set_line_tap(self, tap: LineTap | None) -> None:
+    def set_line_tap(self, tap: LineTap | None, *, thread_safe: bool = False) -> None:
         """Call ``tap(raw, parsed)`` for every line pi wrote, replies included, in order.
 
         The line is parsed once, here; the tap gets that result (a dict or a
-        :class:`MalformedLine`) so a recorder need not parse it again.
+        :class:`MalformedLine`) so a recorder need not parse it again. A
+        ``thread_safe`` tap may be called from a worker thread for a big line
+        (:meth:`prepare_line`), while the loop waits for it: still in order.
         """
         self._line_tap = tap
+        self._tap_thread_safe = thread_safe
 
     def add_listener(self, listener: Listener) -> Callable[[], None]:
         """Call ``listener(item)`` synchronously for each item; returns an unsubscribe."""

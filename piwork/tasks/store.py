@@ -560,6 +560,11 @@ class TaskStore:
         Without this store's lease the writer is opened for this one record and
         closed again (so queued records do not outlive the call).
         """
+        writer = self._transcripts.get(task_id)
+        if writer is not None and task_id in self._leases and not writer.closed:
+            # The hot path (every pi line of a run): a full id we hold, its writer open.
+            # No directory scan to resolve the id, no lock beyond the writer's own.
+            return writer.append(kind, data)
         full = self.resolve_id(task_id)
         try:
             return self.transcript(full).append(kind, data)

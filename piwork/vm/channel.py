@@ -24,13 +24,44 @@ import orjson
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024 * 1024
+"""Longest line kept (seq, space and payload); a longer one is skipped and reported."""
 MAX_GAPS = 100
 """Gaps remembered (the latest ones); each is also reported as an event."""
+BIG_LINE = 1024 * 1024
+"""Lines longer than this are joined and parsed in a worker thread, not on the loop."""
+READ_CHUNK = 256 * 1024
+STREAM_LIMIT = 1024 * 1024
+"""The stream's buffer limit: the transport stops reading past twice this (back-pressure)."""
 YIELD_EVERY = 0.005
 """Seconds of reading after which the reader lets other tasks run."""
 
 PiLineHandler = Callable[[bytes], None]
+PiLinePreparer = Callable[[bytes], object]
+"""Runs in a worker thread for a big pi line (parse it, record it); the result goes to
+the prepared-line handler on the loop."""
+PreparedPiLineHandler = Callable[[bytes, object], None]
 EventHandler = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class _ReadState:
+    greeted: bool = False
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+    skipped: int = 0  # bytes of a too-long line being dropped (0: none)
+    head: bytes = b""
+
+
+def _split_big(parts: list[bytes], prepare: PiLinePreparer | None) -> tuple[bytes, bytes, object]:
+    """In a worker thread: join a big line, split off its seq, prepare a pi payload."""
+    line = b"".join(parts)
+    parts.clear()
+    seq_text, _, payload = line.partition(b" ")
+    del line
+    prepared = None
+    if prepare is not None and not payload.startswith(b"!"):
+        prepared = prepare(payload)
+    return seq_text, payload, prepared
 
 
 class ChannelError(RuntimeError):
@@ -51,9 +82,9 @@ class Endpoint:
 
     async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self.unix_path is not None:
-            return await asyncio.open_unix_connection(str(self.unix_path), limit=MAX_LINE)
+            return await asyncio.open_unix_connection(str(self.unix_path), limit=STREAM_LIMIT)
         assert self.tcp_port is not None
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.tcp_port, limit=MAX_LINE)
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.tcp_port, limit=STREAM_LIMIT)
         if self.tcp_secret is not None:
             writer.write(b"auth " + self.tcp_secret + b"\n")
         return reader, writer
@@ -69,9 +100,13 @@ class GuestChannel:
         on_event: EventHandler,
         *,
         alive: Callable[[], bool] = lambda: True,
+        prepare_pi_line: PiLinePreparer | None = None,
+        on_prepared_pi_line: PreparedPiLineHandler | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.on_pi_line = on_pi_line
+        self.prepare_pi_line = prepare_pi_line
+        self.on_prepared_pi_line = on_prepared_pi_line
         self.on_event = on_event
         self.alive = alive
         self.last_seq = 0
@@ -143,7 +178,7 @@ class GuestChannel:
                     b"!" + orjson.dumps({"op": "hello", "after": self.last_seq}) + b"\n", force=True
                 )
                 await self._read_loop(reader)
-            except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:
+            except (ConnectionError, OSError) as exc:
                 log.debug("guest channel dropped: %s", exc)
             finally:
                 self._ready.clear()
@@ -158,59 +193,129 @@ class GuestChannel:
             await asyncio.sleep(0.1)
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
-        greeted = False
+        """Split the stream into lines and handle each, in order, until EOF.
+
+        The stream is read in chunks and split here (one C-level split per
+        chunk, not a ``readuntil`` per line). A line longer than
+        :data:`BIG_LINE` is gathered in pieces, bounded by :data:`MAX_LINE`
+        (beyond it the line is skipped and reported), and joined and parsed in
+        a worker thread: a 60 MB tool result does not stall the loop. Every
+        :data:`YIELD_EVERY` seconds of work the reader lets other tasks run,
+        so a flooding guest cannot starve a stop.
+        """
         loop = asyncio.get_running_loop()
+        state = _ReadState()
         budget_end = loop.time() + YIELD_EVERY
         while True:
+            chunk = await reader.read(READ_CHUNK)
+            if not chunk:
+                return  # EOF: the peer closed (a partial last line is dropped)
+            newline = chunk.find(b"\n")
+            if newline < 0:
+                await self._gather(state, chunk)
+                continue
+            if state.parts or state.skipped:
+                await self._gather(state, chunk[:newline])
+                await self._end_gathered(state)
+                rest = chunk[newline + 1 :]
+            else:
+                rest = chunk
+            lines = rest.split(b"\n")
+            tail = lines.pop()
+            for line in lines:
+                self._handle_line(state, line)
+                if loop.time() >= budget_end:
+                    # A flooding guest must not starve everything else on the loop
+                    # (a stop included).
+                    await asyncio.sleep(0)
+                    budget_end = loop.time() + YIELD_EVERY
+            if tail:
+                await self._gather(state, tail)
             if loop.time() >= budget_end:
-                # readuntil() does not yield while its buffer holds lines: a flooding
-                # guest would starve everything else on the loop (a stop included).
                 await asyncio.sleep(0)
                 budget_end = loop.time() + YIELD_EVERY
+
+    async def _gather(self, state: _ReadState, piece: bytes) -> None:
+        """Keep a piece of a line whose end has not arrived yet (bounded by MAX_LINE)."""
+        if state.skipped:
+            state.skipped += len(piece)
+            return
+        state.parts.append(piece)
+        state.size += len(piece)
+        if state.size > MAX_LINE:
+            # Too long to keep: remember its head, count the rest, drop the bytes.
+            head = b""
+            for part in state.parts:
+                head += part[: 4096 - len(head)]
+                if len(head) >= 4096:
+                    break
+            state.head = head
+            state.skipped = state.size
+            state.parts.clear()
+            state.size = 0
+
+    async def _end_gathered(self, state: _ReadState) -> None:
+        """The gathered line is complete: report it (too long) or handle it."""
+        if state.skipped:
+            total, head = state.skipped, state.head
+            state.skipped, state.head = 0, b""
+            self._report_oversized(total, head, state.greeted)
+            return
+        parts, state.parts, state.size = state.parts, [], 0
+        if sum(len(p) for p in parts) <= BIG_LINE:
+            self._handle_line(state, b"".join(parts))
+            return
+        # A big line: join, split off the seq and (for pi's lines) parse it in a
+        # worker thread, then hand it on from the loop as any other line.
+        prepare = self.prepare_pi_line
+        seq_text, payload, prepared = await asyncio.to_thread(_split_big, parts, prepare)
+        self._handle_payload(state, seq_text, payload, prepared, prepare is not None)
+
+    def _handle_line(self, state: _ReadState, line: bytes) -> None:
+        seq_text, _, payload = line.partition(b" ")
+        self._handle_payload(state, seq_text, payload, None, False)
+
+    def _handle_payload(
+        self,
+        state: _ReadState,
+        seq_text: bytes,
+        payload: bytes,
+        prepared: object,
+        is_prepared: bool,
+    ) -> None:
+        try:
+            seq = int(seq_text)
+        except ValueError:
+            line = seq_text + b" " + payload[:200]
+            self.on_event({"ev": "malformed", "line": line[:200].decode("utf-8", "replace")})
+            return
+        if seq == 0:
+            msg = self._parse_event(payload)
+            if msg is None:
+                return
             try:
-                line = await reader.readuntil(b"\n")
-            except asyncio.LimitOverrunError as exc:
-                # Skip the oversized line rather than die; the RPC layer is told,
-                # with the line's head, so a reply it was waiting for fails at once.
-                await self._skip_oversized(reader, exc.consumed, greeted)
-                continue
-            except asyncio.IncompleteReadError:
-                return  # EOF: the peer closed
-            seq_text, _, payload = line[:-1].partition(b" ")
-            try:
-                seq = int(seq_text)
-            except ValueError:
-                self.on_event({"ev": "malformed", "line": line[:200].decode("utf-8", "replace")})
-                continue
-            if seq == 0:
-                msg = self._parse_event(payload)
-                if msg is None:
-                    continue
-                try:
-                    greeted = self._on_transient(msg) or greeted
-                except (KeyError, TypeError, ValueError) as exc:
-                    # A bad control line is the guest's problem, never the reader's death.
-                    log.warning(
-                        "guest channel: dropped a malformed %r line: %s", msg.get("ev"), exc
-                    )
-                    self.on_event(
-                        {"ev": "malformed", "line": payload[:200].decode("utf-8", "replace")}
-                    )
-                continue
-            if not greeted or seq <= self.last_seq:
-                continue
-            if seq != self.last_seq + 1:
-                # Bounded like the replay's own gap reports: a guest jumping its
-                # numbering forever must not grow host memory.
-                self.gaps = [*self.gaps[-(MAX_GAPS - 1) :], (self.last_seq + 1, seq - 1)]
-                self.on_event({"ev": "gap", "from": self.last_seq + 1, "to": seq - 1})
-            self.last_seq = seq
-            if payload.startswith(b"!"):
-                msg = self._parse_event(payload)
-                if msg is not None:
-                    self.on_event(msg)
-            else:
-                self.on_pi_line(payload)
+                state.greeted = self._on_transient(msg) or state.greeted
+            except (KeyError, TypeError, ValueError) as exc:
+                # A bad control line is the guest's problem, never the reader's death.
+                log.warning("guest channel: dropped a malformed %r line: %s", msg.get("ev"), exc)
+                self.on_event({"ev": "malformed", "line": payload[:200].decode("utf-8", "replace")})
+            return
+        if not state.greeted or seq <= self.last_seq:
+            return
+        if seq != self.last_seq + 1:
+            # Bounded like the replay's own gap reports: a guest jumping its
+            # numbering forever must not grow host memory.
+            self.gaps = [*self.gaps[-(MAX_GAPS - 1) :], (self.last_seq + 1, seq - 1)]
+            self.on_event({"ev": "gap", "from": self.last_seq + 1, "to": seq - 1})
+        self.last_seq = seq
+        if payload.startswith(b"!"):
+            msg = self._parse_event(payload)
+            if msg is not None:
+                self.on_event(msg)
+        elif is_prepared and self.on_prepared_pi_line is not None:
+            self.on_prepared_pi_line(payload, prepared)
+        else:
+            self.on_pi_line(payload)
 
     def _on_transient(self, msg: dict[str, Any]) -> bool:
         """Handle an unnumbered line; True if it was the hello reply."""
@@ -238,21 +343,9 @@ class GuestChannel:
             self.on_event(msg)
         return False
 
-    async def _skip_oversized(
-        self, reader: asyncio.StreamReader, consumed: int, greeted: bool
-    ) -> None:
-        """Discard one line longer than the reader's limit, keeping its head."""
-        first = await reader.readexactly(consumed)
-        total = len(first)
-        while True:
-            try:
-                rest = await reader.readuntil(b"\n")
-            except asyncio.LimitOverrunError as more:
-                total += len(await reader.readexactly(more.consumed))
-                continue
-            total += len(rest) - 1
-            break
-        seq_text, _, head = first[:4096].partition(b" ")
+    def _report_oversized(self, total: int, first: bytes, greeted: bool) -> None:
+        """A line longer than MAX_LINE was dropped; the RPC layer hears of it with its head."""
+        seq_text, _, head = first.partition(b" ")
         try:
             seq = int(seq_text)
         except ValueError:

@@ -109,7 +109,11 @@ class Host:
             on_supervisor_event=self.events.append,
         )
         self.channel = GuestChannel(
-            Endpoint(unix_path=guest.path), self.rpc.feed_line, self._on_event
+            Endpoint(unix_path=guest.path),
+            self.rpc.feed_line,
+            self._on_event,
+            prepare_pi_line=self.rpc.prepare_line,  # as AgentVm wires it
+            on_prepared_pi_line=lambda _line, prepared: self.rpc.feed_prepared(prepared),  # type: ignore[arg-type]
         )
 
     def _on_event(self, msg: dict[str, Any]) -> None:

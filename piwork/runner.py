@@ -781,10 +781,14 @@ class TaskSession:
             return None
         try:
             record = self.store.get(self.task.id).record
-            # Usage already seen but still on its way to task.json counts too: a burst
-            # of calls cannot slip past the limit while the writer catches up.
+            # Usage is this session's own count: what the writer last put in task.json
+            # (self.task, replaced on the loop in the same step that clears the
+            # in-flight delta) plus what is still on its way, so a burst of calls cannot
+            # slip past the limit while the writer catches up, and a delta the file
+            # already holds is never counted twice. Limits are read afresh.
             pending = self._usage_due.plus(self._usage_inflight)
-            limit = record.limits.exceeded(record.usage.plus(pending), record.wall_seconds())
+            used = self.task.record.usage.plus(pending)
+            limit = record.limits.exceeded(used, record.wall_seconds())
         except Exception as exc:  # cannot tell: refuse rather than spend blindly
             return f"cannot read this task's limits ({exc})"
         if limit is None:

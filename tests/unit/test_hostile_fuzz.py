@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import orjson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from piwork.rpc.client import RpcClient
@@ -131,6 +131,7 @@ def test_the_client_survives_any_stream_and_still_answers(
 
 @SETTINGS
 @given(st.lists(st.binary(max_size=80), max_size=30))
+@example([b"100", b"0000"])  # a line numbered 1,000,000: any fixed "next" seq is stale
 def test_the_channel_reader_never_dies_on_any_bytes(chunks: list[bytes]) -> None:
     async def run() -> list[bytes]:
         pi_lines: list[bytes] = []
@@ -140,9 +141,16 @@ def test_the_channel_reader_never_dies_on_any_bytes(chunks: list[bytes]) -> None
         reader.feed_data(b'0 !{"ev":"hello","bootId":"b"}\n')
         for chunk in chunks:
             reader.feed_data(chunk)
-        reader.feed_data(b"\n999999 tail\n")
+        reader.feed_data(b"\n")
         reader.feed_eof()
         await asyncio.wait_for(chan._read_loop(reader), 5)  # returns at EOF, never raises
+        # The channel still works afterwards: a reconnect to the same boot delivers
+        # the next line in sequence, whatever seq the garbage left it at.
+        again = asyncio.StreamReader(limit=256)
+        again.feed_data(b'0 !{"ev":"hello","bootId":"b"}\n')
+        again.feed_data(b"%d tail\n" % (chan.last_seq + 1))
+        again.feed_eof()
+        await asyncio.wait_for(chan._read_loop(again), 5)
         return pi_lines
 
     lines = asyncio.run(run())

@@ -262,3 +262,28 @@ async def test_raising_the_limit_lets_model_calls_through_again(
     session.store.update(session.task.id, limits=rec.limits.model_copy(update={"max_tokens": 5000}))
     assert await _chat(b.gateway, token, "mine", "cheap") == 200
     assert len(mine.seen) == 4
+
+
+async def test_usage_already_in_task_json_is_not_counted_twice_while_the_writer_returns(
+    booting: tuple[Booting, Upstream, Upstream],
+) -> None:
+    """The window between task.json holding a delta and the writer clearing it as
+    in flight: a model call admitted then must see 800 of 1000 tokens, not 1200."""
+    b, mine, _ = booting
+    token = b.models_json["providers"]["mine"]["apiKey"]
+    session = b.session
+    assert session.task is not None
+    seen_in_window: list[str | None] = []
+    real_add = session.store.add_usage
+
+    def add_then_ask(task_id: str, delta: Any) -> Any:
+        task = real_add(task_id, delta)
+        seen_in_window.append(session._gateway_admits())  # the file already has delta
+        return task
+
+    session.store.add_usage = add_then_ask  # type: ignore[method-assign]
+    for _ in range(2):
+        assert await _chat(b.gateway, token, "mine", "cheap") == 200
+        await session._flush_usage()
+    assert seen_in_window == [None, None]
+    assert await _chat(b.gateway, token, "mine", "cheap") == 200  # 800 < 1000

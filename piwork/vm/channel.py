@@ -84,7 +84,9 @@ class Endpoint:
         if self.unix_path is not None:
             return await asyncio.open_unix_connection(str(self.unix_path), limit=STREAM_LIMIT)
         assert self.tcp_port is not None
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.tcp_port, limit=STREAM_LIMIT)
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", self.tcp_port, limit=STREAM_LIMIT
+        )
         if self.tcp_secret is not None:
             writer.write(b"auth " + self.tcp_secret + b"\n")
         return reader, writer

@@ -287,3 +287,4 @@ async def test_usage_already_in_task_json_is_not_counted_twice_while_the_writer_
         await session._flush_usage()
     assert seen_in_window == [None, None]
     assert await _chat(b.gateway, token, "mine", "cheap") == 200  # 800 < 1000
+    assert len(mine.seen) == 3

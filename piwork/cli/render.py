@@ -74,6 +74,8 @@ class TerminalRenderer:
         self._line(self._style(f"piwork: {sanitize(d['message'])}", "2"), err=True)
 
     def _on_boot(self, d: dict[str, Any], ev: RunEvent) -> None:
+        if d["stage"] == "restored":
+            return  # the "restored in X s" notice already said it
         label = BOOT_LABELS.get(d["stage"], d["stage"])
         self._line(self._style(f"piwork: booting… {label} ({d['seconds']:.1f}s)", "2"), err=True)
 

@@ -38,7 +38,7 @@ from piwork.models.scripted import (
 from piwork.policy import Choice
 from piwork.policy.store import PolicyStore
 from piwork.proxy.gateway import ModelGateway
-from piwork.runner import Asker, EventKind, RunEvent, RunRequest, TaskSession
+from piwork.runner import Asker, EventKind, RunEvent, RunRequest, TaskSession, VmStartFailed
 from piwork.tasks import TaskStatus, TaskStore
 from piwork.tasks.transcript import Record, read_records
 
@@ -207,13 +207,18 @@ async def test_qemu_killed_at_boot_leaves_a_task_that_says_why_and_resumes(story
     notices = [e.data.get("message") for e in events if e.kind is EventKind.NOTICE]
     print(f"{len(killed)} kill(s) at boot; notices {notices}")
     print(f"start failed: {type(failed.value).__name__}: {failed.value}")
-    assert str(failed.value).strip(), "the failure says nothing"
     assert session.task is not None
     story.task_id = session.task.id
+    # It says what happened, what to do, and what the console showed last.
+    assert isinstance(failed.value, VmStartFailed), repr(failed.value)
+    said = str(failed.value)
+    assert said.startswith("the VM exited while starting: ") and "(QEMU killed by SIGKILL)" in said
+    assert f"`piwork resume {story.task_id}` tries again" in said and "`piwork doctor`" in said
+    assert "Last console output:" in said
     story.faults.append("QEMU SIGKILL at boot")
     store = check_after_fault(story)
     stop = store.get(story.task_id).record.stop
-    assert stop is not None and stop.message, "the task does not say why it stopped"
+    assert stop is not None and stop.message == failed.value.summary, stop
     await assert_no_orphans(story.task_id, ports)
 
 

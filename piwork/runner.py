@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import os
 import re
 import secrets
 import signal
@@ -66,7 +67,7 @@ from piwork.resources import ResourceError, vm_budget
 from piwork.rpc import models as m
 from piwork.rpc.client import ClientItem
 from piwork.rpc.framing import MalformedLine, OversizedLine
-from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
+from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore, TaskWriteError
 from piwork.tasks.model import LimitKind
 from piwork.tasks.model import Usage as TaskUsage
 from piwork.tasks.settings import load_task_settings, merge_limits
@@ -330,10 +331,12 @@ class TaskSession:
                 self._stop_reason is None
             ):
                 # Going on would only pile records up in memory: stop, and say why.
+                task_id = self.task.id if self.task is not None else "<task>"
                 self._stop_reason = (
                     StopReason.ERROR,
-                    f"the disk is full, so the task's transcript cannot be saved ({exc}); "
-                    "free some space, then `piwork resume` continues the task",
+                    f"the disk is full, so the task's transcript cannot be saved "
+                    f"({exc.path}: {os.strerror(errno.ENOSPC)}); free some space, then "
+                    f"`piwork resume {task_id}` continues the task",
                     None,
                 )
                 self._limit_hit.set()
@@ -1063,13 +1066,29 @@ class TaskSession:
                 reason, message, limit = StopReason.CANCELLED, "aborted", None
             else:
                 reason, message, limit = StopReason.COMPLETED, None, None
-        await self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
+        status: TaskStatus | None = None
+        try:
+            await self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
+        except TaskWriteError as exc:
+            # task.json keeps its last state (the disk is full, or gone): the run
+            # still ends, and says why. Once this process lets the task go, the
+            # next look at it (`piwork tasks`, resume) finds it interrupted.
+            full = exc.errno == errno.ENOSPC
+            self.emit(
+                EventKind.ERROR,
+                message=f"cannot record the end of the task ({exc}); "
+                + ("free some disk space, then " if full else "")
+                + f"`piwork resume {self.task.id}` continues it",
+            )
+            status = TaskStatus.INTERRUPTED
         self._stop_reason = None
         self._limit_hit.clear()
-        record = (await asyncio.to_thread(self.store.get, self.task.id)).record
-        outcome = Outcome(
-            self.task.id, record.status.value, reason.value, message, dict(self.timings)
-        )
+        if status is None:
+            record = (await asyncio.to_thread(self.store.get, self.task.id)).record
+            status = record.status
+        else:
+            record = self.task.record
+        outcome = Outcome(self.task.id, status.value, reason.value, message, dict(self.timings))
         self.emit(
             EventKind.DONE,
             status=outcome.status,

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -427,6 +428,14 @@ class AgentVm:
         except (TemplateUnavailable, VmError, OSError, RuntimeError, TimeoutError) as exc:
             if chan is not None:
                 discard(chan)
+            # SIGKILL comes from outside (a person, the OOM killer): the saved VM is
+            # not at fault and stays for the next start. Anything else discards it.
+            proc = self.vm.proc
+            killed = (
+                proc is not None
+                and await self.vm.wait_exit(0.5)
+                and proc.returncode == -signal.SIGKILL
+            )
             await self.channel.close()
             await self.netmux.close()
             await self.vm.shutdown(grace=0)
@@ -435,7 +444,8 @@ class AgentVm:
             self.channel = self._new_channel()
             self.netmux = self._new_netmux()
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]
-            await asyncio.to_thread(discard_template, tpl)
+            if not killed:
+                await asyncio.to_thread(discard_template, tpl)
             raise TemplateUnavailable(f"restoring the saved VM failed ({short})") from exc
         restored = time.monotonic() - t
         self.timings["restored"] = restored

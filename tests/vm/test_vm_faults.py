@@ -41,6 +41,7 @@ from piwork.proxy.gateway import ModelGateway
 from piwork.runner import Asker, EventKind, RunEvent, RunRequest, TaskSession, VmStartFailed
 from piwork.tasks import TaskStatus, TaskStore
 from piwork.tasks.transcript import Record, read_records
+from piwork.vm.template import default_root, template_for
 
 from .conftest import ScriptedAsker, scripted_provider
 
@@ -194,8 +195,11 @@ async def test_qemu_killed_at_boot_leaves_a_task_that_says_why_and_resumes(story
     # failed restore never fails a task): kill that boot too. Then it must give up
     # and say why.
     killed: list[int] = []
+    agents = []
     while not starting.done() and len(killed) < 3:
         agent = session.agent
+        if agent is not None and agent not in agents:
+            agents.append(agent)
         pid = agent.vm.pid if agent is not None else None
         if pid is not None and pid not in killed:
             killed.append(kill_qemu(session))
@@ -215,6 +219,10 @@ async def test_qemu_killed_at_boot_leaves_a_task_that_says_why_and_resumes(story
     assert said.startswith("the VM exited while starting: ") and "(QEMU killed by SIGKILL)" in said
     assert f"`piwork resume {story.task_id}` tries again" in said and "`piwork doctor`" in said
     assert "Last console output:" in said
+    # A restore killed from outside is not the saved VM's fault: it stays for the next start.
+    assert any("restoring the saved VM failed" in str(n) for n in notices), notices
+    assert len(agents) == 1
+    template_for(agents[0].spec, default_root(agents[0].cfg.pack_dir)).check()
     story.faults.append("QEMU SIGKILL at boot")
     store = check_after_fault(story)
     stop = store.get(story.task_id).record.stop

@@ -53,6 +53,7 @@ from piwork.vm.template import (
     discard_template,
     restore_vm,
     save_vm,
+    sweep_unfinished,
     template_for,
     usable,
 )
@@ -458,8 +459,8 @@ class AgentVm:
 
     async def _build_template(self, tpl: Template) -> None:
         """Boot a VM with no task in it until pi is loaded, and save it."""
+        await asyncio.to_thread(sweep_unfinished, tpl)  # the build lock is held
         tmp = tpl.dir.parent / f"{tpl.dir.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         shares = []
         for share in self.spec.shares:

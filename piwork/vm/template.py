@@ -248,6 +248,18 @@ def commit(tmp_dir: Path, tpl: Template, extra: dict[str, Any]) -> None:
     fsync_dir(tpl.dir.parent)
 
 
+def sweep_unfinished(tpl: Template) -> list[Path]:
+    """Remove what dead builders left of this template (a build or a discard cut short
+    by kill -9: up to a guest's RAM each). Call with its :func:`build_lock` held: then
+    no other process is building it, so every such directory is stale."""
+    gone = []
+    for leftover in tpl.dir.parent.glob(f"{tpl.dir.name}.*-*"):
+        if leftover.name.startswith((f"{tpl.dir.name}.tmp-", f"{tpl.dir.name}.bad-")):
+            shutil.rmtree(leftover, ignore_errors=True)
+            gone.append(leftover)
+    return gone
+
+
 def discard_template(tpl: Template) -> None:
     """Move a broken template out of the way (a running clone keeps its mapping)."""
     aside = tpl.dir.with_name(f"{tpl.dir.name}.bad-{os.getpid()}-{time.monotonic_ns()}")

@@ -47,6 +47,16 @@ pytestmark = pytest.mark.vm
 ANSWER = " ".join(f"s{i:03d}" for i in range(80))
 
 
+def vm_children(pid: int) -> list[int]:
+    """piwork's QEMU children that are VMs (not its `qemu --version` probe)."""
+    found = []
+    for child in qemu_children(pid):
+        with contextlib.suppress(OSError):
+            if b"-name\0piwork-" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(child)
+    return found
+
+
 def children_of(pid: int) -> set[int]:
     """Every live descendant of ``pid`` (from the process table)."""
     parent: dict[int, int] = {}
@@ -152,7 +162,7 @@ async def start_tty(home: Home, *args: str) -> tuple[Cli, Terminal]:
 
 async def kill_piwork(home: Home, cli: Cli, point: str) -> None:
     """SIGKILL piwork; QEMU and every other child must go with it."""
-    qemu = qemu_children(cli.proc.pid)
+    qemu = vm_children(cli.proc.pid)
     children = children_of(cli.proc.pid)
     assert len(qemu) == 1, f"{point}: expected one QEMU child, found {qemu}"
     home.transcript_now()
@@ -191,7 +201,7 @@ async def kill_during_vm_start(home: Home, rng: random.Random) -> str:
     cli = await Cli.start(home.env, home.log("start"), "resume", home.task_id, "--yes", "--json")
     try:
         if at == "qemu started":
-            await wait_for("QEMU", lambda: bool(qemu_children(cli.proc.pid)), cli, 120)
+            await wait_for("QEMU", lambda: bool(vm_children(cli.proc.pid)), cli, 120)
         else:
             await cli.wait_event(lambda e: e["event"] == "boot" and e["stage"] == "restored", 120)
         await asyncio.sleep(jitter)
@@ -262,7 +272,7 @@ async def test_piwork_killed_at_random_points_then_the_task_resumes_to_completio
     try:
         home.story.task_id = (await cli.wait_event(lambda e: e["event"] == "task", 60))["id"]
         while cli.proc.returncode is None and len(killed) < 3:
-            for pid in qemu_children(cli.proc.pid):
+            for pid in vm_children(cli.proc.pid):
                 if pid not in killed:
                     os.kill(pid, signal.SIGKILL)
                     killed.append(pid)
@@ -273,6 +283,8 @@ async def test_piwork_killed_at_random_points_then_the_task_resumes_to_completio
     err = cli.stderr
     print(f"QEMU killed {len(killed)}x at start; piwork said: {err.strip()[:400]}")
     assert code == 1, err
+    notices = [str(e.get("message")) for e in cli.events if e["event"] == "notice"]
+    assert len(killed) == 2 and any(n.startswith("cold boot: ") for n in notices), (killed, notices)
     assert "piwork: the VM exited while starting: " in err, err
     assert f"`piwork resume {home.task_id}` tries again" in err and "`piwork doctor`" in err
     assert "Last console output:" in err and "Traceback" not in err and "VmStartFailed" not in err

@@ -21,6 +21,7 @@ import random
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,7 @@ from piwork.rpc import models as m
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStatus, TaskStore
 from piwork.tasks.transcript import read_records
+from piwork.vm.channel import Endpoint
 from tests.faults.conftest import SmallDisk
 
 from .conftest import pid_alive
@@ -47,6 +49,7 @@ pytestmark = pytest.mark.vm
 DISK_SIZE = "24m"  # room for a task (state share, logs, transcript); filled on purpose
 WORDS = 160
 DROPS = 3
+RECONNECT_PAUSE = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +82,14 @@ async def story(
     model_server.chunk_delay = 0.0
 
 
+class SlowEndpoint(Endpoint):
+    """The channel's socket, opened after a pause (the guest keeps producing meanwhile)."""
+
+    async def open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        await asyncio.sleep(RECONNECT_PAUSE)
+        return await super().open()
+
+
 def seeded() -> random.Random:
     seed = int(os.environ.get("PIWORK_FAULT_SEED") or time.time_ns() % 1_000_000)
     print(f"\n[fault seed] PIWORK_FAULT_SEED={seed}")
@@ -101,6 +112,18 @@ async def test_channel_dropped_mid_stream_delivers_every_event_once_in_order(
     items: list[object] = []
     session.rpc.add_listener(items.append)
     channel = session.agent.channel
+    # Each new connection waits a moment, so the guest has lines to replay; the
+    # hello reply says how far the supervisor got (its lastSeq) beyond the host.
+    channel.endpoint = SlowEndpoint(unix_path=channel.endpoint.unix_path)
+    replayed: list[int] = []
+    on_transient = channel._on_transient
+
+    def count_replay(msg: dict[str, Any]) -> bool:
+        if msg.get("ev") == "hello":
+            replayed.append(int(msg["lastSeq"]) - channel.last_seq)
+        return on_transient(msg)
+
+    channel._on_transient = count_replay  # type: ignore[method-assign]
     try:
         story.server.chunk_delay = 0.05  # streamed slowly enough to cut into
         story.server.script = counting(Text(answer))
@@ -117,9 +140,13 @@ async def test_channel_dropped_mid_stream_delivers_every_event_once_in_order(
     finally:
         story.server.chunk_delay = 0.0
         await session.__aexit__(None, None, None)
-    print(f"reconnected {len(drops)}x in {[round(d, 2) for d in drops]}s; run: {outcome.reason}")
+    print(
+        f"reconnected {len(drops)}x in {[round(d, 2) for d in drops]}s, the guest replayed "
+        f"{replayed} lines; run: {outcome.reason}"
+    )
     assert outcome.ok, outcome
     assert channel.reconnects >= DROPS and channel.gaps == []
+    assert len(replayed) == DROPS and all(n > 0 for n in replayed), replayed
     # Exactly once, in order: a duplicate or a lost delta would change the text.
     deltas = [str(e.data["delta"]) for e in events if e.kind is EventKind.TEXT]
     assert "".join(deltas).strip() == answer and len(deltas) == len(pieces), deltas

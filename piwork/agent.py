@@ -391,7 +391,7 @@ class AgentVm:
     async def _start_warm(self, t0: float) -> None:
         """Restore the saved VM (making it first if there is none); TemplateUnavailable: boot."""
         root = self.cfg.template_root or default_root(self.cfg.pack_dir)
-        tpl = template_for(self.spec, root)
+        tpl = await asyncio.to_thread(template_for, self.spec, root)  # runs qemu --version
         built: float | None = None
         try:
             await asyncio.to_thread(tpl.check)

@@ -175,3 +175,18 @@ def test_what_a_killed_builder_left_is_swept_by_the_next_build(tmp_path: Path) -
     assert other.exists(), "another template's build may be under way: not ours to sweep"
     assert kept.exists()
     tpl.check()
+
+
+def test_a_failed_qemu_version_probe_means_no_saved_vm_and_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    """`qemu --version` killed (or timed out): no template is keyed "unknown" (a stray
+    one would be made and later matched to any QEMU); the next start asks again."""
+    qemu = tmp_path / "qemu-system-test"
+    qemu.write_text("#!/bin/sh\nkill -9 $$\n")  # dies before printing its version
+    qemu.chmod(0o755)
+    s = spec(qemu_binary=str(qemu))
+    with pytest.raises(TemplateUnavailable, match="cannot tell which QEMU"):
+        template_for(s, tmp_path)
+    qemu.write_text("#!/bin/sh\necho 'QEMU emulator version 7.2.99'\n")
+    assert template_for(s, tmp_path).key["qemu"].startswith("QEMU emulator version 7.2.99|")

@@ -332,10 +332,11 @@ class TaskSession:
             ):
                 # Going on would only pile records up in memory: stop, and say why.
                 task_id = self.task.id if self.task is not None else "<task>"
+                why = os.strerror(exc.errno or errno.ENOSPC)
                 self._stop_reason = (
                     StopReason.ERROR,
                     f"the disk is full, so the task's transcript cannot be saved "
-                    f"({exc.path}: {os.strerror(errno.ENOSPC)}); free some space, then "
+                    f"({exc.path}: {why}); free some space, then "
                     f"`piwork resume {task_id}` continues the task",
                     None,
                 )

@@ -160,7 +160,7 @@ async def start_tty(home: Home, *args: str) -> tuple[Cli, Terminal]:
     return Cli(proc, log), term
 
 
-async def kill_piwork(home: Home, cli: Cli, point: str) -> None:
+async def kill_piwork(home: Home, cli: Cli, point: str, was: str = "running") -> None:
     """SIGKILL piwork; QEMU and every other child must go with it."""
     qemu = vm_children(cli.proc.pid)
     children = children_of(cli.proc.pid)
@@ -177,14 +177,15 @@ async def kill_piwork(home: Home, cli: Cli, point: str) -> None:
     left = [p for p in children if pid_alive(p)]
     assert not left, f"{point}: children of the killed piwork still alive: {left}"
     await assert_no_orphans(home.task_id, ())
-    await check_interrupted(home, point)
+    await check_interrupted(home, point, was)
 
 
-async def check_interrupted(home: Home, point: str) -> None:
+async def check_interrupted(home: Home, point: str, was: str) -> None:
     rc, out, err = await run_cli(home.env, "tasks", "list", "--json")
     assert rc == 0, err
     listed = {t["id"]: t for t in json.loads(out)}
-    assert listed[home.task_id]["status"] == "interrupted", (point, listed[home.task_id])
+    task = listed[home.task_id]
+    assert task["status"] == "interrupted" and task["interruptedFrom"] == was, (point, task)
     check_after_fault(home.story)  # task.json, policy, transcript prefix
     home.story.faults.append(point)
 
@@ -241,7 +242,8 @@ async def kill_during_question(home: Home, rng: random.Random) -> str:
     try:
         await wait_for("the question", lambda: home.status() == "waiting_permission", cli, 180)
         await asyncio.sleep(delay)
-        await kill_piwork(home, cli, f"piwork SIGKILL during a permission question (+{delay:.2f}s)")
+        point = f"piwork SIGKILL during a permission question (+{delay:.2f}s)"
+        await kill_piwork(home, cli, point, was="waiting_permission")
     finally:
         cli.kill()
         term.close()

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import shutil
+import signal
 import socket
 import tempfile
 import time
@@ -52,6 +53,7 @@ from piwork.vm.template import (
     discard_template,
     restore_vm,
     save_vm,
+    sweep_unfinished,
     template_for,
     usable,
 )
@@ -389,7 +391,7 @@ class AgentVm:
     async def _start_warm(self, t0: float) -> None:
         """Restore the saved VM (making it first if there is none); TemplateUnavailable: boot."""
         root = self.cfg.template_root or default_root(self.cfg.pack_dir)
-        tpl = template_for(self.spec, root)
+        tpl = await asyncio.to_thread(template_for, self.spec, root)  # runs qemu --version
         built: float | None = None
         try:
             await asyncio.to_thread(tpl.check)
@@ -427,6 +429,14 @@ class AgentVm:
         except (TemplateUnavailable, VmError, OSError, RuntimeError, TimeoutError) as exc:
             if chan is not None:
                 discard(chan)
+            # SIGKILL comes from outside (a person, the OOM killer): the saved VM is
+            # not at fault and stays for the next start. Anything else discards it.
+            proc = self.vm.proc
+            killed = (
+                proc is not None
+                and await self.vm.wait_exit(0.5)
+                and proc.returncode == -signal.SIGKILL
+            )
             await self.channel.close()
             await self.netmux.close()
             await self.vm.shutdown(grace=0)
@@ -435,7 +445,8 @@ class AgentVm:
             self.channel = self._new_channel()
             self.netmux = self._new_netmux()
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]
-            await asyncio.to_thread(discard_template, tpl)
+            if not killed:
+                await asyncio.to_thread(discard_template, tpl)
             raise TemplateUnavailable(f"restoring the saved VM failed ({short})") from exc
         restored = time.monotonic() - t
         self.timings["restored"] = restored
@@ -448,8 +459,8 @@ class AgentVm:
 
     async def _build_template(self, tpl: Template) -> None:
         """Boot a VM with no task in it until pi is loaded, and save it."""
+        await asyncio.to_thread(sweep_unfinished, tpl)  # the build lock is held
         tmp = tpl.dir.parent / f"{tpl.dir.name}.tmp-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         shares = []
         for share in self.spec.shares:

@@ -13,7 +13,10 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import os
+import re
 import secrets
+import signal
 import stat
 import threading
 import time
@@ -64,7 +67,7 @@ from piwork.resources import ResourceError, vm_budget
 from piwork.rpc import models as m
 from piwork.rpc.client import ClientItem
 from piwork.rpc.framing import MalformedLine, OversizedLine
-from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
+from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore, TaskWriteError
 from piwork.tasks.model import LimitKind
 from piwork.tasks.model import Usage as TaskUsage
 from piwork.tasks.settings import load_task_settings, merge_limits
@@ -215,6 +218,19 @@ class RunError(RuntimeError):
     """A failure the person can act on; ``str()`` says what to do."""
 
 
+class VmStartFailed(RuntimeError):
+    """The VM exited before pi was ready (killed, crashed, out of memory).
+
+    ``str()`` says what happened, what to do (``piwork resume``, ``piwork
+    doctor``) and the console's last lines; ``summary`` is the first part only
+    (what the task records as its stop message)."""
+
+    def __init__(self, summary: str, console_tail: str = "") -> None:
+        self.summary = summary
+        tail = console_tail if console_tail.strip() else "(none: the VM printed nothing yet)"
+        super().__init__(f"{summary}\n\nLast console output:\n{tail}")
+
+
 _LIMIT_FLAGS = {
     LimitKind.TURNS: "--max-turns",
     LimitKind.WALL_TIME: "--max-minutes",
@@ -284,6 +300,7 @@ class TaskSession:
         self._loop_thread = 0
         self._status_lock = asyncio.Lock()
         self._abort_inflight: asyncio.Future[Any] | None = None
+        self._start_failure: str | None = None  # why start() failed: the task's stop message
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -314,10 +331,13 @@ class TaskSession:
                 self._stop_reason is None
             ):
                 # Going on would only pile records up in memory: stop, and say why.
+                task_id = self.task.id if self.task is not None else "<task>"
+                why = os.strerror(exc.errno or errno.ENOSPC)
                 self._stop_reason = (
                     StopReason.ERROR,
-                    f"the disk is full, so the task's transcript cannot be saved ({exc}); "
-                    "free some space, then `piwork resume` continues the task",
+                    f"the disk is full, so the task's transcript cannot be saved "
+                    f"({exc.path}: {why}); free some space, then "
+                    f"`piwork resume {task_id}` continues the task",
                     None,
                 )
                 self._limit_hit.set()
@@ -533,8 +553,11 @@ class TaskSession:
         agent.rpc.set_ui_handler(self._on_ui_request)
         agent.rpc.add_listener(self._on_item)
         t = time.monotonic()
-        await agent.start()
-        state = await agent.wait_pi_ready()
+        try:
+            await agent.start()
+            state = await agent.wait_pi_ready()
+        except Exception as exc:
+            raise await self._vm_start_failed(agent, exc) from exc
         self.timings["boot_to_pi_ready"] = time.monotonic() - t
         self.timings["start_to_pi_ready"] = time.monotonic() - self.t0
         self.timings.update({f"vm_{k}": v for k, v in agent.timings.items()})
@@ -544,6 +567,27 @@ class TaskSession:
             session=state.session_file,
             messages=state.message_count,
         )
+
+    async def _vm_start_failed(self, agent: AgentVm, exc: Exception) -> Exception:
+        """A start that failed because QEMU exited says so, and what to do next."""
+        vm = agent.vm
+        if vm.proc is None or not await vm.wait_exit(1.0):
+            return exc  # the VM still runs: the error is about something else
+        assert self.task is not None
+        code = vm.proc.returncode or 0
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = re.sub(r" \(exit status -?\d+\)", "", cause)
+        try:
+            status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"status {code}"
+        except ValueError:
+            status = f"status {code}"
+        summary = (
+            f"the VM exited while starting: {cause} (QEMU {status}). "
+            f"`piwork resume {self.task.id}` tries again; if it fails again, `piwork doctor` "
+            f"checks QEMU and the accelerator. Console log: {vm.spec.console_log}"
+        )
+        self._start_failure = summary
+        return VmStartFailed(summary, vm.console_tail())
 
     def _write_state_file(self, rel: str, data: bytes) -> None:
         """Write a host-made file into the task's state share (the guest can write it).
@@ -600,7 +644,8 @@ class TaskSession:
                         await self._set_status(
                             TaskStatus.STOPPED,
                             reason=StopReason.ERROR,
-                            message="piwork stopped before the task finished",
+                            message=self._start_failure
+                            or "piwork stopped before the task finished",
                         )
             await self._stack.aclose()
             self.store.close()
@@ -1022,13 +1067,29 @@ class TaskSession:
                 reason, message, limit = StopReason.CANCELLED, "aborted", None
             else:
                 reason, message, limit = StopReason.COMPLETED, None, None
-        await self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
+        status: TaskStatus | None = None
+        try:
+            await self._set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
+        except TaskWriteError as exc:
+            # task.json keeps its last state (the disk is full, or gone): the run
+            # still ends, and says why. Once this process lets the task go, the
+            # next look at it (`piwork tasks`, resume) finds it interrupted.
+            full = exc.errno == errno.ENOSPC
+            self.emit(
+                EventKind.ERROR,
+                message=f"cannot record the end of the task ({exc}); "
+                + ("free some disk space, then " if full else "")
+                + f"`piwork resume {self.task.id}` continues it",
+            )
+            status = TaskStatus.INTERRUPTED
         self._stop_reason = None
         self._limit_hit.clear()
-        record = (await asyncio.to_thread(self.store.get, self.task.id)).record
-        outcome = Outcome(
-            self.task.id, record.status.value, reason.value, message, dict(self.timings)
-        )
+        if status is None:
+            record = (await asyncio.to_thread(self.store.get, self.task.id)).record
+            status = record.status
+        else:
+            record = self.task.record
+        outcome = Outcome(self.task.id, status.value, reason.value, message, dict(self.timings))
         self.emit(
             EventKind.DONE,
             status=outcome.status,

@@ -27,6 +27,7 @@ from piwork.runner import (
     RunError,
     RunRequest,
     TaskSession,
+    VmStartFailed,
 )
 from piwork.textsafe import sanitize
 from piwork.vm.command import Transport
@@ -349,6 +350,9 @@ def _handle_errors(coro_factory: Any) -> int:
     except RunError as exc:
         print(f"piwork: {exc}", file=sys.stderr)
         return 2
+    except VmStartFailed as exc:  # says what happened and what to do: no class name
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         # Every failure below the runner carries its own context (command line,
         # console tail, file paths); show it whole, but not as a traceback.

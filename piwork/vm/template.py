@@ -60,9 +60,23 @@ class TemplateUnavailable(Exception):
     """No usable template: the message is the reason, shown as "cold boot: <reason>"."""
 
 
-@lru_cache(maxsize=8)
+UNKNOWN_QEMU = "unknown"
+"""The version part of :func:`qemu_identity` when ``qemu --version`` failed."""
+
+
 def qemu_identity(binary: str) -> str:
-    """The QEMU build: its version line plus the binary's size and mtime."""
+    """The QEMU build: its version line plus the binary's size and mtime.
+
+    A failed version probe (killed, timed out) is not remembered: the next call
+    asks again."""
+    identity = _qemu_identity(binary)
+    if identity.startswith(f"{UNKNOWN_QEMU}|"):
+        _qemu_identity.cache_clear()
+    return identity
+
+
+@lru_cache(maxsize=8)
+def _qemu_identity(binary: str) -> str:
     path = shutil.which(binary)
     if path is None:
         return "missing"
@@ -72,7 +86,7 @@ def qemu_identity(binary: str) -> str:
             [path, "--version"], capture_output=True, text=True, timeout=10, check=False
         ).stdout.splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
-        out = "unknown"
+        out = UNKNOWN_QEMU
     return f"{out}|{st.st_size}|{int(st.st_mtime)}"
 
 
@@ -149,6 +163,12 @@ class Template:
 
 def template_for(spec: VmSpec, root: Path) -> Template:
     key = template_key(spec)
+    if str(key["qemu"]).startswith(f"{UNKNOWN_QEMU}|"):
+        # Without its version a saved VM could be matched to another QEMU build
+        # (or a stray one made for "unknown"): boot instead.
+        raise TemplateUnavailable(
+            f"cannot tell which QEMU this is ('{spec.qemu_binary} --version' failed)"
+        )
     return Template(root / key_digest(key), key)
 
 
@@ -246,6 +266,18 @@ def commit(tmp_dir: Path, tpl: Template, extra: dict[str, Any]) -> None:
         shutil.rmtree(tpl.dir, ignore_errors=True)  # an invalid one (checked by the caller)
     os.rename(tmp_dir, tpl.dir)
     fsync_dir(tpl.dir.parent)
+
+
+def sweep_unfinished(tpl: Template) -> list[Path]:
+    """Remove what dead builders left of this template (a build or a discard cut short
+    by kill -9: up to a guest's RAM each). Call with its :func:`build_lock` held: then
+    no other process is building it, so every such directory is stale."""
+    gone = []
+    for leftover in tpl.dir.parent.glob(f"{tpl.dir.name}.*-*"):
+        if leftover.name.startswith((f"{tpl.dir.name}.tmp-", f"{tpl.dir.name}.bad-")):
+            shutil.rmtree(leftover, ignore_errors=True)
+            gone.append(leftover)
+    return gone
 
 
 def discard_template(tpl: Template) -> None:

@@ -19,6 +19,7 @@ from piwork.vm.template import (
     TemplateUnavailable,
     commit,
     key_digest,
+    sweep_unfinished,
     template_for,
     template_key,
     usable,
@@ -157,3 +158,35 @@ def test_a_template_saved_with_a_network_card_is_never_restored(tmp_path: Path) 
     # absence: `piwork doctor` looks the template up without one).
     assert template_key(replace(now, net_socket=Path("/x/n.sock"))) == template_key(now)
     assert template_key(replace(now, net_socket=None)) == template_key(now)
+
+
+def test_what_a_killed_builder_left_is_swept_by_the_next_build(tmp_path: Path) -> None:
+    """kill -9 during a build (or a discard) leaves a directory of up to a guest's RAM
+    behind; the next builder of that template (holding its lock) removes it."""
+    kept = make(tmp_path, spec())
+    tpl = template_for(spec(), tmp_path)
+    stale = [tmp_path / f"{tpl.dir.name}.tmp-4242", tmp_path / f"{tpl.dir.name}.bad-7-99"]
+    other = tmp_path / f"{key_digest({'another': 'template'})}.tmp-4242"
+    for d in (*stale, other):
+        d.mkdir()
+        (d / RAM).write_bytes(b"\0" * 4096)
+    assert sorted(sweep_unfinished(tpl)) == sorted(stale)
+    assert not any(d.exists() for d in stale)
+    assert other.exists(), "another template's build may be under way: not ours to sweep"
+    assert kept.exists()
+    tpl.check()
+
+
+def test_a_failed_qemu_version_probe_means_no_saved_vm_and_is_asked_again(
+    tmp_path: Path,
+) -> None:
+    """`qemu --version` killed (or timed out): no template is keyed "unknown" (a stray
+    one would be made and later matched to any QEMU); the next start asks again."""
+    qemu = tmp_path / "qemu-system-test"
+    qemu.write_text("#!/bin/sh\nkill -9 $$\n")  # dies before printing its version
+    qemu.chmod(0o755)
+    s = spec(qemu_binary=str(qemu))
+    with pytest.raises(TemplateUnavailable, match="cannot tell which QEMU"):
+        template_for(s, tmp_path)
+    qemu.write_text("#!/bin/sh\necho 'QEMU emulator version 7.2.99'\n")
+    assert template_for(s, tmp_path).key["qemu"].startswith("QEMU emulator version 7.2.99|")

@@ -38,9 +38,10 @@ from piwork.models.scripted import (
 from piwork.policy import Choice
 from piwork.policy.store import PolicyStore
 from piwork.proxy.gateway import ModelGateway
-from piwork.runner import Asker, EventKind, RunEvent, RunRequest, TaskSession
+from piwork.runner import Asker, EventKind, RunEvent, RunRequest, TaskSession, VmStartFailed
 from piwork.tasks import TaskStatus, TaskStore
 from piwork.tasks.transcript import Record, read_records
+from piwork.vm.template import default_root, template_for
 
 from .conftest import ScriptedAsker, scripted_provider
 
@@ -194,8 +195,11 @@ async def test_qemu_killed_at_boot_leaves_a_task_that_says_why_and_resumes(story
     # failed restore never fails a task): kill that boot too. Then it must give up
     # and say why.
     killed: list[int] = []
+    agents = []
     while not starting.done() and len(killed) < 3:
         agent = session.agent
+        if agent is not None and agent not in agents:
+            agents.append(agent)
         pid = agent.vm.pid if agent is not None else None
         if pid is not None and pid not in killed:
             killed.append(kill_qemu(session))
@@ -207,13 +211,22 @@ async def test_qemu_killed_at_boot_leaves_a_task_that_says_why_and_resumes(story
     notices = [e.data.get("message") for e in events if e.kind is EventKind.NOTICE]
     print(f"{len(killed)} kill(s) at boot; notices {notices}")
     print(f"start failed: {type(failed.value).__name__}: {failed.value}")
-    assert str(failed.value).strip(), "the failure says nothing"
     assert session.task is not None
     story.task_id = session.task.id
+    # It says what happened, what to do, and what the console showed last.
+    assert isinstance(failed.value, VmStartFailed), repr(failed.value)
+    said = str(failed.value)
+    assert said.startswith("the VM exited while starting: ") and "(QEMU killed by SIGKILL)" in said
+    assert f"`piwork resume {story.task_id}` tries again" in said and "`piwork doctor`" in said
+    assert "Last console output:" in said
+    # A restore killed from outside is not the saved VM's fault: it stays for the next start.
+    assert any("restoring the saved VM failed" in str(n) for n in notices), notices
+    assert len(agents) == 1
+    template_for(agents[0].spec, default_root(agents[0].cfg.pack_dir)).check()
     story.faults.append("QEMU SIGKILL at boot")
     store = check_after_fault(story)
     stop = store.get(story.task_id).record.stop
-    assert stop is not None and stop.message, "the task does not say why it stopped"
+    assert stop is not None and stop.message == failed.value.summary, stop
     await assert_no_orphans(story.task_id, ports)
 
 

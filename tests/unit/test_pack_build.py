@@ -81,6 +81,10 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     ):
         assert (disk / rel).is_file(), rel
     assert os.access(disk / "node/bin/node", os.X_OK)
+    # V8's code cache for the bundle and the extensions (piwork.pack.codecache).
+    cache_files = list((disk / "node-cache").iterdir())
+    assert len(cache_files) == m.stats["code_cache_files"] > 0
+    assert any("node-cache:" in line and "entries" in line for line in logs)
     assert not (disk / "pack-tools").exists()  # build tools never reach the guest
     disk_tree = [
         f"opt/piwork/{(Path(d) / f).relative_to(disk).as_posix()}"

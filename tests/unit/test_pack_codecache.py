@@ -15,7 +15,6 @@ import re
 import socket
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,11 +32,6 @@ BUNDLE_URL = (
 NODE = "/opt/piwork/node/bin/node"
 LAUNCHER = "/opt/piwork/launcher/launch.mjs"
 EXTENSIONS = ("permission-gate", "ask-user")
-
-pytestmark = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or codecache.unavailable_reason() is not None,
-    reason="needs Linux with user namespaces to run the guest's node in its own tree",
-)
 
 
 @pytest.fixture(scope="module")

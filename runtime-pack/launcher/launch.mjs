@@ -16,8 +16,20 @@
 // imported here and handed to pi as an extension factory (pi's
 // main(argv, {extensionFactories})) in place of its `-e X.ts` argument, so
 // pi never starts jiti. Anything not precompiled takes the old path.
+//
+// V8 code cache (made by the pack builder, piwork/pack/codecache.py): Node's
+// compile cache entries for the bundle and the extensions, on the read-only
+// disk at /opt/piwork/node-cache. Node looks for them in a directory named
+// after V8's version, flags and this CPU's features, which the builder could
+// not know: so the cache is enabled on a fresh directory in /tmp and the
+// directory Node asks for is made a link to the pack's entries. An entry that
+// does not match (other node, other flags, damaged) is a miss: V8 compiles
+// from source. Node's writes at exit fail on the read-only disk.
 import fs from "node:fs";
+import module from "node:module";
 import net from "node:net";
+import os from "node:os";
+import path from "node:path";
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 
@@ -28,6 +40,26 @@ const require = createRequire(`${PI_DIR}/package.json`);
 
 const ctl = new net.Socket({ fd: 3, readable: true, writable: true });
 const say = (obj) => ctl.write(`${JSON.stringify(obj)}\n`);
+
+const CODE_CACHE = process.env.PIWORK_CODE_CACHE || "/opt/piwork/node-cache";
+
+/** Point Node's compile cache at the pack's entries; returns what happened (for the log). */
+function useCodeCache() {
+  if (typeof module.enableCompileCache !== "function") return "unsupported";
+  if (!fs.existsSync(CODE_CACHE)) return "none";
+  try {
+    const base = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-code-cache-"));
+    const r = module.enableCompileCache(base);
+    if (r.status !== module.constants.compileCacheStatus.ENABLED) return `off: ${r.message || r.status}`;
+    const dir = module.getCompileCacheDir(); // <base>/<node>-<arch>-<V8 tag>-<uid>, just made, empty
+    fs.rmdirSync(dir);
+    fs.symlinkSync(CODE_CACHE, dir);
+    return "on";
+  } catch (err) {
+    return `off: ${err.message}`; // at worst every module misses the cache
+  }
+}
+const codeCache = useCodeCache();
 
 const BUNDLE = `${PI_DIR}/dist/core/piwork-bundle/entry.js`;
 const [{ main }, { EnvHttpProxyAgent, setGlobalDispatcher }] = fs.existsSync(BUNDLE)
@@ -121,7 +153,7 @@ async function warmExtensions(paths) {
 }
 const warm = (process.env.PIWORK_WARM_EXTENSIONS || "").split(":").filter(Boolean);
 await warmExtensions(await loadCompiled(warm));
-say({ ev: "loaded", ms: Math.round(performance.now() - t0) });
+say({ ev: "loaded", ms: Math.round(performance.now() - t0), codeCache });
 
 function applyEnv(env) {
   // In place: native code (os.homedir, child processes) reads the real environ.

@@ -22,6 +22,11 @@
 // In the bundle that import is a small module with the same createJiti that
 // loads jiti's own lazy entry from node_modules on first use (babel only on
 // the first transform), exactly as jiti does outside Bun binaries.
+// Likewise highlight.js, which cli-highlight imports for pi's interactive
+// theme: its index registers ~190 languages at import (~14 % of the bundle's
+// import natively, `--cpu-prof`), and RPC mode never highlights. In the
+// bundle it is a module with the same functions, each loading the real
+// highlight.js (the one cli-highlight resolves, from node_modules) on first call.
 // Each extension becomes one self-contained ES module (its gate/*.js helpers
 // and typebox inlined) whose default export is the extension factory, which
 // the launcher hands to pi's main() (options.extensionFactories).
@@ -64,6 +69,35 @@ const lazyJiti = {
   },
 };
 
+// Packages evaluated at import but only used on demand: bare specifier -> loaded lazily.
+const LAZY_PACKAGES = ["highlight.js"];
+
+const lazyPackages = {
+  name: "piwork-lazy-packages",
+  setup(build) {
+    const filter = new RegExp(`^(${LAZY_PACKAGES.map((p) => p.replace(/[.]/g, "\\.")).join("|")})$`);
+    build.onResolve({ filter }, (args) => {
+      const real = require.resolve(args.path, { paths: [args.resolveDir] });
+      // The bare name as the module's path: no build-host path in the bundle.
+      return { path: args.path, namespace: "piwork-lazy", pluginData: { real } };
+    });
+    build.onLoad({ filter: /.*/, namespace: "piwork-lazy" }, (args) => {
+      const { real } = args.pluginData;
+      const mod = require(real);
+      const names = Object.keys(mod).filter((k) => typeof mod[k] === "function" && /^[A-Za-z_$][\w$]*$/.test(k));
+      // Relative to the bundle's directory, where every chunk of it lives.
+      const rel = path.relative(job.bundleDir, real).split(path.sep).join("/");
+      const lines = [
+        'import { createRequire } from "node:module";',
+        "let real;",
+        `const load = () => (real ??= createRequire(import.meta.url)(${JSON.stringify(`./${rel}`)}));`,
+        ...names.map((k) => `export function ${k}(...a) { return load().${k}(...a); }`),
+      ];
+      return { contents: lines.join("\n"), loader: "js" };
+    });
+  },
+};
+
 function report(err) {
   const msgs = (err.errors || []).slice(0, 10).map((e) => {
     const loc = e.location ? `${e.location.file}:${e.location.line}: ` : "";
@@ -87,7 +121,7 @@ async function main() {
     entryNames: "entry",
     chunkNames: "chunk-[hash]",
     external: job.external,
-    plugins: [lazyJiti],
+    plugins: [lazyJiti, lazyPackages],
     metafile: true,
   });
   const outputs = Object.entries(r.metafile.outputs);

@@ -183,7 +183,7 @@ function spawnLauncher() {
     }
     if (msg.ev === "loaded") {
       entry.loaded = true;
-      outbox.event({ ev: "preloaded", ms: msg.ms ?? null });
+      outbox.event({ ev: "preloaded", ms: msg.ms ?? null, codeCache: msg.codeCache ?? null });
     }
   });
   entry.ctl.on("data", (c) => split.push(c));

@@ -31,7 +31,11 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     result = build.build_pack(packs=packs, downloads=downloads, log=logs.append)
     assert result.built
     m = result.manifest
-    assert m.cmdline == "console=ttyS0 panic=-1 quiet loglevel=3 piwork.rootfs=erofs"
+    assert m.cmdline == (
+        "console=ttyS0 panic=-1 quiet loglevel=3 cryptomgr.notests "
+        "initcall_blacklist=crypto_kdf108_init,init_kprobe_trace,init_encrypted,init_zswap "
+        "apparmor=0 piwork.rootfs=erofs"
+    )
     pins = load_pins(repo_root() / "vm-image" / "pins.toml")
     assert m.versions["kernel"] == pins.kernel_release
     assert m.versions["node"] == "22.23.3" and m.versions["pi"] == "0.73.1"
@@ -77,6 +81,10 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     ):
         assert (disk / rel).is_file(), rel
     assert os.access(disk / "node/bin/node", os.X_OK)
+    # V8's code cache for the bundle and the extensions (piwork.pack.codecache).
+    cache_files = list((disk / "node-cache").iterdir())
+    assert len(cache_files) == m.stats["code_cache_files"] > 0
+    assert any("node-cache:" in line and "entries" in line for line in logs)
     assert not (disk / "pack-tools").exists()  # build tools never reach the guest
     disk_tree = [
         f"opt/piwork/{(Path(d) / f).relative_to(disk).as_posix()}"

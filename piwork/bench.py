@@ -172,7 +172,8 @@ async def _vm_round(ctx: BenchContext, *, warm: bool, prompt: bool) -> dict[str,
             figures[f"QEMU PSS after {label} start (MiB)"] = pss_mib(session.agent.vm.pid)
             if warm and not (how and how[0].startswith("restored") and len(how) == 1):
                 # The warm figure is only a warm figure if the VM was restored.
-                ctx.notes.append(f"warm round not restored: {how[0] if how else 'no template'}")
+                if "template built" not in how:  # (a round that made it is measured again)
+                    ctx.notes.append(f"warm round not restored: {how[0] if how else 'no template'}")
                 figures.pop(WARM)
             if prompt:
                 t = time.monotonic()

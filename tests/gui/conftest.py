@@ -15,6 +15,7 @@ import pytest
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
 from piwork.config import Paths, get_paths
+from piwork.policy import Action, Choice, PermissionRequest, Target
 
 
 @pytest.fixture
@@ -82,3 +83,23 @@ async def until(cond: Callable[[], object], timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for: {what}")
         await asyncio.sleep(0.05)
+
+
+def permission_request(
+    action: Action, path: str | None, command: str | None = None
+) -> PermissionRequest:
+    """A permission request for one target, as the runner parses it from pi's dialog."""
+    return PermissionRequest(
+        request_id="req-1",
+        question=f"allow {action.value}?",
+        options=tuple(c.value for c in Choice),
+        action=action,
+        tool="bash",
+        tool_call_id="call-1",
+        task_id="t1",
+        cwd="/mnt/work",
+        command=command,
+        paths=(path,) if path else (),
+        targets=(Target(action, op=action.value, path=path, command=command),),
+        payload={},
+    )

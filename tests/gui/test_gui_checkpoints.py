@@ -32,12 +32,11 @@ from piwork.policy import (
     Decider,
     PermissionRequest,
     PolicyStore,
-    Target,
     TaskContext,
 )
 from piwork.tasks import TaskStore
 
-from .conftest import until
+from .conftest import permission_request, until
 
 BIG = 5000
 
@@ -46,31 +45,52 @@ def run(loop: asyncio.AbstractEventLoop, coro: Any) -> Any:
     return loop.run_until_complete(asyncio.wait_for(coro, 60))
 
 
+class Recorded:
+    """A real task on ``folder`` whose checkpoints the runner's own recorder takes,
+    driven turn by turn on the GUI's loop as the runner drives it."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        paths: Paths,
+        folder: Path,
+        title: str,
+        on_event: Callable[[dict[str, Any]], None] = lambda _e: None,
+    ) -> None:
+        store = TaskStore(paths.tasks)
+        try:
+            self.task = store.create(title, folder)
+        finally:
+            store.close()
+        self.loop = loop
+        self.rec = RunRecorder(repo_for(self.task), on_event, turn_start_wait=0.01)
+        run(loop, self.rec.start())
+
+    def turn(self) -> None:
+        async def go() -> None:
+            self.rec.turn_started()
+            await self.rec.before_model_call()
+
+        run(self.loop, go())
+
+    def end(self) -> None:
+        run(self.loop, self.rec.end())
+
+
 def two_turns(loop: asyncio.AbstractEventLoop, paths: Paths, folder: Path) -> str:
     """A task whose turn 1 edits a.txt and adds big.txt, and turn 2 edits b.txt."""
     (folder / "a.txt").write_text("alpha\nunchanged line\n")
     (folder / "b.txt").write_text("bravo\n")
-    store = TaskStore(paths.tasks)
-    try:
-        task = store.create("checkpoints in the window", folder)
-    finally:
-        store.close()
     events: list[dict[str, Any]] = []
-    rec = RunRecorder(repo_for(task), events.append, turn_start_wait=0.01)
-
-    async def turn() -> None:
-        rec.turn_started()
-        await rec.before_model_call()
-
-    run(loop, rec.start())
-    run(loop, turn())
+    recorded = Recorded(loop, paths, folder, "checkpoints in the window", events.append)
+    recorded.turn()
     (folder / "a.txt").write_text("ALPHA from turn one\nunchanged line\n")
     (folder / "big.txt").write_text("".join(f"line {i}\n" for i in range(BIG)))
-    run(loop, turn())
+    recorded.turn()
     (folder / "b.txt").write_text("BRAVO from turn two\n")
-    run(loop, rec.end())
+    recorded.end()
     assert [e["turn"] for e in events] == [1, 2]
-    return task.id
+    return recorded.task.id
 
 
 def tree(panel: ContextPanel) -> dict[str, list[str]]:
@@ -201,23 +221,6 @@ def test_turns_diff_bounds_and_undo_through_the_checkpoints_api(
     assert not panel.redo_btn.isEnabled()
 
 
-def _request(action: Action, path: str | None, command: str) -> PermissionRequest:
-    return PermissionRequest(
-        request_id="req-1",
-        question=f"allow {action.value}?",
-        options=tuple(c.value for c in Choice),
-        action=action,
-        tool="bash",
-        tool_call_id="call-1",
-        task_id="t1",
-        cwd="/mnt/work",
-        command=command,
-        paths=(path,) if path else (),
-        targets=(Target(action, op=action.value, path=path, command=command),),
-        payload={},
-    )
-
-
 def test_everywhere_for_a_delete_asks_a_second_time_a_command_does_not(
     qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
 ) -> None:
@@ -234,7 +237,7 @@ def test_everywhere_for_a_delete_asks_a_second_time_a_command_does_not(
         req = dataclasses.replace(req, proposals=decider.proposals(req, ctx))
         return PendingPermission(req, qloop.create_future())
 
-    rm = pending(_request(Action.DELETE, "/mnt/work/x", "rm x"))
+    rm = pending(permission_request(Action.DELETE, "/mnt/work/x", "rm x"))
     assert always_rules(rm.request, Choice.ALWAYS_EVERYWHERE)
     win._answer(ctl, rm, Choice.ALWAYS_EVERYWHERE)
     box = win._everywhere_box
@@ -247,7 +250,7 @@ def test_everywhere_for_a_delete_asks_a_second_time_a_command_does_not(
     store.click()
     assert rm.future.result() is Choice.ALWAYS_EVERYWHERE
 
-    make = pending(_request(Action.SHELL, None, "make test"))
+    make = pending(permission_request(Action.SHELL, None, "make test"))
     before = win._everywhere_box
     win._answer(ctl, make, Choice.ALWAYS_EVERYWHERE)
     assert make.future.result() is Choice.ALWAYS_EVERYWHERE and win._everywhere_box is before
@@ -261,21 +264,11 @@ def test_a_running_turn_is_listed_only_once_the_task_stops(
     folder = tmp_path / "work"
     folder.mkdir()
     (folder / "a.txt").write_text("a\n")
-    store = TaskStore(gui_paths.tasks)
-    try:
-        task = store.create("open turn", folder)
-    finally:
-        store.close()
-    rec = RunRecorder(repo_for(task), lambda _e: None, turn_start_wait=0.01)
-
-    async def turn() -> None:
-        rec.turn_started()
-        await rec.before_model_call()
-
-    run(qloop, rec.start())
-    run(qloop, turn())
+    recorded = Recorded(qloop, gui_paths, folder, "open turn")
+    task = recorded.task
+    recorded.turn()
     (folder / "a.txt").write_text("A\n")
-    run(qloop, turn())  # turn 2 is open: no checkpoint after it yet
+    recorded.turn()  # turn 2 is open: no checkpoint after it yet
     (folder / "b.txt").write_text("b\n")
     running = context_mod.load_turns(task.id, gui_paths, include_open=False)
     assert [t.turn for t in running.turns] == [1] and running.undone is None

@@ -30,13 +30,12 @@ from piwork.policy import (
     PolicyStore,
     Rule,
     Scope,
-    Target,
     TaskContext,
     Verdict,
 )
 from piwork.tasks import TaskStore
 
-from .conftest import activate
+from .conftest import activate, permission_request
 
 # ----------------------------------------------------------------------------- text
 
@@ -50,31 +49,13 @@ def test_sanitize_strips_control_and_bidi_characters_and_bounds_length() -> None
     assert "\n" not in sanitize("a\nb", keep_newlines=False)
 
 
-def _request(action: Action, path: str | None, command: str | None = None) -> PermissionRequest:
-    target = Target(action, op=action.value, path=path, command=command)
-    return PermissionRequest(
-        request_id="req-1",
-        question=f"allow {action.value}?",
-        options=tuple(c.value for c in Choice),
-        action=action,
-        tool="bash",
-        tool_call_id="call-1",
-        task_id="t1",
-        cwd="/mnt/work",
-        command=command,
-        paths=(path,) if path else (),
-        targets=(target,),
-        payload={},
-    )
-
-
 @pytest.mark.parametrize("choice", [Choice.ALWAYS_FOLDER, Choice.ALWAYS_EVERYWHERE])
 @pytest.mark.parametrize(
     "req",
     [
-        _request(Action.DELETE, "/mnt/work/victim.txt", "rm victim.txt"),
-        _request(Action.SHELL, None, "make test"),
-        _request(Action.OUTSIDE_SCOPE, "/etc/hosts", "echo x > /etc/hosts"),
+        permission_request(Action.DELETE, "/mnt/work/victim.txt", "rm victim.txt"),
+        permission_request(Action.SHELL, None, "make test"),
+        permission_request(Action.OUTSIDE_SCOPE, "/etc/hosts", "echo x > /etc/hosts"),
     ],
 )
 def test_the_sheet_shows_exactly_the_rule_that_always_saves(
@@ -105,7 +86,7 @@ def test_the_sheet_shows_exactly_the_rule_that_always_saves(
 
 
 def test_allow_once_and_deny_save_no_rule_preview(tmp_path: Path) -> None:
-    req = _request(Action.DELETE, "/mnt/work/x", "rm x")
+    req = permission_request(Action.DELETE, "/mnt/work/x", "rm x")
     ctx = TaskContext(task_id="t", working_folder=None)
     req = dataclasses.replace(
         req, proposals=Decider(PolicyStore(tmp_path / "p")).proposals(req, ctx)

@@ -42,6 +42,7 @@ from .test_vm_faults import (
     counting,
     open_session,
     ports_of,
+    resume_to_completion,
 )
 
 pytestmark = pytest.mark.vm
@@ -210,15 +211,4 @@ async def test_disk_full_mid_run_stops_with_the_reason_and_the_task_resumes(
     assert store.get(story.task_id).record.status is TaskStatus.INTERRUPTED
 
     # Resumed once there is room again: the task completes in a new VM.
-    events.clear()
-    session = await open_session(story, events)
-    ports = ports_of(session)
-    try:
-        story.server.script = counting(Text("back with room to write"))
-        outcome = await asyncio.wait_for(session.run_prompt("go on"), 180)
-        assert outcome.ok, outcome
-    finally:
-        await session.__aexit__(None, None, None)
-    store = check_after_fault(story)
-    assert store.get(story.task_id).record.status is TaskStatus.STOPPED
-    await assert_no_orphans(story.task_id, ports)
+    await resume_to_completion(story, events, "go on", "back with room to write")

@@ -179,6 +179,26 @@ async def open_session(
     return session
 
 
+async def resume_to_completion(
+    story: Story, events: list[RunEvent], prompt: str, answer: str
+) -> None:
+    """Resume the story's task in a new VM and run one prompt to completion; then the
+    task is stopped (completed), its files parse and nothing of its VM is left."""
+    events.clear()
+    session = await open_session(story, events)
+    ports = ports_of(session)
+    try:
+        story.server.script = counting(Text(answer))
+        outcome = await asyncio.wait_for(session.run_prompt(prompt), 180)
+        assert outcome.ok, outcome
+    finally:
+        await session.__aexit__(None, None, None)
+    store = check_after_fault(story)
+    assert story.task_id is not None
+    assert store.get(story.task_id).record.status is TaskStatus.STOPPED
+    await assert_no_orphans(story.task_id, ports)
+
+
 # --------------------------------------------------------------------------- the story
 
 
@@ -322,16 +342,5 @@ async def test_qemu_killed_during_a_file_write_then_the_task_resumes(story: Stor
     await assert_no_orphans(story.task_id, ports)
 
     # The task resumes and completes in a new VM; the whole history is still there.
-    events.clear()
-    session = await open_session(story, events)
-    ports = ports_of(session)
-    try:
-        story.server.script = counting(Text("back and well"))
-        outcome = await asyncio.wait_for(session.run_prompt("are you back?"), 180)
-        assert outcome.ok, outcome
-    finally:
-        await session.__aexit__(None, None, None)
-    store = check_after_fault(story)
-    assert store.get(story.task_id).record.status is TaskStatus.STOPPED
-    await assert_no_orphans(story.task_id, ports)
+    await resume_to_completion(story, events, "are you back?", "back and well")
     print("faults survived:", story.faults)

@@ -42,7 +42,6 @@ async def measure() -> dict[str, Any]:
     from piwork.config import get_paths
     from piwork.gui.prefs import Prefs
     from piwork.gui.window import MainWindow
-    from piwork.models.providers import ModelSpec, Provider
     from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, bash
 
     paths = get_paths()
@@ -65,15 +64,7 @@ async def measure() -> dict[str, Any]:
 
     result: dict[str, Any] = {}
     async with ScriptedModelServer(script, model_id="scripted") as server:
-        provider = Provider(
-            name="scripted",
-            api="openai-completions",
-            base_url=server.base_url,
-            auth="none",
-            key_required=False,
-            default_model="scripted",
-            models=(ModelSpec(id="scripted", name="scripted"),),
-        )
+        provider = server.as_provider()
         win = MainWindow(paths=paths, prefs=Prefs(max_tasks=2, keep_warm_seconds=0))
         win.extra_run_args = {"extra_providers": (provider,)}
         win.model_pick.addItem("scripted", "scripted/scripted")

@@ -42,6 +42,8 @@ from typing import Any, Self, TypeAlias
 
 from aiohttp import web
 
+from piwork.models.providers import ModelSpec, Provider
+
 __all__ = [
     "ChatRequest",
     "Delay",
@@ -518,6 +520,21 @@ class ScriptedModelServer:
     def base_url(self) -> str:
         """What pi's ``models.json`` calls ``baseUrl``: ``http://HOST:PORT/v1``."""
         return f"http://{self.host}:{self.port}/v1"
+
+    def as_provider(self, provider: str = "scripted", **model: Any) -> Provider:
+        """This server as a custom provider (no key), so a run reaches it through
+        piwork's model gateway like any other; ``model``: more ``ModelSpec`` fields
+        (``name`` defaults to the server's model name)."""
+        spec = ModelSpec.model_validate({"id": self.model_id, "name": self.model_name, **model})
+        return Provider(
+            name=provider,
+            api="openai-completions",
+            base_url=self.base_url,
+            auth="none",
+            key_required=False,
+            default_model=self.model_id,
+            models=(spec,),
+        )
 
     @property
     def chat_requests(self) -> list[RecordedRequest]:

@@ -46,17 +46,7 @@ def qloop(qapp: object) -> Iterator[asyncio.AbstractEventLoop]:
 
 def scripted_provider(server: Any) -> Any:
     """The scripted server as a custom provider: the runner reaches it through its gateway."""
-    from piwork.models.providers import ModelSpec, Provider
-
-    return Provider(
-        name="scripted",
-        api="openai-completions",
-        base_url=server.base_url,
-        auth="none",
-        key_required=False,
-        default_model="scripted",
-        models=(ModelSpec(id="scripted", name="scripted test model"),),
-    )
+    return server.as_provider(name="scripted test model")
 
 
 def activate(w: Any) -> None:

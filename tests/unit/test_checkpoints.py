@@ -611,7 +611,6 @@ async def test_gateway_holds_each_model_call_until_the_checkpoint_is_taken() -> 
     """The reason checkpoints precede a turn's tools: the reply waits for them."""
     import aiohttp
 
-    from piwork.models.providers import ModelSpec, Provider
     from piwork.models.scripted import ScriptedModelServer, Text
     from piwork.proxy.gateway import ModelGateway
 
@@ -625,23 +624,8 @@ async def test_gateway_holds_each_model_call_until_the_checkpoint_is_taken() -> 
         done.set()
 
     async with server:
-        provider = Provider(
-            name="scripted",
-            api="openai-completions",
-            base_url=server.base_url,
-            auth="none",
-            key_required=False,
-            default_model="scripted",
-            models=(
-                ModelSpec(
-                    id="scripted",
-                    name="s",
-                    contextWindow=1000,
-                    maxTokens=100,
-                    reasoning=False,
-                    input=("text",),
-                ),
-            ),
+        provider = server.as_provider(
+            name="s", contextWindow=1000, maxTokens=100, reasoning=False, input=("text",)
         )
         gateway = ModelGateway([provider], lambda name: None, before_forward=checkpoint)
         async with gateway, aiohttp.ClientSession() as http:

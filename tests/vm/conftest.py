@@ -132,25 +132,13 @@ def per_prompt(*steps: object) -> object:
 
 def scripted_provider(server: ScriptedModelServer, name: str = SCRIPTED_PROVIDER) -> object:
     """The scripted server as a custom provider, so runner tests go through the gateway."""
-    from piwork.models.providers import ModelSpec, Provider
-
-    return Provider(
-        name=name,
-        api="openai-completions",
-        base_url=server.base_url,
-        auth="none",
-        key_required=False,
-        default_model="scripted",
-        models=(
-            ModelSpec(
-                id="scripted",
-                name="scripted test model",
-                contextWindow=128_000,
-                maxTokens=4096,
-                reasoning=False,
-                input=("text",),
-            ),
-        ),
+    return server.as_provider(
+        name,
+        name="scripted test model",
+        contextWindow=128_000,
+        maxTokens=4096,
+        reasoning=False,
+        input=("text",),
     )
 
 

@@ -14,7 +14,8 @@
 
 const fs = require("node:fs");
 const net = require("node:net");
-const path = require("node:path");
+
+const serial = require("./port.js");
 
 const PORT_NAME = "piwork.net";
 const HEADER = 8;
@@ -192,33 +193,9 @@ class Mux {
 
 // ---------------------------------------------------------------- the port
 
-function findPort(name) {
-  const base = "/sys/class/virtio-ports";
-  let names = [];
-  try {
-    names = fs.readdirSync(base);
-  } catch {
-    return null;
-  }
-  for (const n of names) {
-    try {
-      if (fs.readFileSync(path.join(base, n, "name"), "utf8").trim() === name) return `/dev/${n}`;
-    } catch {
-      /* not a named port */
-    }
-  }
-  return null;
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
 /** Serve the port for the supervisor's life. Resolves never; logs and retries. */
 async function run(log) {
-  let dev = null;
-  for (let i = 0; i < 100 && !dev; i++) {
-    dev = findPort(PORT_NAME);
-    if (!dev) await sleep(100);
-  }
+  const dev = await serial.waitForPort(PORT_NAME);
   if (!dev) {
     log(`netmux: no virtio-serial port named ${PORT_NAME}; the guest has no network`);
     return;
@@ -247,28 +224,20 @@ async function run(log) {
     server.listen({ host, port, backlog: 64 });
   }
 
-  const reader = async () => {
-    const buf = Buffer.alloc(256 * 1024);
-    for (;;) {
-      let n;
-      try {
-        n = await new Promise((res, rej) =>
-          fs.read(fd, buf, 0, buf.length, null, (e, k) => (e ? rej(e) : res(k))),
-        );
-      } catch (err) {
-        log(`netmux: port read: ${err.message}`);
-        await sleep(200);
-        continue;
-      }
-      if (n === 0) {
+  const reader = () =>
+    serial.readLoop(
+      fd,
+      "netmux: port",
+      log,
+      (chunk) => {
+        if (!mux.feed(chunk)) generation += 1;
+      },
+      async () => {
         // No host connected: nothing may stay open (a template is saved like this).
         if (mux.session || mux.streams.size) resetAll();
-        await sleep(100);
-        continue;
-      }
-      if (!mux.feed(Buffer.from(buf.subarray(0, n)))) generation += 1;
-    }
-  };
+        await serial.sleep(100);
+      },
+    );
 
   const writer = async () => {
     for (;;) {
@@ -280,18 +249,7 @@ async function run(log) {
         continue;
       }
       if (item.gen !== generation) continue;
-      let off = 0;
-      while (off < item.buf.length) {
-        try {
-          off += await new Promise((res, rej) =>
-            fs.write(fd, item.buf, off, item.buf.length - off, null, (e, k) => (e ? rej(e) : res(k))),
-          );
-        } catch (err) {
-          log(`netmux: port write: ${err.message}`);
-          await sleep(200);
-          if (item.gen !== generation) break;
-        }
-      }
+      await serial.writeAll(fd, item.buf, "netmux: port", log, () => item.gen !== generation);
     }
   };
   log(`netmux ${dev}`);

@@ -18,6 +18,7 @@ const path = require("node:path");
 const crypto = require("node:crypto");
 const { spawn, spawnSync } = require("node:child_process");
 const netmux = require("./netmux.js");
+const serial = require("./port.js");
 
 const VERSION = 1;
 const PORT_NAME = "piwork.rpc";
@@ -450,55 +451,25 @@ function handleInboundLine(line) {
 
 // ---------------------------------------------------------------- transports
 
-function findVirtioPort() {
-  const base = "/sys/class/virtio-ports";
-  for (const name of fs.readdirSync(base)) {
-    try {
-      if (fs.readFileSync(path.join(base, name, "name"), "utf8").trim() === PORT_NAME) {
-        return `/dev/${name}`;
-      }
-    } catch {
-      /* not a port with a name */
-    }
-  }
-  return null;
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
 async function runVirtio() {
-  let dev = null;
-  for (let i = 0; i < 100 && !dev; i++) {
-    dev = findVirtioPort();
-    if (!dev) await sleep(100);
-  }
+  const dev = await serial.waitForPort(PORT_NAME);
   if (!dev) throw new Error(`no virtio-serial port named ${PORT_NAME}`);
   // The port can be open only once: one read-write descriptor for both ways.
   const fd = fs.openSync(dev, "r+");
   const splitter = new LineSplitter(handleInboundLine);
-  const buf = Buffer.alloc(256 * 1024);
 
-  const reader = async () => {
-    for (;;) {
-      let n;
-      try {
-        n = await new Promise((res, rej) =>
-          fs.read(fd, buf, 0, buf.length, null, (e, k) => (e ? rej(e) : res(k))),
-        );
-      } catch (err) {
-        log(`port read: ${err.message}`);
-        await sleep(200);
-        continue;
-      }
-      // 0 means "no host connected": keep pi running and wait for one.
-      if (n === 0) {
+  // A read of 0 means "no host connected": keep pi running and wait for one.
+  const reader = () =>
+    serial.readLoop(
+      fd,
+      "port",
+      log,
+      (chunk) => splitter.push(chunk),
+      async () => {
         splitter.flush();
-        await sleep(50);
-        continue;
-      }
-      splitter.push(Buffer.from(buf.subarray(0, n)));
-    }
-  };
+        await serial.sleep(50);
+      },
+    );
 
   const writer = async () => {
     for (;;) {
@@ -507,19 +478,9 @@ async function runVirtio() {
         await outbox.waitForData();
         continue;
       }
-      let off = 0;
-      while (off < chunk.length) {
-        try {
-          // Blocks in the kernel while no host is connected; that is fine,
-          // lines keep accumulating in the ring and are replayed on hello.
-          off += await new Promise((res, rej) =>
-            fs.write(fd, chunk, off, chunk.length - off, null, (e, k) => (e ? rej(e) : res(k))),
-          );
-        } catch (err) {
-          log(`port write: ${err.message}`);
-          await sleep(200);
-        }
-      }
+      // Blocks in the kernel while no host is connected; that is fine,
+      // lines keep accumulating in the ring and are replayed on hello.
+      await serial.writeAll(fd, chunk, "port", log);
     }
   };
   log(`channel virtio ${dev}`);

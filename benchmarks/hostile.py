@@ -226,6 +226,14 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
                     # waiting: blocking I/O, or the OS giving the core to others).
                     worst, worst_cpu = late, time.thread_time() - c
 
+        async def close_all() -> float:
+            """Close the channel, the RPC client and the session; seconds it took."""
+            t = time.monotonic()
+            await host.channel.close()
+            await host.rpc.aclose()
+            await session.close()
+            return time.monotonic() - t
+
         tick = asyncio.create_task(ticker())
         await host.channel.start(timeout=30)
         if scenario == "stop":
@@ -239,11 +247,7 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
             outcome = await asyncio.wait_for(run, 120)
             stop_run_s = time.monotonic() - t
             session.agent = None
-            t = time.monotonic()
-            await host.channel.close()
-            await host.rpc.aclose()
-            await session.close()
-            close_s = time.monotonic() - t
+            close_s = await close_all()
             stop = True
             await tick
             out, _ = guest.communicate(timeout=60)
@@ -264,11 +268,7 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
         try:
             await asyncio.wait_for(done.wait(), seconds + 120)
         finally:
-            t = time.monotonic()
-            await host.channel.close()
-            await host.rpc.aclose()
-            await session.close()
-            stop_s = time.monotonic() - t
+            stop_s = await close_all()
             stop = True
             await tick
         out, _ = guest.communicate(timeout=60)

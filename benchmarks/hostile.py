@@ -28,7 +28,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -191,13 +190,11 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
         paths = Paths(root / "d", root / "c", root / "s", root / "cfg")
         session = TaskSession(RunRequest(prompt="hostile"), paths=paths)
         task = session.store.create("hostile guest")
-        session._stack.enter_context(session.store.claim(task.id))
+        session.adopt(task)
         session.task = session.store.transition(task.id, TaskStatus.RUNNING)
         host = Host(_GuestAt(sock))  # type: ignore[arg-type]
-        # As TaskSession.start wires it (big lines are recorded off the loop).
-        session._loop, session._loop_thread = asyncio.get_running_loop(), threading.get_ident()
-        host.rpc.set_line_tap(session._on_pi_line, thread_safe=True)
-        host.rpc.add_listener(session._on_item)
+        # Through the same door as TaskSession.start (big lines are recorded off the loop).
+        session.attach_agent(host.agent)
         delivered = 0
         done = asyncio.Event()
 
@@ -239,14 +236,12 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
         if scenario == "stop":
             # /stop while the guest floods and never confirms the abort: how long
             # until the run has ended (the rest of the harness does not apply).
-            session.agent = host.agent
             run = asyncio.create_task(session.run_prompt("flood"))
             await asyncio.sleep(1.0)
             t = time.monotonic()
             await session.stop()
             outcome = await asyncio.wait_for(run, 120)
             stop_run_s = time.monotonic() - t
-            session.agent = None
             close_s = await close_all()
             stop = True
             await tick

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -114,13 +113,11 @@ async def measure(scenario: str = "streamed", total: int = TOTAL) -> dict[str, A
         paths = Paths(root / "d", root / "c", root / "s", root / "cfg")
         session = TaskSession(RunRequest(prompt="bench"), paths=paths)
         task = session.store.create("loop stall")
-        session._stack.enter_context(session.store.claim(task.id))
+        session.adopt(task)
         session.task = session.store.transition(task.id, TaskStatus.RUNNING)
         host = Host(_FakeGuestPath(sock))  # type: ignore[arg-type]
-        # As TaskSession.start wires it (big lines are recorded off the loop).
-        session._loop, session._loop_thread = asyncio.get_running_loop(), threading.get_ident()
-        host.rpc.set_line_tap(session._on_pi_line, thread_safe=True)
-        host.rpc.add_listener(session._on_item)
+        # Through the same door as TaskSession.start (big lines are recorded off the loop).
+        session.attach_agent(host.agent)
         done = asyncio.Event()
         host.rpc.add_listener(lambda item: done.set() if isinstance(item, AgentEnd) else None)
 
@@ -146,7 +143,8 @@ async def measure(scenario: str = "streamed", total: int = TOTAL) -> dict[str, A
         await host.channel.start(timeout=10)
         await asyncio.wait_for(done.wait(), 300)
         elapsed = time.monotonic() - started
-        await session._flush_usage()
+        assert session.usage is not None
+        await session.usage.flush()
         stop = True
         await tick
         await host.channel.close()

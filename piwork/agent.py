@@ -22,24 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from piwork import sharefs
 from piwork.aio import discard
 from piwork.pack.manifest import Manifest
-from piwork.proxy.egress import guest_proxy_env
-from piwork.rpc.client import RpcClient
+from piwork.rpc.client import LineTap, Listener, RpcClient, UiHandler
 from piwork.rpc.framing import OversizedLine
-from piwork.rpc.models import SessionState
+from piwork.rpc.models import Response, SessionState, UiRequest
 from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
-from piwork.vm.command import (
-    EGRESS_GUEST_ADDR,
-    GATEWAY_GUEST_ADDR,
-    Share,
-    Transport,
-    VmSpec,
-)
+from piwork.vm.command import Share, Transport, VmSpec
 from piwork.vm.machine import VirtualMachine, VmError
 from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
 from piwork.vm.template import (
@@ -142,7 +135,64 @@ LineCallback = Callable[[dict[str, Any]], None]
 BootModeCallback = Callable[[str, dict[str, Any]], None]
 
 
-class AgentVm:
+@dataclass(frozen=True)
+class VmExit:
+    """How the VM ended while starting: what a person (and the task record) is told."""
+
+    code: int
+    status: str
+    """e.g. ``killed by SIGKILL`` or ``status 1``."""
+    console_log: Path
+    console_tail: str
+
+
+class PiDoor:
+    """What a run may ask of pi: prompt, steer, follow up, abort, wait, its dialogs.
+
+    The only way above this module to reach pi's RPC client; :class:`AgentVm`
+    adds the VM. A test double (tests/unit/guest_double.py) reuses it over a
+    fake guest, so the session runs against the same door either way.
+    """
+
+    rpc: RpcClient
+    pi_exit: asyncio.Future[dict[str, Any]] | None
+    stderr_tail: list[str]
+
+    def connect(self, *, line_tap: LineTap, ui_handler: UiHandler, listener: Listener) -> None:
+        """Where pi's raw lines (from a worker thread for big ones), dialogs and events go."""
+        self.rpc.set_line_tap(line_tap, thread_safe=True)
+        self.rpc.set_ui_handler(ui_handler)
+        self.rpc.add_listener(listener)
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        return self.rpc.add_listener(listener)
+
+    async def prompt(self, text: str) -> None:
+        await self.rpc.prompt(text)
+
+    async def wait_idle(self) -> None:
+        await self.rpc.wait_idle()
+
+    async def steer(self, text: str) -> None:
+        await self.rpc.steer(text)
+
+    async def follow_up(self, text: str) -> None:
+        await self.rpc.follow_up(text)
+
+    async def abort(self, timeout: float = 30) -> Response:
+        return await self.rpc.abort(timeout=timeout)
+
+    def open_dialogs(self) -> list[UiRequest]:
+        return list(self.rpc.open_dialogs.values())
+
+    async def cancel_open_dialogs(self) -> list[UiRequest]:
+        """Answer every open dialog with a cancel (pi would hang on them); returns them."""
+        opened = self.open_dialogs()
+        await self.rpc.cancel_open_dialogs()
+        return opened
+
+
+class AgentVm(PiDoor):
     """``async with AgentVm(cfg) as agent:`` boots the VM and starts pi in it."""
 
     def __init__(
@@ -203,6 +253,36 @@ class AgentVm:
         self.timings: dict[str, float] = {}
         self.stderr_tail: list[str] = []
         self._vm_watch: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ the run's door
+    async def pause(self) -> None:
+        """Freeze the whole guest (QMP stop); pi's replies may not time out meanwhile."""
+        self.rpc.freeze()  # a frozen pi cannot answer: no reply may time out meanwhile
+        try:
+            await self.vm.pause()
+        except BaseException:
+            self.rpc.thaw()
+            raise
+
+    async def resume(self) -> None:
+        await self.vm.resume()
+        self.rpc.thaw()
+
+    async def exit_diagnosis(self, wait: float = 1.0) -> VmExit | None:
+        """``None`` while the VM still runs; else how QEMU exited and its last console lines."""
+        vm = self.vm
+        if vm.proc is None or not await vm.wait_exit(wait):
+            return None
+        code = vm.proc.returncode or 0
+        try:
+            status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"status {code}"
+        except ValueError:
+            status = f"status {code}"
+        return VmExit(code, status, vm.spec.console_log, vm.console_tail())
+
+    @property
+    def qemu_pid(self) -> int | None:
+        return self.vm.pid
 
     def _new_netmux(self) -> NetMux:
         targets = {TARGET_GATEWAY: self.cfg.gateway_port}
@@ -301,6 +381,8 @@ class AgentVm:
         return argv
 
     def pi_env(self) -> dict[str, str]:
+        """pi's environment; the run adds the proxy variables (``cfg.extra_env``,
+        built by ``piwork.run.environment``, the one home of the guest's addresses)."""
         scope = [self.cfg.dirs.guest_cwd, GUEST_OUTPUTS]
         env = {
             "PI_CODING_AGENT_DIR": GUEST_AGENT_DIR,
@@ -311,12 +393,6 @@ class AgentVm:
             "PIWORK_READONLY_DIRS": GUEST_UPLOADS,
             "TERM": "dumb",
         }
-        if self.cfg.egress_port is not None:
-            # Both spellings of no_proxy (curl reads only the lowercase one), and the
-            # guest's own loopback: a server the agent starts in the VM is not the
-            # host's "localhost", which the egress proxy would resolve and refuse.
-            proxy = f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}"
-            env |= guest_proxy_env(proxy, (GATEWAY_GUEST_ADDR[0],))
         env.update(self.cfg.extra_env)
         return env
 
@@ -587,3 +663,33 @@ class AgentVm:
                 self._remove_secret()
                 if self._own_sock_dir is not None:
                     shutil.rmtree(self._own_sock_dir, ignore_errors=True)
+
+
+class Agent(Protocol):
+    """The door to the VM and pi that a run uses: :class:`AgentVm`, or a test double."""
+
+    pi_exit: asyncio.Future[dict[str, Any]] | None
+    stderr_tail: list[str]
+    timings: dict[str, float]
+
+    def connect(self, *, line_tap: LineTap, ui_handler: UiHandler, listener: Listener) -> None: ...
+    def add_listener(self, listener: Listener) -> Callable[[], None]: ...
+    async def start(self) -> None: ...
+    async def wait_pi_ready(self, timeout: float = ...) -> SessionState: ...
+    async def stop(self, *, graceful: bool = True) -> None: ...
+    async def prompt(self, text: str) -> None: ...
+    async def wait_idle(self) -> None: ...
+    async def steer(self, text: str) -> None: ...
+    async def follow_up(self, text: str) -> None: ...
+    async def abort(self, timeout: float = ...) -> Any: ...
+    def open_dialogs(self) -> list[UiRequest]: ...
+    async def cancel_open_dialogs(self) -> list[UiRequest]: ...
+    async def pause(self) -> None: ...
+    async def resume(self) -> None: ...
+    async def exit_diagnosis(self, wait: float = ...) -> VmExit | None: ...
+    @property
+    def qemu_pid(self) -> int | None: ...
+
+
+AgentFactory = Callable[..., Agent]
+"""``factory(cfg, on_stage=, on_supervisor_event=, on_boot_mode=)``, like ``AgentVm``."""

@@ -169,7 +169,7 @@ async def _vm_round(ctx: BenchContext, *, warm: bool, prompt: bool) -> dict[str,
         async with TaskSession(req, sink, paths=paths) as session:
             figures[WARM if warm else COLD] = time.monotonic() - t0
             assert session.agent is not None
-            figures[f"QEMU PSS after {label} start (MiB)"] = pss_mib(session.agent.vm.pid)
+            figures[f"QEMU PSS after {label} start (MiB)"] = pss_mib(session.agent.qemu_pid)
             if warm and not (how and how[0].startswith("restored") and len(how) == 1):
                 # The warm figure is only a warm figure if the VM was restored.
                 if "template built" not in how:  # (a round that made it is measured again)

@@ -121,16 +121,17 @@ def test_a_task_whose_transcript_cannot_be_saved_stops_with_a_clear_reason(
     events: list[RunEvent] = []
     session = TaskSession(RunRequest(prompt="x"), events.append, paths=paths)
     task = session.store.create("fills the disk")
-    session.store.claim(task.id)
+    session.adopt(task)
     session.task = session.store.transition(task.id, TaskStatus.RUNNING)
     small_disk.fill()
     for i in range(3000):  # pi keeps talking
-        session._note("pi", {"type": "message_update", "i": i, "pad": PAD})
-    assert session._stop_reason is not None
-    reason, message, _ = session._stop_reason
+        session.note("pi", {"type": "message_update", "i": i, "pad": PAD})
+    assert session.stop_reason is not None
+    reason, message, _ = session.stop_reason
     assert reason is StopReason.ERROR
+    assert message is not None
     assert "disk is full" in message and "piwork resume" in message
-    assert session._limit_hit.is_set()
+    assert session.stop_requested
     assert session.store.transcript(task.id).pending <= 1000
     assert any(e.kind is EventKind.ERROR for e in events)
     small_disk.free()

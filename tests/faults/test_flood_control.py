@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import fcntl
 import os
-import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -62,22 +61,16 @@ class Ticker:
 
 @contextlib.asynccontextmanager
 async def session_on(tmp_path: Path) -> AsyncIterator[tuple[FakeGuest, Host, TaskSession]]:
-    """A TaskSession wired to a fake guest as TaskSession.start wires it to AgentVm."""
+    """A TaskSession driving a fake guest through the same door (PiDoor) as AgentVm."""
     async with guest_and_host(default_timeout=60) as (guest, host):
         paths = Paths(tmp_path / "d", tmp_path / "c", tmp_path / "s", tmp_path / "cfg")
         session = TaskSession(RunRequest(prompt="flood"), paths=paths)
         task = session.store.create("flood")
-        session._stack.enter_context(session.store.claim(task.id))
-        session.task = task
-        session._loop, session._loop_thread = asyncio.get_running_loop(), threading.get_ident()
-        host.rpc.set_line_tap(session._on_pi_line, thread_safe=True)
-        host.rpc.set_ui_handler(session._on_ui_request)
-        host.rpc.add_listener(session._on_item)
-        session.agent = host.agent  # type: ignore[assignment]
+        session.adopt(task)
+        session.attach_agent(host.agent)
         try:
             yield guest, host, session
         finally:
-            session.agent = None
             await session.close()
 
 
@@ -185,7 +178,7 @@ async def test_waiting_for_the_task_json_lock_does_not_block_the_event_loop(
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: conflicts as another process
             with Ticker() as ticker:
-                change = asyncio.create_task(session._set_status(TaskStatus.RUNNING))
+                change = asyncio.create_task(session.set_status(TaskStatus.RUNNING))
                 await asyncio.sleep(1.0)
                 assert not change.done(), "the write did not wait for the lock"
                 ticks_while_held = ticker.ticks

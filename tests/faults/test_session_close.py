@@ -13,10 +13,10 @@ async def test_close_cleans_up_when_task_json_cannot_be_read(tmp_path: Path) -> 
     paths = Paths(tmp_path / "d", tmp_path / "c", tmp_path / "s", tmp_path / "cfg")
     session = TaskSession(RunRequest(prompt="x"), paths=paths)
     task = session.store.create("about to be corrupted")
-    session._stack.enter_context(session.store.claim(task.id))
+    session.adopt(task)
     session.task = session.store.transition(task.id, TaskStatus.RUNNING)
     cleaned: list[str] = []
-    session._stack.callback(cleaned.append, "gateway, proxy and demo server closed")
+    session.defer(cleaned.append, "gateway, proxy and demo server closed")
     task.task_json.write_bytes(b"{ torn")  # store.get now raises CorruptTask
     await session.close()
     assert cleaned == ["gateway, proxy and demo server closed"]

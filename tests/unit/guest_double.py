@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-import types
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from piwork.agent import AgentVm
+from piwork.agent import AgentVm, PiDoor
 from piwork.rpc.client import RpcClient
 from piwork.vm.channel import Endpoint, GuestChannel
 
@@ -93,21 +92,46 @@ class FakeGuest:
         self.writer.close()
 
 
+class DoubleAgent(PiDoor):
+    """The run's door to pi (``piwork.agent.PiDoor``, the real one) over the fake guest.
+
+    No VM behind it: pausing and diagnosing a VM exit are not what these tests
+    are about, so they fail loudly if a test reaches them.
+    """
+
+    def __init__(self, rpc: RpcClient, on_supervisor_event: Any) -> None:
+        self.rpc = rpc
+        self._pi_started: asyncio.Future[int] | None = None
+        self.pi_exit = asyncio.get_running_loop().create_future()
+        self.stderr_tail: list[str] = []
+        self.on_supervisor_event = on_supervisor_event
+        self.timings: dict[str, float] = {}
+
+    async def stop(self, *, graceful: bool = True) -> None:
+        """The fake guest's channel belongs to the test: nothing to power off."""
+
+    async def pause(self) -> None:
+        raise NotImplementedError("no VM behind the guest double")
+
+    async def resume(self) -> None:
+        raise NotImplementedError("no VM behind the guest double")
+
+    async def exit_diagnosis(self, wait: float = 1.0) -> None:
+        return None
+
+    @property
+    def qemu_pid(self) -> int | None:
+        return None
+
+
 class Host:
     """The host side wired as AgentVm wires it: channel -> AgentVm events -> RpcClient."""
 
     def __init__(self, guest: FakeGuest, **client_kwargs: Any) -> None:
         self.events: list[dict[str, Any]] = []
         self.rpc = RpcClient(self._send, **client_kwargs)
-        loop = asyncio.get_running_loop()
-        # The real AgentVm handler, on a stand-in holding only what it touches.
-        self.agent = types.SimpleNamespace(
-            rpc=self.rpc,
-            _pi_started=None,
-            pi_exit=loop.create_future(),
-            stderr_tail=[],
-            on_supervisor_event=self.events.append,
-        )
+        # The real door to pi, and the real AgentVm handler for supervisor events.
+        self.agent = DoubleAgent(self.rpc, self.events.append)
         self.channel = GuestChannel(
             Endpoint(unix_path=guest.path),
             self.rpc.feed_line,

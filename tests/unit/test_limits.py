@@ -108,7 +108,7 @@ async def booting(
         release.wait(30)
         raise RuntimeError("the test ends the start-up here")
 
-    monkeypatch.setattr("piwork.runner.ensure_pack", ensure_pack_waits)
+    monkeypatch.setattr("piwork.run.environment.ensure_pack", ensure_pack_waits)
     req = RunRequest(
         prompt="hi",
         model="mine/cheap",
@@ -121,10 +121,10 @@ async def booting(
     session = TaskSession(req, paths=get_paths())
     start = asyncio.ensure_future(session.start())
     await asyncio.to_thread(reached.wait, 30)
-    assert session.task is not None and session._gateway is not None
+    assert session.task is not None and session.gateway is not None
     models = json.loads((session.task.state_dir / "agent" / "models.json").read_text())
     try:
-        yield Booting(session, models, session._gateway.url, release), mine, other
+        yield Booting(session, models, session.gateway.url, release), mine, other
     finally:
         release.set()
         with pytest.raises(RuntimeError, match="ends the start-up"):
@@ -177,14 +177,15 @@ async def test_usage_seen_by_the_gateway_stops_the_task_at_its_token_limit(
 
     assert await _chat(b.gateway, token, "mine", "cheap") == 200
     assert await _chat(b.gateway, token, "mine", "cheap") == 200
-    await session._flush_usage()  # usage reaches task.json off the event loop
-    assert not session._limit_hit.is_set()  # 800 of 1000 tokens
+    assert session.usage is not None
+    await session.usage.flush()  # usage reaches task.json off the event loop
+    assert not session.stop_requested  # 800 of 1000 tokens
     assert await _chat(b.gateway, token, "mine", "cheap") == 200
-    await session._flush_usage()
-    assert session._limit_hit.is_set()
-    assert session._stop_reason is not None
-    assert session._stop_reason[0] is StopReason.LIMIT
-    assert session._stop_reason[2] is LimitKind.TOKENS
+    await session.usage.flush()
+    assert session.stop_requested
+    assert session.stop_reason is not None
+    assert session.stop_reason[0] is StopReason.LIMIT
+    assert session.stop_reason[2] is LimitKind.TOKENS
     assert session.store.get(session.task.id).record.usage.total_tokens == 1200
 
     assert await _chat(b.gateway, token, "mine", "cheap") == 429
@@ -198,7 +199,7 @@ def _request(*argv: str) -> RunRequest:
 def test_one_max_flag_keeps_the_other_default_limits(home: Path) -> None:
     req = _request("run", "hi", "--max-tokens", "5000")
     req.prompt, req.model = "hi", "demo"
-    task = TaskSession(req, paths=get_paths())._open_task()
+    task = TaskSession(req, paths=get_paths()).open_task()
     limits = task.record.limits
     assert limits.max_tokens == 5000
     assert limits.max_turns == DEFAULT_LIMITS.max_turns
@@ -209,13 +210,13 @@ def test_resume_raises_the_limit_that_stopped_the_task_and_keeps_the_rest(home: 
     req = _request("run", "hi", "--max-tokens", "100", "--max-turns", "7")
     req.prompt, req.model = "hi", "demo"
     first = TaskSession(req, paths=get_paths())
-    task = first._open_task()
+    task = first.open_task()
     first.store.close()
 
     again = _request("resume", task.id, "--max-tokens", "20000", "--max-cost", "1.5")
     again.task_id = task.id
     resumed = TaskSession(again, paths=get_paths())
-    limits = resumed._open_task().record.limits
+    limits = resumed.open_task().record.limits
     resumed.store.close()
     assert limits.max_tokens == 20000
     assert limits.max_cost_usd == 1.5
@@ -236,7 +237,7 @@ async def test_a_task_at_its_limit_is_not_started_again_without_a_higher_one(hom
     req = _request("run", "hi", "--max-tokens", "100")
     req.prompt, req.model = "hi", "demo"
     first = TaskSession(req, paths=get_paths())
-    task = first._open_task()
+    task = first.open_task()
     first.store.add_usage(task.id, Usage(input_tokens=150))
     first.store.close()
 
@@ -256,7 +257,8 @@ async def test_raising_the_limit_lets_model_calls_through_again(
     assert session.task is not None
     for _ in range(3):
         assert await _chat(b.gateway, token, "mine", "cheap") == 200
-    await session._flush_usage()  # usage reaches task.json off the event loop
+    assert session.usage is not None
+    await session.usage.flush()  # usage reaches task.json off the event loop
     assert await _chat(b.gateway, token, "mine", "cheap") == 429
     rec = session.store.get(session.task.id).record
     session.store.update(session.task.id, limits=rec.limits.model_copy(update={"max_tokens": 5000}))
@@ -273,18 +275,20 @@ async def test_usage_already_in_task_json_is_not_counted_twice_while_the_writer_
     token = b.models_json["providers"]["mine"]["apiKey"]
     session = b.session
     assert session.task is not None
+    assert session.usage is not None
+    usage = session.usage
     seen_in_window: list[str | None] = []
     real_add = session.store.add_usage
 
     def add_then_ask(task_id: str, delta: Any) -> Any:
         task = real_add(task_id, delta)
-        seen_in_window.append(session._gateway_admits())  # the file already has delta
+        seen_in_window.append(usage.admits())  # the file already has delta
         return task
 
     session.store.add_usage = add_then_ask  # type: ignore[method-assign]
     for _ in range(2):
         assert await _chat(b.gateway, token, "mine", "cheap") == 200
-        await session._flush_usage()
+        await usage.flush()
     assert seen_in_window == [None, None]
     assert await _chat(b.gateway, token, "mine", "cheap") == 200  # 800 < 1000
     assert len(mine.seen) == 3

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from piwork.config import get_paths
+from piwork.run.environment import write_state_file
 from piwork.runner import RunRequest, TaskSession
 
 
@@ -15,7 +16,7 @@ from piwork.runner import RunRequest, TaskSession
 def session(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> TaskSession:
     monkeypatch.setenv("PIWORK_HOME", str(tmp_path / "home"))
     s = TaskSession(RunRequest(prompt="hi", model="demo"), paths=get_paths())
-    s.task = s._open_task()
+    s.task = s.open_task()
     return s
 
 
@@ -28,7 +29,7 @@ def test_a_link_in_place_of_the_agent_dir_is_replaced_not_followed(
     (outside / "models.json").write_text("host file")
     state = session.task.state_dir
     (state / "agent").symlink_to(outside)
-    session._write_state_file("agent/models.json", b'{"providers": {}}')
+    write_state_file(session.task, "agent/models.json", b'{"providers": {}}')
     assert (outside / "models.json").read_text() == "host file"
     assert sorted(p.name for p in outside.iterdir()) == ["models.json"]
     assert not (state / "agent").is_symlink() and (state / "agent").is_dir()
@@ -44,7 +45,7 @@ def test_a_link_at_models_json_is_replaced_not_written_through(
     victim.write_text("host file")
     (session.task.state_dir / "agent").mkdir()
     (session.task.state_dir / "agent" / "models.json").symlink_to(victim)
-    session._write_state_file("agent/models.json", b"{}")
+    write_state_file(session.task, "agent/models.json", b"{}")
     assert victim.read_text() == "host file"
     assert (session.task.state_dir / "agent" / "models.json").read_bytes() == b"{}"
     session.store.close()

@@ -111,7 +111,7 @@ async def test_channel_dropped_mid_stream_delivers_every_event_once_in_order(
     story.task_id = session.task.id
     ports = ports_of(session)
     items: list[object] = []
-    session.rpc.add_listener(items.append)
+    session.add_item_listener(items.append)
     channel = session.agent.channel
     # Each new connection waits a moment, so the guest has lines to replay; the
     # hello reply says how far the supervisor got (its lastSeq) beyond the host.
@@ -176,7 +176,7 @@ async def test_disk_full_mid_run_stops_with_the_reason_and_the_task_resumes(
     ports = ports_of(session)
     qemu = session.agent.vm.pid if session.agent is not None else None
     items: list[object] = []
-    session.rpc.add_listener(items.append)
+    session.add_item_listener(items.append)
     ticks = "for i in $(seq 1 300); do echo tick-$i; sleep 0.2; done"
     try:
         story.server.script = counting(ToolCalls([bash(ticks)]), Text("ticked"))

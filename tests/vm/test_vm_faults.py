@@ -150,7 +150,7 @@ def kill_qemu(session: TaskSession) -> int:
 
 
 def ports_of(session: TaskSession) -> tuple[int, ...]:
-    gateway = session._gateway
+    gateway = session.gateway
     return (gateway.port,) if gateway is not None else ()
 
 
@@ -307,7 +307,7 @@ async def test_upstream_reset_and_hang_mid_stream_end_in_the_agents_retry(
         print(f"killed during a permission prompt: {outcome.reason}: {outcome.message}")
         assert outcome.reason == "error" and "piwork resume" in (outcome.message or "")
         assert victim.read_text() == "keep me\n"
-        assert not session.rpc.open_dialogs
+        assert session.agent is not None and not session.agent.open_dialogs()
     finally:
         await session.__aexit__(None, None, None)
     story.faults.append("QEMU SIGKILL during a permission prompt")

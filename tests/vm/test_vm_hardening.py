@@ -64,8 +64,8 @@ async def run(
     async with TaskSession(req, events.append, asker) as session:  # type: ignore[arg-type]
         r = Run(session, model_server)
         r.events = events
-        session.rpc.add_listener(lambda it: r.items.append((time.monotonic(), it)))
-        session.rpc.default_timeout = RPC_TIMEOUT
+        session.add_item_listener(lambda it: r.items.append((time.monotonic(), it)))
+        session.agent.rpc.default_timeout = RPC_TIMEOUT  # type: ignore[union-attr]
         yield r
 
 

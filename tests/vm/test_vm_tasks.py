@@ -98,7 +98,7 @@ async def h(
     )
     async with TaskSession(req, events.append, asker) as session:  # type: ignore[arg-type]
         harness = Harness(session, model_server, asker, folder, events)
-        session.rpc.add_listener(lambda it: harness.items.append((time.monotonic(), it)))
+        session.add_item_listener(lambda it: harness.items.append((time.monotonic(), it)))
         yield harness
     assert session.agent is None
 

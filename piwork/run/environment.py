@@ -1,0 +1,269 @@
+"""Everything a task's VM needs before it boots: model access, the egress proxy, the pack.
+
+Built in this order, each piece entered on the session's exit stack so a
+failed start releases what was made: the provider catalog (and the offline
+demo server when the task uses it), the model gateway (keys stay on the host;
+the guest sees one per-run token and one model), the egress proxy (the guest's
+only way out, with its own per-run token), the guest's ``models.json``, the
+runtime pack and the accelerator. This module is the one place above
+``piwork.vm`` that knows the guest's addresses for the gateway and the proxy
+and builds the guest's proxy environment from them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from piwork import sharefs
+from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVmConfig, TaskDirs
+from piwork.auth import KeyStore
+from piwork.config import Paths
+from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
+from piwork.models.providers import (
+    PROVIDERS_FILE_NAME,
+    Provider,
+    demo_provider,
+    load_providers,
+    parse_model_ref,
+    render_guest_models_json,
+)
+from piwork.models.scripted import ScriptedModelServer
+from piwork.pack import ensure_pack, load_manifest
+from piwork.pack.manifest import Manifest
+from piwork.proxy.egress import (
+    DomainPolicy,
+    EgressDecision,
+    EgressProxy,
+    guest_proxy_env,
+    proxy_url_with_token,
+)
+from piwork.proxy.gateway import ModelGateway, UsageRecord
+from piwork.run.digest import EventKind
+from piwork.tasks import Task
+from piwork.vm.accel import AccelChoice, probe
+from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
+
+GUEST_GATEWAY_HOST = GATEWAY_GUEST_ADDR[0]
+"""Where the guest reaches the model gateway (the netmux carries it to the host)."""
+GUEST_PROXY_URL = f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}"
+"""Where the guest reaches the egress proxy (without this run's token)."""
+
+
+def guest_network_env(egress_token: str) -> dict[str, str]:
+    """The guest's proxy variables: this run's egress token only inside the proxy URL."""
+    return guest_proxy_env(
+        proxy_url_with_token(GUEST_PROXY_URL, egress_token), (GUEST_GATEWAY_HOST,)
+    )
+
+
+class ModelNotFound(ValueError):
+    """The task's model is not in the catalog."""
+
+
+def only_model(provider: Provider, model_id: str) -> Provider:
+    """``provider`` with just ``model_id`` in its rendered model list (if it lists models)."""
+    picked = tuple(spec for spec in provider.models if spec.id == model_id)
+    return provider.model_copy(update={"models": picked}) if picked else provider
+
+
+def resolve_model(ref: str, catalog: dict[str, Provider]) -> tuple[Provider, str]:
+    if ref in ("demo", DEMO_PROVIDER, f"{DEMO_PROVIDER}/{DEMO_MODEL_ID}"):
+        return catalog[DEMO_PROVIDER], DEMO_MODEL_ID
+    return parse_model_ref(ref, catalog)
+
+
+def is_demo(model_ref: str) -> bool:
+    return model_ref in ("demo", DEMO_PROVIDER) or model_ref.startswith(f"{DEMO_PROVIDER}/")
+
+
+def write_state_file(
+    task: Task, rel: str, data: bytes, emit: Callable[..., None] | None = None
+) -> None:
+    """Write a host-made file into the task's state share (the guest can write it).
+
+    Never follows a link the guest planted: the file is replaced atomically
+    beneath the share root, and a link standing where a directory of ours
+    belongs is removed (not followed) before the write is tried again.
+    """
+    root = task.state_dir
+    try:
+        sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
+    except sharefs.UnsafePathError:
+        parent = str(Path(rel).parent)
+        if parent != "." and not stat.S_ISDIR(sharefs.lstat_beneath(root, parent).st_mode):
+            sharefs.unlink_beneath(root, parent)
+            if emit is not None:
+                emit(EventKind.NOTICE, message=f"replaced a link the guest made at {parent}/")
+        sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
+
+
+@dataclass
+class EnvironmentHooks:
+    """The session's answers to what the environment's servers ask during the run."""
+
+    emit: Callable[..., None]
+    on_usage: Callable[[UsageRecord], None]
+    before_model_call: Callable[[], Awaitable[None]]
+    admit: Callable[[], str | None]
+    domain_policy: DomainPolicy
+    on_egress_decision: Callable[[EgressDecision], None]
+    on_gateway: Callable[[ModelGateway], None] | None = None
+    """Told of the gateway as soon as it serves (before the pack is found)."""
+
+
+@dataclass
+class Environment:
+    """What :func:`prepare` built for one run."""
+
+    provider: Provider
+    model_id: str
+    gateway: ModelGateway
+    egress: EgressProxy
+    egress_token: str
+    pack_dir: Path
+    manifest: Manifest
+    accel: AccelChoice
+    timings: dict[str, float]
+
+    @property
+    def gateway_prices(self) -> bool:
+        """The gateway knows this model's prices (so it, not pi, counts the cost)."""
+        return any(spec.cost is not None for spec in self.provider.models)
+
+    def agent_config(
+        self,
+        task: Task,
+        folder: Path | None,
+        *,
+        transport: Transport,
+        memory_mb: int,
+        cpus: int,
+        boot_stall_timeout: float,
+        warm_start: bool,
+    ) -> AgentVmConfig:
+        return AgentVmConfig(
+            pack_dir=self.pack_dir,
+            manifest=self.manifest,
+            accel=self.accel,
+            dirs=TaskDirs(task.state_dir, task.outputs_dir, task.uploads_dir, folder),
+            log_dir=task.dir / "logs",
+            gateway_port=self.gateway.port,
+            egress_port=self.egress.port,
+            transport=transport,
+            memory_mb=memory_mb,
+            cpus=cpus,
+            boot_stall_timeout=boot_stall_timeout,
+            task_id=task.id,
+            provider=self.provider.name,
+            model=self.model_id,
+            extensions=[GATE_EXTENSION, f"{GUEST_EXTENSIONS}/ask-user.ts"],
+            extra_env={
+                "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
+                **guest_network_env(self.egress_token),
+            },
+            warm_start=warm_start,
+        )
+
+
+async def prepare(
+    stack: contextlib.AsyncExitStack,
+    task: Task,
+    paths: Paths,
+    hooks: EnvironmentHooks,
+    *,
+    extra_providers: tuple[Provider, ...] = (),
+    egress_allow_private_networks: bool = False,
+    accel: str | None = None,
+) -> Environment:
+    """Start the servers a run needs (on ``stack``) and find the pack and the accelerator.
+
+    Raises :class:`ModelNotFound` (its message says what to do) for an unknown model.
+    """
+    timings: dict[str, float] = {}
+    # Model access: the guest only ever sees the gateway and a per-run token.
+    catalog = load_providers(paths.config / PROVIDERS_FILE_NAME, extra=extra_providers)
+    model_ref = task.record.model or "demo"
+    if is_demo(model_ref):
+        server: ScriptedModelServer = demo_server()
+        await stack.enter_async_context(server)
+        catalog[DEMO_PROVIDER] = demo_provider(server.base_url)
+        hooks.emit(
+            EventKind.NOTICE,
+            message="using the offline demo model (scripted, not a real LLM); "
+            "choose a real one with --model PROVIDER/MODEL",
+        )
+    try:
+        provider, model_id = resolve_model(model_ref, catalog)
+    except Exception as exc:
+        raise ModelNotFound(f"unknown model {model_ref!r}: {exc}. See `piwork models`.") from exc
+    token = secrets.token_urlsafe(24)
+    # Only this task's provider and model are reachable: the guest can never
+    # spend another of the person's keys, nor pick a pricier model.
+    provider = only_model(provider, model_id)
+    gateway = ModelGateway(
+        {provider.name: provider},
+        KeyStore(paths=paths),
+        task_id=task.id,
+        on_usage=hooks.on_usage,
+        guest_token=token,
+        before_forward=hooks.before_model_call,
+        allowed_models=(model_id,),
+        admit=hooks.admit,
+    )
+    await stack.enter_async_context(gateway)
+    if hooks.on_gateway is not None:
+        hooks.on_gateway(gateway)
+    # Only the VM may use the egress proxy: it gets this run's token in its
+    # proxy URL when pi starts (never on disk, the command line or a template).
+    egress_token = secrets.token_urlsafe(24)
+    egress = EgressProxy(
+        hooks.domain_policy,
+        on_decision=hooks.on_egress_decision,
+        allow_private_networks=egress_allow_private_networks,
+        token=egress_token,
+    )
+    await stack.enter_async_context(egress)
+    models_json: Any = render_guest_models_json([provider], placeholder=token)
+    write_state_file(
+        task, "agent/models.json", orjson.dumps(models_json, option=orjson.OPT_INDENT_2), hooks.emit
+    )
+    # The pack and the accelerator.
+    t = time.monotonic()
+    pack_dir = await asyncio.to_thread(
+        ensure_pack, log=lambda msg: hooks.emit(EventKind.NOTICE, message=msg)
+    )
+    manifest = load_manifest(pack_dir)
+    timings["pack"] = time.monotonic() - t
+    chosen = probe(accel)
+    hooks.emit(
+        EventKind.NOTICE,
+        message=f"accelerator: {chosen.accel.value} ({chosen.reason})",
+        accel=chosen.accel.value,
+    )
+    return Environment(
+        provider, model_id, gateway, egress, egress_token, pack_dir, manifest, chosen, timings
+    )
+
+
+__all__ = [
+    "GUEST_GATEWAY_HOST",
+    "GUEST_PROXY_URL",
+    "Environment",
+    "EnvironmentHooks",
+    "ModelNotFound",
+    "guest_network_env",
+    "only_model",
+    "prepare",
+    "resolve_model",
+    "write_state_file",
+]

@@ -1,0 +1,277 @@
+"""One bridge for every question the guest makes the host ask: pi's dialogs and the egress proxy.
+
+pi opens a dialog (a permission select from the gate extension, or a question
+for the person); the egress proxy asks before the guest reaches a new host.
+Both come here, are decided by the host policy (``piwork.policy``) or the
+person (an :class:`Asker` the front end implements), and are recorded.
+
+Security (review finding 10): a gate request is guest text. Its question and
+command may name one domain while its effects name another, so an "Allow
+once" at the gate must never open a domain at the egress proxy. The proxy's
+question is built here, on the host, from the host name the proxy actually
+sees (:meth:`PermissionBridge.domain_policy`); gate answers never feed it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import secrets
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from piwork.policy import Choice, DecidedBy, Decider
+from piwork.policy.request import (
+    PermissionPayloadError,
+    PermissionRequest,
+    parse_request,
+    validate_request,
+)
+from piwork.policy.rules import Action, Target, TaskContext, Verdict
+from piwork.proxy.egress import (
+    AllowNetError,
+    EgressDecision,
+    domain_allowed,
+    normalize_allowed_domain,
+)
+from piwork.rpc import models as m
+from piwork.run.digest import EventKind
+from piwork.run.request import RunError
+from piwork.tasks import TaskStatus
+
+
+class Asker(Protocol):
+    """How the runner asks the person. Front ends implement it."""
+
+    async def permission(self, request: PermissionRequest) -> Choice | None:
+        """The person's choice; ``None`` means no one can answer (deny and say so)."""
+
+    async def question(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> str | bool | None:
+        """Answer an input/confirm/select/editor dialog; ``None`` cancels it."""
+
+
+class DenyAsker:
+    """For runs with no person to ask: every undecided permission is denied."""
+
+    def __init__(self, reason: str = "no terminal to ask on") -> None:
+        self.reason = reason
+
+    async def permission(self, request: PermissionRequest) -> Choice | None:
+        return None
+
+    async def question(
+        self, method: str, title: str, message: str | None, options: list[str] | None
+    ) -> str | bool | None:
+        return None
+
+
+class AllowAsker(DenyAsker):
+    """``--yes``: allow everything the policy did not deny, once."""
+
+    async def permission(self, request: PermissionRequest) -> Choice | None:
+        return Choice.ALLOW_ONCE
+
+
+def allowed_domains(domains: Iterable[str]) -> tuple[str, ...]:
+    """``--allow-net`` as the proxy compares it; a malformed name is the person's to fix."""
+    try:
+        return tuple(normalize_allowed_domain(d) for d in domains)
+    except AllowNetError as exc:
+        raise RunError(str(exc)) from exc
+
+
+class BridgeHost(Protocol):
+    """What the bridge needs from the session it serves."""
+
+    @property
+    def stopping(self) -> bool:
+        """A stop is under way: do not put the task back to running."""
+
+    @property
+    def task_id(self) -> str | None: ...
+
+    def emit(self, kind: EventKind, **data: Any) -> None: ...
+
+    def note(self, kind: str, data: Any) -> None: ...
+
+    async def set_status(self, status: TaskStatus) -> None: ...
+
+
+class PermissionBridge:
+    """Decides pi's permission dialogs and the egress proxy's asks; forwards pi's questions."""
+
+    def __init__(
+        self,
+        host: BridgeHost,
+        decider: Decider,
+        asker: Asker,
+        *,
+        assume_yes: bool = False,
+        allow_net: tuple[str, ...] = (),
+    ) -> None:
+        self.host = host
+        self.decider = decider
+        self.asker = asker
+        self.assume_yes = assume_yes
+        self.allow_net = allow_net
+        self.context = TaskContext()
+
+    # ------------------------------------------------------------ pi's dialogs
+    async def on_ui_request(self, req: m.UiRequest) -> m.UiResponse | None:
+        """Answer a dialog pi opened: a permission from policy or the person, else a question."""
+        if isinstance(req, m.SelectRequest):
+            try:
+                perm = parse_request(req)
+            except PermissionPayloadError as exc:
+                self.host.emit(
+                    EventKind.ERROR, message=f"unreadable permission request, denied: {exc}"
+                )
+                return m.ui_value(req.id, Choice.DENY.value)
+            if perm is not None:
+                return m.ui_value(req.id, (await self.answer_permission(perm)).value)
+        return await self.answer_question(req)
+
+    async def answer_permission(self, perm: PermissionRequest) -> Choice:
+        """Policy first; if it says ask, the person; the answer is persisted and audited."""
+        ctx = self.context
+        perm = validate_request(perm, ctx)  # the guest's request is untrusted input
+        # The policy read and the audit fsync happen off the event loop.
+        decision = await asyncio.to_thread(self.decider.decide, perm, ctx)
+        base = dict(
+            action=perm.action.value, tool=perm.tool, target=perm.summary, question=perm.question
+        )
+        if decision.verdict is not Verdict.ASK:
+            choice = decision.reply_choice
+            self.host.emit(
+                EventKind.PERMISSION,
+                **base,
+                decision=choice.value,
+                by="rule",
+                rule=decision.rule.describe() if decision.rule else None,
+            )
+            self.host.note("permission", {**base, "decision": choice.value, "by": "rule"})
+            return choice
+        # Front ends show exactly the rules each "Always" would store (host-derived).
+        shown = dataclasses.replace(perm, proposals=self.decider.proposals(perm, ctx))
+
+        await self.host.set_status(TaskStatus.WAITING_PERMISSION)
+        self.host.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
+        try:
+            answer = await self.asker.permission(shown)
+        finally:
+            if not self.host.stopping and self.host.task_id is not None:
+                await self.host.set_status(TaskStatus.RUNNING)
+        if answer is None:
+            by = DecidedBy.ASSUME_YES if self.assume_yes else DecidedBy.NO_TERMINAL
+            answer = Choice.ALLOW_ONCE if self.assume_yes else Choice.DENY
+        elif isinstance(self.asker, AllowAsker):
+            by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
+        else:
+            by = DecidedBy.PERSON
+        # An "Allow once" here allows this tool call only; the egress proxy asks its
+        # own question for every host the call then reaches (see the module docstring).
+        recorded = await asyncio.to_thread(
+            self.decider.record_answer, shown, answer, ctx, decided_by=by
+        )
+        self.host.emit(
+            EventKind.PERMISSION,
+            **base,
+            decision=answer.value,
+            by=by,
+            rules=[r.describe() for r in recorded.created_rules],
+        )
+        self.host.note("permission", {**base, "decision": answer.value, "by": by})
+        return answer
+
+    async def answer_question(self, req: m.UiRequest) -> m.UiResponse:
+        title = str(getattr(req, "title", ""))
+        message = getattr(req, "message", None) or getattr(req, "placeholder", None)
+        options = getattr(req, "options", None)
+        await self.host.set_status(TaskStatus.WAITING_INPUT)
+        self.host.emit(EventKind.QUESTION, method=req.method, title=title, options=options)
+        try:
+            answer = await self.asker.question(req.method, title, message, options)
+        finally:
+            if not self.host.stopping and self.host.task_id is not None:
+                await self.host.set_status(TaskStatus.RUNNING)
+        self.host.note("question", {"method": req.method, "title": title, "answer": answer})
+        if answer is None:
+            return m.ui_cancelled(req.id)
+        if req.method == "confirm":
+            return m.ui_confirmed(req.id, bool(answer))
+        return m.ui_value(req.id, str(answer))
+
+    def cancelled(self, dialogs: Iterable[m.UiRequest]) -> None:
+        """Dialogs a stop closed unanswered: audited, and front ends told the question is gone."""
+        for dialog in dialogs:
+            with contextlib.suppress(Exception):
+                perm = parse_request(dialog) if isinstance(dialog, m.SelectRequest) else None
+                if perm is not None:
+                    self.decider.record_cancelled(perm, self.context)
+                    fields = dict(
+                        action=perm.action.value,
+                        tool=perm.tool,
+                        target=perm.summary,
+                        decision="cancelled",
+                        by=DecidedBy.CANCELLED,
+                    )
+                    self.host.emit(EventKind.PERMISSION, **fields, question=perm.question)
+                    self.host.note("permission", fields)
+
+    # ------------------------------------------------------------ the egress proxy
+    async def domain_policy(self, host: str, port: int) -> bool:
+        """The egress proxy asks here before the guest reaches a new host.
+
+        The question is the host's own, naming the host the proxy resolved; no
+        earlier answer at the gate counts (a gate request is guest text).
+        """
+        if domain_allowed(host, self.allow_net):
+            self.host.note(
+                "egress", {"host": host, "port": port, "decision": "allow", "by": "--allow-net"}
+            )
+            return True
+        target = Target(
+            Action.NETWORK,
+            op="network",
+            domain=host,
+            reason=f"connects to {host}:{port} through the egress proxy",
+        )
+        perm = PermissionRequest(
+            request_id=f"egress-{secrets.token_hex(4)}",
+            question=f"The agent wants to connect to {host} (port {port}). Allow?",
+            options=tuple(c.value for c in Choice),
+            action=Action.NETWORK,
+            tool="network",
+            tool_call_id=None,
+            task_id=self.host.task_id,
+            cwd=None,
+            command=None,
+            paths=(),
+            targets=(target,),
+            payload={},
+        )
+        return (await self.answer_permission(perm)).allows
+
+    def on_egress_decision(self, decision: EgressDecision) -> None:
+        self.host.note(
+            "egress",
+            {
+                "host": decision.host,
+                "port": decision.port,
+                "allowed": decision.allowed,
+                "reason": decision.reason,
+            },
+        )
+
+
+__all__ = [
+    "AllowAsker",
+    "Asker",
+    "BridgeHost",
+    "DenyAsker",
+    "PermissionBridge",
+    "allowed_domains",
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from piwork.run.digest import EventKind, replay_pi_record
 from piwork.tasks.transcript import read_records
 
 MAX_RECORDS = 20_000
@@ -24,23 +25,26 @@ class Sink(Protocol):
     def notice(self, text: str, kind: str = "notice") -> None: ...
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        return ""
-    return "".join(
-        str(c.get("text", "")) for c in content if isinstance(c, dict) and c.get("type") == "text"
-    )
-
-
-def _key_arg(args: Any) -> str:
-    if not isinstance(args, dict):
-        return ""
-    for k in ("command", "path", "file_path", "pattern", "url"):
-        if isinstance(args.get(k), str):
-            return str(args[k])
-    return ""
+def _replay_pi(data: dict[str, Any], sink: Sink) -> bool:
+    shown = False
+    for ev in replay_pi_record(data):
+        e = ev.data
+        if ev.kind is EventKind.TEXT:
+            sink.text(str(e.get("delta") or ""))
+        elif ev.kind is EventKind.TEXT_END:
+            if not shown:
+                continue  # an assistant message without text shows nothing, as before
+            sink.text_end()
+        elif ev.kind is EventKind.TOOL_START:
+            sink.tool_start(str(e.get("id")), str(e.get("name")), str(e.get("arg") or ""))
+        elif ev.kind is EventKind.TOOL_END:
+            sink.tool_end(
+                str(e.get("id")), str(e.get("name")), bool(e.get("ok")), str(e.get("text") or "")
+            )
+        else:
+            continue
+        shown = True
+    return shown
 
 
 def load_history(path: Path, sink: Sink) -> int:
@@ -56,25 +60,8 @@ def load_history(path: Path, sink: Sink) -> int:
             mode = None if rec.kind == "prompt" else rec.kind
             sink.user(str(d.get("message", "")), mode)
         elif rec.kind == "pi":
-            t = d.get("type")
-            if t == "message_end":
-                msg = d.get("message")
-                if isinstance(msg, dict) and msg.get("role") == "assistant":
-                    text = _text_of(msg.get("content"))
-                    if text:
-                        sink.text(text)
-                        sink.text_end()
-            elif t == "tool_execution_start":
-                sink.tool_start(
-                    str(d.get("toolCallId")), str(d.get("toolName")), _key_arg(d.get("args"))
-                )
-            elif t == "tool_execution_end":
-                result = d.get("result")
-                text = _text_of(result.get("content")) if isinstance(result, dict) else ""
-                sink.tool_end(
-                    str(d.get("toolCallId")), str(d.get("toolName")), not d.get("isError"), text
-                )
-            else:
+            # The live run's digester, so a reopened task's rows match what was watched.
+            if not _replay_pi(d, sink):
                 continue
         elif rec.kind == "permission":
             sink.notice(

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from piwork import sharefs
+from piwork import errors, sharefs
 from piwork.aio import discard
 from piwork.pack.manifest import Manifest
 from piwork.rpc.client import LineTap, Listener, RpcClient, UiHandler
@@ -144,6 +144,10 @@ class VmExit:
     """e.g. ``killed by SIGKILL`` or ``status 1``."""
     console_log: Path
     console_tail: str
+
+
+class PiGone(errors.VmError, RuntimeError):
+    """pi (or the supervisor, or the VM under it) went away; the message says how."""
 
 
 class PiDoor:
@@ -340,7 +344,7 @@ class AgentVm(PiDoor):
         elif ev == "exit":
             if self.pi_exit is not None and not self.pi_exit.done():
                 self.pi_exit.set_result(msg)
-            self.rpc.connection_lost(RuntimeError(f"pi exited: {msg}"))
+            self.rpc.connection_lost(PiGone(f"pi exited: {msg}"))
         elif ev == "restarted":
             # /init restarted a supervisor that died, and pi died with it: say so now
             # instead of letting every request wait for its timeout.
@@ -350,17 +354,17 @@ class AgentVm(PiDoor):
                 "pi was stopped with it",
             }
             if self._pi_started is not None and not self._pi_started.done():
-                self._pi_started.set_exception(RuntimeError(gone["message"]))
+                self._pi_started.set_exception(PiGone(gone["message"]))
             if self.pi_exit is not None and not self.pi_exit.done():
                 self.pi_exit.set_result(gone)
-            self.rpc.connection_lost(RuntimeError(gone["message"]))
+            self.rpc.connection_lost(PiGone(gone["message"]))
         elif ev == "oversized":
             # A line too long to keep: if it was a reply, its request fails now.
             head = msg.get("head")
             size = int(msg.get("bytes") or 0)
             self.rpc.feed_report(OversizedLine(size, head if isinstance(head, bytes) else b""))
         elif ev == "error" and self._pi_started is not None and not self._pi_started.done():
-            self._pi_started.set_exception(RuntimeError(str(msg.get("message"))))
+            self._pi_started.set_exception(PiGone(str(msg.get("message"))))
         elif ev == "stderr":
             self.stderr_tail = [*self.stderr_tail[-49:], str(msg.get("text", ""))]
         if self.on_supervisor_event is not None:
@@ -605,10 +609,10 @@ class AgentVm(PiDoor):
             "message": f"the VM stopped unexpectedly (QEMU exit status {code})",
         }
         if self._pi_started is not None and not self._pi_started.done():
-            self._pi_started.set_exception(RuntimeError(msg["message"]))
+            self._pi_started.set_exception(PiGone(msg["message"]))
         if self.pi_exit is not None and not self.pi_exit.done():
             self.pi_exit.set_result(msg)
-        self.rpc.connection_lost(RuntimeError(msg["message"]))
+        self.rpc.connection_lost(PiGone(msg["message"]))
 
     async def start_pi(self) -> None:
         loop = asyncio.get_running_loop()
@@ -642,7 +646,7 @@ class AgentVm(PiDoor):
                 discard(state)
         if state not in done:
             tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
-            raise RuntimeError(f"pi exited before answering: {self.pi_exit.result()}\n{tail}")
+            raise PiGone(f"pi exited before answering: {self.pi_exit.result()}\n{tail}")
         return state.result()
 
     async def stop(self, *, graceful: bool = True) -> None:

@@ -5,31 +5,37 @@ hang from this tree, so a front end can catch ``PiworkError`` and know the
 message is meant for people, and tell by the kind what the person can do::
 
     PiworkError                  str() says what happened and what to do
-     +-- PersonError             the person can fix it: a bad argument, an unknown
-     |    |                      task/model, a missing folder, a used-up limit,
-     |    |                      a malformed settings/providers/policy file
-     |    +-- run.RunError, tasks.TaskNotFound, tasks.AmbiguousTaskId,
-     |        tasks.FolderAlreadyBound, tasks.FolderError, tasks.SettingsError,
-     |        models.ProviderConfigError, proxy.AllowNetError, tasks.TaskBusy,
-     |        policy.PolicyError, auth.KeyStoreError, checkpoints.UndoConflict ...
+     +-- PersonError             the person can fix it: an unknown or busy task, a
+     |    |                      malformed settings/providers/policy file, no keyring
+     |    |                      (tasks.TaskNotFound, tasks.AmbiguousTaskId, tasks.TaskBusy,
+     |    |                      tasks.FolderAlreadyBound, tasks.SettingsError,
+     |    |                      models.ProviderConfigError, policy.PolicyError,
+     |    |                      auth.KeyStoreError, checkpoints.UndoConflict/TaskRunning)
+     |    +-- UsageError         a value given to the command is wrong: a bad --model,
+     |                           a missing --folder, --allow-net, --policy, a used-up
+     |                           limit, too much --memory (run.RunError,
+     |                           tasks.FolderError, proxy.AllowNetError,
+     |                           resources.ResourceError, run.environment.ModelNotFound)
      +-- StoreError              a file piwork keeps could not be read or written
      |    +-- tasks.TaskStoreError (CorruptTask, TaskWriteError, NotOwner),
-     |        tasks.TranscriptError, checkpoints.CheckpointError
-     +-- VmError                 QEMU, the accelerator or the guest failed
-     |    +-- vm.VmError (BootStalled, VmExited), run.VmStartFailed,
-     |        vm.ChannelError, vm.TemplateUnavailable, resources.ResourceError
+     |        tasks.TranscriptError, tasks.InvalidTransition,
+     |        checkpoints.CheckpointError
+     +-- VmError                 QEMU, the accelerator, the guest or pi failed
+     |    +-- vm.VmError (BootStalled, VmExited), run.VmStartFailed, agent.PiGone,
+     |        vm.ChannelError, vm.TemplateUnavailable
      +-- ProtocolError           the guest broke a protocol (it is untrusted)
      |    +-- rpc.RpcError (RpcTimeout, RpcConnectionLost), vm.netmux.ProtocolError,
-     |        policy.PermissionPayloadError
+     |        policy.PermissionPayloadError, sharefs.UnsafePathError
      +-- PackError               building or verifying the runtime pack
           +-- pack.PackError (PinUnavailableError, ManifestError)
 
 Exit codes (``piwork`` on the command line, documented in the README):
 
     0    done
-    1    the run failed (StoreError, VmError, ProtocolError, PackError; a task
-         that ended with an error)
-    2    usage error: the command cannot be done as typed (argparse, PersonError)
+    1    the command failed: a PersonError (no such task, ...), StoreError,
+         VmError, ProtocolError, PackError, an OSError; or the task ended
+         with an error
+    2    usage error: the command's arguments are wrong (argparse, UsageError)
     3    the task stopped at one of its limits
     70   a bug in piwork (any other exception; the traceback goes to the log)
     130  stopped by the person (Ctrl-C)
@@ -39,7 +45,10 @@ Causes are kept (``raise ... from exc``): the log has the whole chain.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import traceback
+from pathlib import Path
 
 log = logging.getLogger("piwork")
 
@@ -58,7 +67,11 @@ class PiworkError(Exception):
 
 
 class PersonError(PiworkError):
-    """The person can fix it by changing what they asked for."""
+    """The person can fix it (the message says how)."""
+
+
+class UsageError(PersonError):
+    """A value given to the command is wrong; the same command with another value works."""
 
     exit_code = EXIT_USAGE
 
@@ -79,22 +92,34 @@ class PackError(PiworkError):
     """The runtime pack could not be built or verified."""
 
 
-def describe(exc: BaseException) -> tuple[str, int]:
-    """One line (or block) for a person, and the exit code, for any exception.
+def describe(exc: BaseException, log_file: Path | None = None) -> tuple[str, int]:
+    """One message for a person, and the exit code, for any exception.
 
-    piwork's own errors say what to do, so they are shown as they are. Anything
-    else is a bug: it is logged with its traceback, and the person is told
-    where to look instead of being shown the traceback.
+    piwork's own errors say what to do, so they are shown as they are (their
+    causes stay on the exception for the log). Anything else is a bug: its
+    traceback goes to ``log_file`` (and the logger), and the person is told
+    where it is instead of being shown it.
     """
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted", EXIT_INTERRUPTED
     if isinstance(exc, PiworkError):
         return str(exc) or type(exc).__name__, exc.exit_code
-    log.error("unexpected error", exc_info=exc)
-    return (
-        f"internal error ({type(exc).__name__}: {exc}); this is a bug in piwork, "
-        "the traceback is in the log",
-        EXIT_BUG,
+    if isinstance(exc, OSError):  # the disk, a permission, a socket: not a bug in piwork
+        return str(exc), EXIT_RUN_FAILED
+    log.debug("unexpected error", exc_info=exc)
+    where = "run with a debugger to see where"
+    if log_file is not None:
+        try:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            with log_file.open("a", encoding="utf-8") as out:
+                stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+                out.write(f"--- {stamp}\n")
+                out.write("".join(traceback.format_exception(exc)))
+            where = f"the traceback is in {log_file}"
+        except OSError:
+            pass
+    return f"internal error ({type(exc).__name__}: {exc}); this is a bug in piwork, {where}", (
+        EXIT_BUG
     )
 
 
@@ -110,6 +135,7 @@ __all__ = [
     "PiworkError",
     "ProtocolError",
     "StoreError",
+    "UsageError",
     "VmError",
     "describe",
 ]

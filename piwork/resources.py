@@ -22,12 +22,13 @@ from pathlib import Path
 import orjson
 
 from piwork.config import get_paths
+from piwork.errors import UsageError
 
 MEMINFO = Path("/proc/meminfo")
 SECTION = "vm"
 
 
-class ResourceError(RuntimeError):
+class ResourceError(RuntimeError, UsageError):
     """The VM cannot be started as asked; ``str()`` says what to do."""
 
 

@@ -23,12 +23,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from piwork.errors import ProtocolError
 from piwork.fsutil import fsync_fd
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class UnsafePathError(OSError):
+class UnsafePathError(OSError, ProtocolError):
     """A path inside a share is malformed, escapes the share, or crosses a symlink."""
 
 

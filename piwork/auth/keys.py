@@ -29,6 +29,7 @@ import orjson
 from keyring.backend import KeyringBackend
 
 from piwork.config import Paths, get_paths
+from piwork.errors import PersonError
 from piwork.fsutil import atomic_write_bytes
 
 SERVICE_NAME = "piwork"
@@ -39,7 +40,7 @@ FILE_BACKEND_SETTING = "auth.fileBackend"
 Backend = Literal["keyring", "file"]
 
 
-class KeyStoreError(Exception):
+class KeyStoreError(PersonError):
     """A key could not be stored or read; the message says what to do."""
 
 

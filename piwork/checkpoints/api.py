@@ -17,6 +17,7 @@ from typing import Any
 
 from piwork.checkpoints.shadow import CheckpointError, Commit, RawChange, ShadowRepo, compact
 from piwork.config import Paths, get_paths
+from piwork.errors import PersonError
 from piwork.tasks.model import ACTIVE_STATUSES
 from piwork.tasks.settings import load_task_settings
 from piwork.tasks.store import Task, TaskBusy, TaskStore
@@ -55,7 +56,7 @@ class UndoResult:
     skipped: list[str] = field(default_factory=list)
 
 
-class UndoConflict(CheckpointError):
+class UndoConflict(CheckpointError, PersonError):
     """Files the undo would overwrite were changed after the agent's last checkpoint."""
 
     def __init__(self, conflicts: list[str], reasons: dict[str, str]) -> None:
@@ -69,7 +70,7 @@ class UndoConflict(CheckpointError):
         )
 
 
-class TaskRunning(CheckpointError):
+class TaskRunning(CheckpointError, PersonError):
     """The task's VM is running (or another piwork process owns the task)."""
 
 

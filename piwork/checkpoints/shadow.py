@@ -38,6 +38,8 @@ from pathlib import Path
 
 import orjson
 
+from piwork.errors import StoreError
+
 REF = "refs/heads/checkpoints"
 META_PREFIX = "piwork-checkpoint: "
 _EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
@@ -87,7 +89,7 @@ _CONFIG = (
 )
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(RuntimeError, StoreError):
     """Recording or restoring failed; ``str()`` says what to do."""
 
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from piwork import __version__
+from piwork.errors import describe
 
 COMMAND_MODULES: tuple[str, ...] = (
     "piwork.cli.run_cmd",
@@ -60,9 +61,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(func(args))
-    except KeyboardInterrupt:
-        print("piwork: interrupted", file=sys.stderr)
-        return 130
+    except Exception as exc:  # the one place the CLI shows an error: see piwork.errors
+        return fail(exc)
+    except KeyboardInterrupt as exc:
+        return fail(exc)
+
+
+def fail(exc: BaseException) -> int:
+    """``piwork: <message>`` on stderr; the exit code of the error's kind (piwork.errors)."""
+    from piwork.config import get_paths
+
+    message, code = describe(exc, get_paths().logs / "piwork.log")
+    print(f"piwork: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

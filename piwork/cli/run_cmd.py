@@ -24,10 +24,8 @@ from piwork.runner import (
     AllowAsker,
     Asker,
     DenyAsker,
-    RunError,
     RunRequest,
     TaskSession,
-    VmStartFailed,
 )
 from piwork.textsafe import sanitize
 from piwork.vm.command import Transport
@@ -319,9 +317,6 @@ async def _run(args: argparse.Namespace, req: RunRequest, prompt: str) -> int:
     except asyncio.CancelledError:
         print("piwork: forced stop; the VM was killed", file=sys.stderr)
         return 130
-    except RunError as exc:
-        print(f"piwork: {exc}", file=sys.stderr)
-        return 2
     finally:
         if console is not None:
             console.close()
@@ -345,19 +340,8 @@ def _common_request(args: argparse.Namespace) -> RunRequest:
 
 
 def _handle_errors(coro_factory: Any) -> int:
-    try:
-        return int(asyncio.run(coro_factory()))
-    except RunError as exc:
-        print(f"piwork: {exc}", file=sys.stderr)
-        return 2
-    except VmStartFailed as exc:  # says what happened and what to do: no class name
-        print(f"piwork: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:
-        # Every failure below the runner carries its own context (command line,
-        # console tail, file paths); show it whole, but not as a traceback.
-        print(f"piwork: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+    """Errors reach ``piwork.cli.main``, which shows every one the same way."""
+    return int(asyncio.run(coro_factory()))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

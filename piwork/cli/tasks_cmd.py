@@ -157,11 +157,9 @@ def _transcript_json(task: Task) -> tuple[list[dict[str, Any]], list[str]]:
 
 def cmd_show(args: argparse.Namespace) -> int:
     with _open_store() as store:
-        try:
-            task = store.get(args.task_id)
-            owner = store.owner(task.id)
-        except TaskStoreError as exc:
-            return _error(str(exc))
+        # A TaskStoreError (no such task, ambiguous id) is shown by piwork.cli.main.
+        task = store.get(args.task_id)
+        owner = store.owner(task.id)
     problems: list[str] = []
     if args.json:
         out: dict[str, Any] = {"task": task.record.to_json_dict(), "dir": str(task.dir)}
@@ -247,11 +245,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_rm(args: argparse.Namespace) -> int:
     with _open_store() as store:
-        try:
-            full = store.resolve_id(args.task_id)
-            store.rm(full, force=args.force)
-        except TaskStoreError as exc:
-            return _error(str(exc))
+        full = store.resolve_id(args.task_id)  # errors: shown by piwork.cli.main
+        store.rm(full, force=args.force)
     print(f"removed task {full}")
     return 0
 
@@ -354,10 +349,7 @@ class _Exactly(io.RawIOBase):
 
 def cmd_export(args: argparse.Namespace) -> int:
     with _open_store() as store:
-        try:
-            task = store.get(args.task_id)
-        except TaskStoreError as exc:
-            return _error(str(exc))
+        task = store.get(args.task_id)  # errors: shown by piwork.cli.main
     if task.record.status in ACTIVE_STATUSES:
         print(
             f"piwork tasks: note: task {task.id} is {task.record.status.value}; "

@@ -30,6 +30,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from piwork.config import get_paths
+from piwork.errors import PersonError
 
 ApiType = Literal[
     "openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai"
@@ -55,7 +56,7 @@ PROVIDERS_FILE_NAME = "providers.json"
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 
 
-class ProviderConfigError(ValueError):
+class ProviderConfigError(ValueError, PersonError):
     """``providers.json`` is unreadable or invalid; the message says where."""
 
 

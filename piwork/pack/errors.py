@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from piwork import errors
 
-class PackError(Exception):
+
+class PackError(errors.PackError):
     """A pack could not be built, found or trusted; the message says what to do."""
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from piwork.errors import ProtocolError
 from piwork.policy.rules import Action, Target, TaskContext
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ class Choice(StrEnum):
         return self in (Choice.ALWAYS_FOLDER, Choice.ALWAYS_EVERYWHERE)
 
 
-class PermissionPayloadError(ValueError):
+class PermissionPayloadError(ValueError, ProtocolError):
     """The request carries our marker but its block does not parse: treat as deny."""
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from piwork.config import get_paths
+from piwork.errors import PersonError
 from piwork.fsutil import atomic_write_bytes, fsync_dir
 from piwork.policy.rules import DEFAULT_RULES, Rule
 
@@ -29,7 +30,7 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 
 
-class PolicyError(Exception):
+class PolicyError(PersonError):
     """The policy file could not be read or written."""
 
 

@@ -36,6 +36,8 @@ from functools import cache
 
 from publicsuffixlist import PublicSuffixList
 
+from piwork.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 DomainPolicy = Callable[[str, int], Awaitable[bool]]
@@ -137,7 +139,7 @@ def normalize_host(host: str) -> str:
     return h
 
 
-class AllowNetError(ValueError):
+class AllowNetError(ValueError, UsageError):
     """An ``--allow-net`` entry that is not a domain piwork can allow; says why."""
 
 

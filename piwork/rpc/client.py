@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from types import EllipsisType, TracebackType
 from typing import Any, Final, Self
 
+from piwork.errors import ProtocolError
 from piwork.rpc.framing import (
     DEFAULT_MAX_LINE_BYTES,
     LineDecoder,
@@ -117,7 +118,7 @@ class PreparedLine:
     tapped: bool
 
 
-class RpcError(Exception):
+class RpcError(ProtocolError):
     """pi answered ``success: false`` (or could not answer)."""
 
     def __init__(self, command: str, error: str, response: Response | None = None) -> None:

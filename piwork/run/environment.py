@@ -28,6 +28,7 @@ from piwork import sharefs
 from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVmConfig, TaskDirs
 from piwork.auth import KeyStore
 from piwork.config import Paths
+from piwork.errors import UsageError
 from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
 from piwork.models.providers import (
     PROVIDERS_FILE_NAME,
@@ -66,7 +67,7 @@ def guest_network_env(egress_token: str) -> dict[str, str]:
     )
 
 
-class ModelNotFound(ValueError):
+class ModelNotFound(ValueError, UsageError):
     """The task's model is not in the catalog."""
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from piwork.agent import VmExit
-from piwork.errors import PersonError, VmError
+from piwork.errors import UsageError, VmError
 from piwork.models.providers import Provider
 from piwork.rpc.models import AssistantOutcome
 from piwork.tasks import Limits, StopReason, Task, TaskStatus, TaskStore
@@ -69,7 +69,7 @@ class Outcome:
         return {"cancelled": 130, "limit": 3}.get(self.reason or "", 1)
 
 
-class RunError(PersonError, RuntimeError):
+class RunError(UsageError, RuntimeError):
     """A failure the person can act on; ``str()`` says what to do."""
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from piwork.config import get_paths
+from piwork.errors import UsageError
 
 #: Refused themselves, but a project folder *inside* them is fine.
 _EXACT: tuple[str, ...] = (
@@ -103,7 +104,7 @@ _HOME_TREES: dict[str, str] = {
 _XDG_VARS: tuple[str, ...] = ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_STATE_HOME")
 
 
-class FolderError(ValueError):
+class FolderError(ValueError, UsageError):
     """A folder that cannot be a task's working folder. ``str()`` is user-facing."""
 
     def __init__(self, path: Path, code: str, message: str) -> None:

@@ -37,6 +37,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from piwork.errors import StoreError
+
 SCHEMA_VERSION = 1
 
 
@@ -113,7 +115,7 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
 del _S
 
 
-class InvalidTransition(ValueError):
+class InvalidTransition(ValueError, StoreError):
     """A status change the state machine does not allow (or is missing its reason)."""
 
     def __init__(

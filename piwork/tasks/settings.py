@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
 from piwork.config import get_paths
+from piwork.errors import PersonError
 from piwork.tasks.model import Limits
 
 SECTION = "tasks"
@@ -48,7 +49,7 @@ def merge_limits(base: Limits, overrides: Mapping[str, Any]) -> Limits:
     return Limits.model_validate({**base.model_dump(), **overrides})
 
 
-class SettingsError(ValueError):
+class SettingsError(ValueError, PersonError):
     """settings.json cannot be used. ``str()`` names the file and what is wrong."""
 
 

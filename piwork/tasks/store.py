@@ -50,6 +50,7 @@ import orjson
 from pydantic import ValidationError
 
 from piwork.config import get_paths
+from piwork.errors import PersonError, StoreError
 from piwork.fsutil import fsync_dir, fsync_fd
 from piwork.tasks.folders import validate_working_folder
 from piwork.tasks.model import (
@@ -91,15 +92,15 @@ _TRASH_PREFIX = ".trash-"
 # --------------------------------------------------------------------------- errors
 
 
-class TaskStoreError(Exception):
+class TaskStoreError(StoreError):
     """Base class; ``str()`` is meant for people."""
 
 
-class TaskNotFound(TaskStoreError):
+class TaskNotFound(TaskStoreError, PersonError):
     pass
 
 
-class AmbiguousTaskId(TaskStoreError):
+class AmbiguousTaskId(TaskStoreError, PersonError):
     def __init__(self, prefix: str, matches: list[str]) -> None:
         self.prefix = prefix
         self.matches = matches
@@ -117,7 +118,7 @@ class CorruptTask(TaskStoreError):
         super().__init__(f"task {task_dir.name}: task.json is unusable ({reason}){where}")
 
 
-class TaskBusy(TaskStoreError):
+class TaskBusy(TaskStoreError, PersonError):
     """Another live process owns the task (or it is active and ``force`` was not given)."""
 
     def __init__(self, task_id: str, message: str, owner: OwnerInfo | None = None) -> None:
@@ -130,7 +131,7 @@ class NotOwner(TaskStoreError):
     pass
 
 
-class FolderAlreadyBound(TaskStoreError):
+class FolderAlreadyBound(TaskStoreError, PersonError):
     def __init__(self, task_id: str, bound: Path, requested: Path) -> None:
         self.task_id = task_id
         self.bound = bound

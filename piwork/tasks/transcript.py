@@ -46,6 +46,7 @@ from typing import Any
 
 import orjson
 
+from piwork.errors import StoreError
 from piwork.fsutil import fsync_dir, fsync_fd
 from piwork.tasks.model import iso_z, utc_now
 
@@ -134,7 +135,7 @@ def _sync_and_close(fd: int) -> None:
 # --------------------------------------------------------------------------- errors
 
 
-class TranscriptError(Exception):
+class TranscriptError(StoreError):
     """Base class for transcript problems."""
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import orjson
 
+from piwork import errors
+
 log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024 * 1024
@@ -64,7 +66,7 @@ def _split_big(parts: list[bytes], prepare: PiLinePreparer | None) -> tuple[byte
     return seq_text, payload, prepared
 
 
-class ChannelError(RuntimeError):
+class ChannelError(RuntimeError, errors.VmError):
     pass
 
 

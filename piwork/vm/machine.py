@@ -29,6 +29,7 @@ from typing import Any
 
 from qemu.qmp import QMPClient
 
+from piwork import errors
 from piwork.vm.command import VmSpec, build_command, console_socket
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class ConsoleLog:
             self._fd = -1
 
 
-class VmError(RuntimeError):
+class VmError(RuntimeError, errors.VmError):
     """A VM failure, with what a person needs to diagnose it."""
 
     def __init__(

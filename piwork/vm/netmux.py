@@ -52,6 +52,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
 
+from piwork import errors
+
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">BBHI")
@@ -79,7 +81,7 @@ class Frame(IntEnum):
     WINDOW = 5
 
 
-class ProtocolError(Exception):
+class ProtocolError(errors.ProtocolError):
     """The guest broke the framing: the port is closed."""
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import orjson
 
+from piwork import errors
 from piwork.fsutil import atomic_write_bytes, fsync_dir
 from piwork.vm.command import Transport, VmSpec
 
@@ -56,7 +57,7 @@ RAM = "ram"
 STATE = "state"
 
 
-class TemplateUnavailable(Exception):
+class TemplateUnavailable(errors.VmError):
     """No usable template: the message is the reason, shown as "cold boot: <reason>"."""
 
 

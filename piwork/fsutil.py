@@ -11,9 +11,11 @@ import contextlib
 import errno
 import fcntl
 import os
+import secrets
 import sys
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 def fsync_fd(fd: int) -> None:
@@ -42,17 +44,21 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data``; the file is 0600 from its first byte.
+@contextlib.contextmanager
+def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+    """Write ``path`` through a file object; it appears whole, or not at all.
 
-    A crash at any point leaves either the old content or the new one, and the
-    temp file (``.<name>.*.tmp`` beside it) is removed on any failure.
+    The temp file beside it is ``.<name>.<pid>.<random>.tmp``, 0600 from its
+    first byte; it is fsynced, renamed over ``path``, and the directory is
+    fsynced. On any failure (or a crash, for a sweeper that knows the pid is
+    dead: ``piwork.tasks.store``) the temp file goes and ``path`` is untouched.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            yield fh
             fh.flush()
             fsync_fd(fh.fileno())
         os.replace(tmp, path)
@@ -61,3 +67,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` durably (see :func:`atomic_writer`)."""
+    with atomic_writer(path) as fh:
+        fh.write(data)

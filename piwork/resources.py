@@ -19,10 +19,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
-from piwork.config import get_paths
 from piwork.errors import UsageError
+from piwork.settings import read_section, settings_path
 
 MEMINFO = Path("/proc/meminfo")
 SECTION = "vm"
@@ -40,20 +38,8 @@ class VmCaps:
 
 
 def load_caps(path: Path | None = None) -> VmCaps:
-    path = path if path is not None else get_paths().settings_file
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return VmCaps()
-    except OSError as exc:
-        raise ResourceError(f"cannot read settings file {path}: {exc.strerror}") from exc
-    try:
-        doc = orjson.loads(raw) if raw.strip() else {}
-    except orjson.JSONDecodeError as exc:
-        raise ResourceError(f"settings file {path} is not valid JSON: {exc}") from exc
-    section = doc.get(SECTION, {}) if isinstance(doc, dict) else {}
-    if not isinstance(section, dict):
-        raise ResourceError(f"settings file {path}: '{SECTION}' must be an object")
+    path = settings_path(path)
+    section = read_section(SECTION, path)  # a SettingsError names the file and the fault
     base = VmCaps()
     values: dict[str, int] = {}
     for key, attr in (

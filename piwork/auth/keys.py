@@ -31,6 +31,7 @@ from keyring.backend import KeyringBackend
 from piwork.config import Paths, get_paths
 from piwork.errors import PersonError
 from piwork.fsutil import atomic_write_bytes
+from piwork.settings import read_section
 
 SERVICE_NAME = "piwork"
 KEYS_FILE_NAME = "keys.json"
@@ -84,12 +85,7 @@ def _read_json(path: Path) -> Any:
 
 def file_backend_enabled_in_settings(paths: Paths) -> bool:
     """``{"auth": {"fileBackend": true}}`` in settings.json opts in for good."""
-    try:
-        settings = _read_json(paths.settings_file)
-    except (OSError, orjson.JSONDecodeError):
-        return False
-    auth = settings.get("auth") if isinstance(settings, dict) else None
-    return isinstance(auth, dict) and auth.get("fileBackend") is True
+    return read_section("auth", paths.settings_file).get("fileBackend") is True
 
 
 class KeyStore:

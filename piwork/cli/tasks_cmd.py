@@ -14,13 +14,11 @@ format can take the task's files.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import io
 import os
 import stat
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -29,6 +27,7 @@ import orjson
 
 from piwork import __version__, sharefs
 from piwork.checkpoints import CheckpointError, ShadowRepo, checkpoints_size, gc_task
+from piwork.fsutil import atomic_writer
 from piwork.tasks.model import ACTIVE_STATUSES, TaskStatus, iso_z, utc_now
 from piwork.tasks.store import SUBDIRS, Task, TaskStore, TaskStoreError
 from piwork.tasks.transcript import (
@@ -361,19 +360,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         sys.stdout.buffer.flush()
         return 0
     target = Path(args.output or f"piwork-task-{task.id}.tar.gz").expanduser()
-    # Write beside the target and rename, so a failed export leaves no half archive.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as fh:
+    try:  # a failed export leaves no half archive (piwork.fsutil, the one durable writer)
+        with atomic_writer(target) as fh:
             write_export(task, fh, files=args.files)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, target)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         return _error(f"cannot write {target}: {exc.strerror or exc}")
     print(f"exported task {task.id} to {target}")
     return 0

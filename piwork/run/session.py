@@ -118,7 +118,12 @@ class TaskSession:
     # ------------------------------------------------------------ state seen from outside
     @property
     def asker(self) -> Asker:
+        """Who is asked when the policy cannot decide (a front end may swap it)."""
         return self.permissions.asker
+
+    @asker.setter
+    def asker(self, asker: Asker) -> None:
+        self.permissions.asker = asker
 
     @property
     def decider(self) -> Decider:

@@ -16,12 +16,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from piwork.config import get_paths
-from piwork.errors import PersonError
+from piwork.settings import SettingsError as SettingsError  # its import location, kept
+from piwork.settings import read_section, settings_path
 from piwork.tasks.model import Limits
 
 SECTION = "tasks"
@@ -49,10 +48,6 @@ def merge_limits(base: Limits, overrides: Mapping[str, Any]) -> Limits:
     return Limits.model_validate({**base.model_dump(), **overrides})
 
 
-class SettingsError(ValueError, PersonError):
-    """settings.json cannot be used. ``str()`` names the file and what is wrong."""
-
-
 class TaskSettings(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
@@ -73,22 +68,8 @@ def _describe(exc: ValidationError) -> str:
 
 def load_task_settings(path: Path | None = None) -> TaskSettings:
     """Read the ``tasks`` section of ``settings.json`` (default: ``get_paths().settings_file``)."""
-    path = path if path is not None else get_paths().settings_file
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return TaskSettings()
-    except OSError as exc:
-        raise SettingsError(f"cannot read settings file {path}: {exc.strerror}") from exc
-    try:
-        doc = orjson.loads(raw) if raw.strip() else {}
-    except orjson.JSONDecodeError as exc:
-        raise SettingsError(f"settings file {path} is not valid JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise SettingsError(f"settings file {path} must hold a JSON object")
-    section = doc.get(SECTION, {})
-    if not isinstance(section, dict):
-        raise SettingsError(f"settings file {path}: '{SECTION}' must be an object")
+    path = settings_path(path)
+    section = read_section(SECTION, path)  # SettingsError: the file is unusable
     merged: dict[str, Any] = dict(section)
     limits = section.get("defaultLimits")
     if limits is not None:

@@ -51,7 +51,7 @@ from pydantic import ValidationError
 
 from piwork.config import get_paths
 from piwork.errors import PersonError, StoreError
-from piwork.fsutil import fsync_dir, fsync_fd
+from piwork.fsutil import atomic_write_bytes, fsync_dir
 from piwork.tasks.folders import validate_working_folder
 from piwork.tasks.model import (
     ACTIVE_STATUSES,
@@ -345,24 +345,10 @@ class ScanResult:
 
 
 def _write_atomic(path: Path, payload: bytes) -> None:
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    """task.json, durably (``piwork.fsutil``, the one durable writer); a failure is a
+    TaskWriteError and the previous version stays."""
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        try:
-            view = memoryview(payload)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            fsync_fd(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise TaskWriteError(path, exc) from exc
-    try:
-        fsync_dir(path.parent)
+        atomic_write_bytes(path, payload)
     except OSError as exc:
         raise TaskWriteError(path, exc) from exc
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from piwork.tasks import store as store_mod
+from piwork import fsutil
 from piwork.tasks.folders import FolderError
 from piwork.tasks.model import (
     TRANSITIONS,
@@ -342,7 +342,7 @@ def test_a_failed_task_json_write_keeps_the_old_version(
     def full(fd: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store_mod, "fsync_fd", full)
+    monkeypatch.setattr(fsutil, "fsync_fd", full)  # the one durable writer, under the store
     with pytest.raises(TaskWriteError, match="No space left"):
         store.update(task.id, title="new")
     assert task.task_json.read_bytes() == before

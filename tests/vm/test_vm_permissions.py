@@ -420,7 +420,7 @@ async def test_stop_while_a_permission_dialog_is_open_ends_cancelled_within_seco
     assert req.tool_call_id == "call_stop"
     [entry] = [e for e in audit_entries(live.paths, live.task_id) if e["toolCallId"] == "call_stop"]
     assert entry["decision"] == "cancelled" and entry["decidedBy"] == "cancelled"
-    assert not live.session.rpc.open_dialogs
+    assert live.session.agent is not None and not live.session.agent.open_dialogs()
     # Front ends and the transcript learn the open question is gone.
     decided = [e.data for e in live.events if e.kind is EventKind.PERMISSION]
     assert [(d["decision"], d["by"]) for d in decided] == [

@@ -10,7 +10,14 @@ from __future__ import annotations
 from piwork.agent import Agent, AgentFactory
 from piwork.run.digest import EventKind, EventSink, RunEvent
 from piwork.run.permissions import AllowAsker, Asker, DenyAsker
-from piwork.run.request import DEFAULT_RESUME_PROMPT, Outcome, RunError, RunRequest, VmStartFailed
+from piwork.run.request import (
+    DEFAULT_RESUME_PROMPT,
+    Outcome,
+    RunError,
+    RunRequest,
+    Transport,
+    VmStartFailed,
+)
 from piwork.run.session import ABORT_CONFIRM_S, TaskSession, run_task
 
 __all__ = [
@@ -28,6 +35,7 @@ __all__ = [
     "RunEvent",
     "RunRequest",
     "TaskSession",
+    "Transport",
     "VmStartFailed",
     "run_task",
 ]

@@ -7,5 +7,6 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
 echo "== mypy" && .venv/bin/mypy
+echo "== import contract" && .venv/bin/lint-imports --no-cache
 echo "== node --test (guest side)" && node --test runtime-pack/tests/
 echo "== pytest" && exec .venv/bin/pytest -p no:cacheprovider "$@"

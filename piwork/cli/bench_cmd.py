@@ -11,8 +11,8 @@ import orjson
 
 from piwork.bench import BenchContext, all_measurements, one_round, summarise
 from piwork.pack import ensure_pack
-from piwork.vm.accel import probe
-from piwork.vm.command import Transport
+from piwork.run.environment import probe  # the accelerator, as a run picks it
+from piwork.run.request import Transport
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

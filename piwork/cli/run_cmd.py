@@ -26,9 +26,9 @@ from piwork.runner import (
     DenyAsker,
     RunRequest,
     TaskSession,
+    Transport,
 )
 from piwork.textsafe import sanitize
-from piwork.vm.command import Transport
 
 PERMISSION_KEYS = {
     "y": Choice.ALLOW_ONCE,

@@ -265,6 +265,7 @@ __all__ = [
     "guest_network_env",
     "only_model",
     "prepare",
+    "probe",
     "resolve_model",
     "write_state_file",
 ]

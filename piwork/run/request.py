@@ -161,6 +161,7 @@ __all__ = [
     "RunError",
     "RunRequest",
     "StopWhy",
+    "Transport",
     "VmStartFailed",
     "ending",
     "open_task",

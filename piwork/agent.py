@@ -130,6 +130,43 @@ def _socket_dir(preferred: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix="piwork-"))
 
 
+def vm_spec(
+    cfg: AgentVmConfig,
+    sock_dir: Path,
+    tag: str,
+    *,
+    host_tcp_port: int | None = None,
+    tcp_secret_file: Path | None = None,
+) -> VmSpec:
+    """The VM a task with ``cfg`` runs in: the one place it is put together, so
+    the saved VM it would restore (:func:`saved_vm_for`) is the one ``doctor`` reports."""
+    return VmSpec(
+        pack_dir=cfg.pack_dir,
+        manifest=cfg.manifest,
+        accel=cfg.accel,
+        qmp_socket=sock_dir / f"qmp-{tag}.sock",
+        console_log=cfg.log_dir / "console.log",
+        transport=cfg.transport,
+        rpc_socket=sock_dir / f"rpc-{tag}.sock" if cfg.transport is Transport.VIRTIO else None,
+        host_tcp_port=host_tcp_port,
+        tcp_secret_file=tcp_secret_file,
+        net_socket=sock_dir / f"net-{tag}.sock",
+        memory_mb=cfg.memory_mb,
+        cpus=cfg.cpus,
+        shares=cfg.dirs.shares(),
+        name=f"piwork-{cfg.task_id}",
+    )
+
+
+def saved_vm_for(cfg: AgentVmConfig) -> Template:
+    """The saved VM (``piwork.vm.template``) a task with ``cfg`` restores on a warm start.
+
+    Raises TemplateUnavailable when there can be none (e.g. QEMU's version is unknown).
+    """
+    spec = vm_spec(cfg, cfg.log_dir, "probe")  # socket paths are not part of the key
+    return template_for(spec, cfg.template_root or default_root(cfg.pack_dir))
+
+
 StageCallback = Callable[[str, float], None]
 LineCallback = Callable[[dict[str, Any]], None]
 BootModeCallback = Callable[[str, dict[str, Any]], None]
@@ -229,25 +266,8 @@ class AgentVm(PiDoor):
             self._tcp_secret = secrets.token_hex(32).encode()
             secret_file = sock_dir / f"secret-{tag}"
         self._secret_file = secret_file
-        self.spec = VmSpec(
-            pack_dir=cfg.pack_dir,
-            manifest=cfg.manifest,
-            accel=cfg.accel,
-            qmp_socket=sock_dir / f"qmp-{os.getpid()}-{id(self):x}.sock",
-            console_log=cfg.log_dir / "console.log",
-            transport=cfg.transport,
-            rpc_socket=(
-                sock_dir / f"rpc-{os.getpid()}-{id(self):x}.sock"
-                if cfg.transport is Transport.VIRTIO
-                else None
-            ),
-            host_tcp_port=host_port,
-            tcp_secret_file=secret_file,
-            net_socket=sock_dir / f"net-{tag}.sock",
-            memory_mb=cfg.memory_mb,
-            cpus=cfg.cpus,
-            shares=cfg.dirs.shares(),
-            name=f"piwork-{cfg.task_id}",
+        self.spec = vm_spec(
+            cfg, sock_dir, tag, host_tcp_port=host_port, tcp_secret_file=secret_file
         )
         self.vm = VirtualMachine(self.spec, on_stage=on_stage)
         self.netmux = self._new_netmux()

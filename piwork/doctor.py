@@ -106,26 +106,29 @@ def check_pack() -> Check:
 def check_warm_start() -> Check:
     """Warm start is on by default; say whether the saved VM for this pack exists."""
     try:
-        from piwork.agent import TaskDirs
+        from piwork.agent import AgentVmConfig, TaskDirs, saved_vm_for
         from piwork.pack import find_pack, load_manifest
+        from piwork.run.request import RunRequest
         from piwork.vm.accel import probe
-        from piwork.vm.command import VmSpec
-        from piwork.vm.template import TemplateUnavailable, default_root, template_for
+        from piwork.vm.template import TemplateUnavailable
 
         pack_dir = find_pack()
         if pack_dir is None:
             return Check("warm start", True, "on; no pack yet", warning=True)
-        dirs = TaskDirs(Path("s"), Path("o"), Path("u"), Path("w"))
-        spec = VmSpec(
-            pack_dir=pack_dir,
-            manifest=load_manifest(pack_dir),
-            accel=probe(None),
-            qmp_socket=Path("q"),
-            console_log=Path("c"),
-            rpc_socket=Path("r"),
-            shares=dirs.shares(),
+        run = RunRequest(prompt=None)  # the VM a default `piwork run --folder` boots
+        tpl = saved_vm_for(
+            AgentVmConfig(
+                pack_dir=pack_dir,
+                manifest=load_manifest(pack_dir),
+                accel=probe(None),
+                dirs=TaskDirs(Path("s"), Path("o"), Path("u"), Path("w")),
+                log_dir=Path("logs"),
+                gateway_port=0,
+                transport=run.transport,
+                memory_mb=run.memory_mb,
+                cpus=run.cpus,
+            )
         )
-        tpl = template_for(spec, default_root(pack_dir))
         try:
             tpl.check()
         except TemplateUnavailable as exc:

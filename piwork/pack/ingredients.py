@@ -222,10 +222,6 @@ def extract_deb(deb: Path, dest: Path) -> None:
     run(["dpkg-deb", "-x", str(deb), str(dest)], what=f"unpacking {deb.name}")
 
 
-def deb_version(deb: Path) -> str:
-    return run(["dpkg-deb", "-f", str(deb), "Version"]).strip()
-
-
 # --- kernel and modules ---------------------------------------------------------------
 
 

@@ -12,7 +12,6 @@ the guest must never take down the host's reader.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -142,16 +141,6 @@ class LineDecoder:
         if len(line) > self.max_line_bytes:
             return OversizedLine(len(line), line[:HEAD_BYTES])
         return line
-
-
-def iter_lines(
-    chunks: Iterator[bytes], max_line_bytes: int = DEFAULT_MAX_LINE_BYTES
-) -> Iterator[bytes | OversizedLine]:
-    """Convenience for synchronous streams (tests, tools)."""
-    decoder = LineDecoder(max_line_bytes)
-    for chunk in chunks:
-        yield from decoder.feed(chunk)
-    yield from decoder.finish()
 
 
 def encode_line(obj: Any) -> bytes:

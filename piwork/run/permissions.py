@@ -19,9 +19,11 @@ import contextlib
 import dataclasses
 import secrets
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Protocol
 
-from piwork.policy import Choice, DecidedBy, Decider
+from piwork.config import Paths
+from piwork.policy import AuditLog, Choice, DecidedBy, Decider, PolicyStore
 from piwork.policy.request import (
     PermissionPayloadError,
     PermissionRequest,
@@ -118,6 +120,24 @@ class PermissionBridge:
         self.assume_yes = assume_yes
         self.allow_net = allow_net
         self.context = TaskContext()
+
+    @classmethod
+    def for_run(
+        cls,
+        host: BridgeHost,
+        paths: Paths,
+        asker: Asker | None,
+        *,
+        policy_file: Path | None = None,
+        assume_yes: bool = False,
+    ) -> PermissionBridge:
+        """The person's policy (or ``policy_file``) and audit log; with no asker, ``--yes``
+        allows and anything else denies what the policy leaves open."""
+        if policy_file is not None and not policy_file.is_file():
+            raise RunError(f"policy file {policy_file} does not exist (see `piwork policy list`)")
+        decider = Decider(PolicyStore(policy_file or paths.policy_file), AuditLog(paths.audit_log))
+        asker = asker or (AllowAsker() if assume_yes else DenyAsker())
+        return cls(host, decider, asker, assume_yes=assume_yes)
 
     # ------------------------------------------------------------ pi's dialogs
     async def on_ui_request(self, req: m.UiRequest) -> m.UiResponse | None:

@@ -24,7 +24,6 @@ from typing import Any
 from piwork.agent import Agent, AgentFactory, AgentVm, AgentVmConfig
 from piwork.aio import discard
 from piwork.config import Paths, get_paths
-from piwork.policy import AuditLog, Decider, PolicyStore
 from piwork.policy.rules import TaskContext
 from piwork.proxy.gateway import ModelGateway
 from piwork.resources import ResourceError, vm_budget
@@ -32,9 +31,7 @@ from piwork.rpc import models as m
 from piwork.run import environment
 from piwork.run.digest import EventKind, EventSink, PiItem, RunEvent, digest
 from piwork.run.permissions import (
-    AllowAsker,
     Asker,
-    DenyAsker,
     PermissionBridge,
     allowed_domains,
 )
@@ -88,16 +85,8 @@ class TaskSession:
         self.task: Task | None = None
         self.agent: Agent | None = None
         self.agent_factory = agent_factory
-        if policy_file is not None and not policy_file.is_file():
-            raise RunError(f"policy file {policy_file} does not exist (see `piwork policy list`)")
-        decider = Decider(
-            PolicyStore(policy_file or self.paths.policy_file), AuditLog(self.paths.audit_log)
-        )
-        self.permissions = PermissionBridge(
-            self,
-            decider,
-            asker or (AllowAsker() if req.assume_yes else DenyAsker()),
-            assume_yes=req.assume_yes,
+        self.permissions = PermissionBridge.for_run(
+            self, self.paths, asker, policy_file=policy_file, assume_yes=req.assume_yes
         )
         self.usage: UsageMeter | None = None
         self.gateway: ModelGateway | None = None
@@ -124,10 +113,6 @@ class TaskSession:
     @asker.setter
     def asker(self, asker: Asker) -> None:
         self.permissions.asker = asker
-
-    @property
-    def decider(self) -> Decider:
-        return self.permissions.decider
 
     @property
     def task_id(self) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 
 from piwork.config import Paths, get_paths
+from piwork.errors import describe
 from piwork.policy import Choice, PermissionRequest
 from piwork.runner import EventKind, Outcome, RunEvent, RunRequest, TaskSession
 
@@ -285,7 +286,8 @@ class TaskController(QObject):
         except Exception as exc:  # shown to the person; the task record says what happened
             log.exception("task failed")
             self.status, self.reason = "stopped", "error"
-            self.run_event.emit(RunEvent(EventKind.ERROR, {"message": str(exc)}, 0.0, self.task_id))
+            message, _code = describe(exc, self.pool.paths.logs / "piwork.log")  # as the CLI
+            self.run_event.emit(RunEvent(EventKind.ERROR, {"message": message}, 0.0, self.task_id))
             self.finished.emit(exc)
         finally:
             self.session = None

@@ -448,8 +448,8 @@ class TaskSession:
         if status is None:
             record = (await asyncio.to_thread(self.store.get, self.task.id)).record
             status = record.status
-        else:
-            record = self.task.record
+        else:  # task.json could not be written: what this session last knew
+            record = (self.usage.task if self.usage is not None else self.task).record
         outcome = Outcome(self.task.id, status.value, reason.value, message, dict(self.timings))
         self.emit(EventKind.DONE, status=outcome.status, reason=outcome.reason, message=message,
                   tokens=record.usage.total_tokens, turns=record.usage.turns,

@@ -320,7 +320,7 @@ async def _run(args: argparse.Namespace, req: RunRequest, prompt: str) -> int:
         print("piwork: forced stop; the VM was killed", file=sys.stderr)
         return 130
     except RunError as exc:
-        print(f"piwork: {exc}", file=sys.stderr)
+        print(f"piwork: {sanitize(exc)}", file=sys.stderr)
         return 2
     finally:
         if console is not None:
@@ -348,15 +348,15 @@ def _handle_errors(coro_factory: Any) -> int:
     try:
         return int(asyncio.run(coro_factory()))
     except RunError as exc:
-        print(f"piwork: {exc}", file=sys.stderr)
+        print(f"piwork: {sanitize(exc)}", file=sys.stderr)
         return 2
     except VmStartFailed as exc:  # says what happened and what to do: no class name
-        print(f"piwork: {exc}", file=sys.stderr)
+        print(f"piwork: {sanitize(exc)}", file=sys.stderr)
         return 1
     except Exception as exc:
         # Every failure below the runner carries its own context (command line,
         # console tail, file paths); show it whole, but not as a traceback.
-        print(f"piwork: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"piwork: {type(exc).__name__}: {sanitize(exc)}", file=sys.stderr)
         return 1
 
 

@@ -23,10 +23,11 @@ from piwork.checkpoints.api import (
     task_changes,
     undo,
 )
-from piwork.checkpoints.shadow import CheckpointError, ShadowRepo
+from piwork.checkpoints.shadow import MAX_FILES, CheckpointError, ShadowRepo
 
 __all__ = [
     "CHECKPOINTS_DIR",
+    "MAX_FILES",
     "Checkpoint",
     "CheckpointError",
     "FileChange",

@@ -9,13 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from piwork.checkpoints.shadow import CheckpointError, Commit, RawChange, ShadowRepo, compact
+from piwork.checkpoints.shadow import (
+    DIFF_TIMEOUT,
+    MAX_DIFF_INPUT_BYTES,
+    CheckpointError,
+    Commit,
+    RawChange,
+    ShadowRepo,
+    compact,
+)
 from piwork.config import Paths, get_paths
 from piwork.errors import PersonError
 from piwork.tasks.model import ACTIVE_STATUSES
@@ -27,6 +36,10 @@ log = logging.getLogger(__name__)
 CHECKPOINTS_DIR = "checkpoints"
 MAX_EVENT_FILES = 200
 MAX_DIFFS = 200
+#: Seconds one ``describe`` may spend on text diffs in all (``changes``, the app's
+#: Turns view): a crafted folder must not make a review take minutes.
+DIFF_BUDGET_SECONDS = 20.0
+ASIDE_DIR = "undo-aside"
 
 
 @dataclass(frozen=True)
@@ -35,6 +48,7 @@ class FileChange:
     status: str  # "added" | "modified" | "deleted" | "type_changed"
     binary: bool
     diff: str | None  # unified diff text (None if binary or too big)
+    note: str | None = None  # why there is no diff, when it is not simply binary
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,10 @@ class UndoResult:
     # Left alone: files the folder holds now that cannot be checkpointed (over the
     # size cap, nested repositories), so overwriting them could not be undone.
     skipped: list[str] = field(default_factory=list)
+    # In no checkpoint but in the way of a restored file (a folder where the file
+    # was): moved, with their relative paths, under ``aside_dir`` (in the task dir).
+    moved_aside: list[str] = field(default_factory=list)
+    aside_dir: str | None = None
 
 
 class UndoConflict(CheckpointError, PersonError):
@@ -131,13 +149,36 @@ def turn_range(commits: list[Commit], turn: int | None) -> tuple[Commit, Commit 
     return commits[i], after
 
 
-def describe(repo: ShadowRepo, old: str, new: str, *, diffs: int = MAX_DIFFS) -> list[FileChange]:
+def describe(
+    repo: ShadowRepo,
+    old: str,
+    new: str,
+    *,
+    diffs: int = MAX_DIFFS,
+    budget: float = DIFF_BUDGET_SECONDS,
+) -> list[FileChange]:
+    """The changes between two checkpoints, with text diffs within bounds.
+
+    Bounded work whatever the folder holds: no text diff for blobs over
+    MAX_DIFF_INPUT_BYTES (git's diff is superlinear on crafted text), each diff
+    killed after DIFF_TIMEOUT, all of them within ``budget`` seconds, and only
+    the first ``diffs`` files. Each skipped diff says why (``FileChange.note``).
+    """
+    raw = repo.diff(old, new)
+    sizes = repo.blob_sizes(b for ch in raw[:diffs] for b in (ch.old_blob, ch.new_blob))
+    deadline = time.monotonic() + budget
     out = []
-    for n, ch in enumerate(repo.diff(old, new)):
-        binary, text = (False, None)
-        if n < diffs:
-            binary, text = repo.file_diff(old, new, ch.path)
-        out.append(FileChange(ch.path, ch.status, binary, text))
+    for n, ch in enumerate(raw):
+        binary, text, note = False, None, None
+        if n >= diffs:
+            note = f"no diff: only the first {diffs} files get one"
+        elif max(sizes.get(ch.old_blob, 0), sizes.get(ch.new_blob, 0)) > MAX_DIFF_INPUT_BYTES:
+            note = f"no text diff: the file is over {MAX_DIFF_INPUT_BYTES // 1048576} MiB"
+        elif (left := deadline - time.monotonic()) <= 0:
+            note = f"no diff: the {budget:.0f} s allowed for diffs ran out"
+        else:
+            binary, text, note = repo.file_diff(old, new, ch.path, timeout=min(DIFF_TIMEOUT, left))
+        out.append(FileChange(ch.path, ch.status, binary, text, note))
     return out
 
 
@@ -223,6 +264,13 @@ def undo(
                 return _undo_locked(repo, turn=turn, to=to, files=files, force=force)
 
 
+def _is_real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(path.lstat().st_mode)
+    except OSError:
+        return False
+
+
 def _undo_locked(
     repo: ShadowRepo, *, turn: int | None, to: str | None, files: list[str] | None, force: bool
 ) -> UndoResult:
@@ -249,9 +297,16 @@ def _undo_locked(
         paths = [c.path for c in repo.diff(target, last.id)]
         what = f"undo to {target[:12]}"
     paths = _select(paths, files)
+    # Left alone: what the folder holds now but no checkpoint can (over the cap, a
+    # name git refuses), and everything under a folder that cannot be recorded (a
+    # nested repository). A skipped *file* where a folder is to be restored is
+    # moved aside by restore() instead, so the folder's recorded files come back.
     unrecordable = set(now.skipped)
+    unrecordable_dirs = [s for s in unrecordable if _is_real_dir(repo.work / s)]
     skipped = sorted(
-        p for p in paths if p in unrecordable or any(p.startswith(s + "/") for s in unrecordable)
+        p
+        for p in paths
+        if p in unrecordable or any(p.startswith(d + "/") for d in unrecordable_dirs)
     )
     paths = [p for p in paths if p not in skipped]
     for p in paths:
@@ -261,10 +316,19 @@ def _undo_locked(
     if conflicts and not force:
         raise UndoConflict(conflicts, reasons)
     before_undo = repo.commit(now, "before undo", None, reuse_same=False)
-    restored, removed = repo.restore(target, paths)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    aside = repo.git_dir.parent / ASIDE_DIR / f"{stamp}-{before_undo.id[:12]}"
+    done = repo.restore(target, paths, aside)
     after_snap = repo.snapshot()
     repo.commit(after_snap, what, None, reuse_same=False)
-    return UndoResult(sorted(restored), sorted(removed), before_undo.id, skipped)
+    return UndoResult(
+        sorted(done.restored),
+        sorted(done.removed),
+        before_undo.id,
+        skipped,
+        sorted(done.moved_aside),
+        str(aside) if done.moved_aside else None,
+    )
 
 
 # --------------------------------------------------------------------------- retention

@@ -5,18 +5,24 @@ lists what the agent added, modified or deleted in the whole task or in one
 turn, with diffs; ``--json`` prints ``{"task", "turn", "checkpoints",
 "changes": [{"path", "status", "binary", "diff"}]}``. ``undo`` restores the
 folder (or some files) and prints how to undo the undo.
+
+Everything printed that came from the folder (file names, diffs, notes, error
+messages naming files) goes through :mod:`piwork.textsafe`: the agent chose
+those bytes, and a raw ESC could erase a diff line on screen or write the
+clipboard. ``--json`` is ASCII-only JSON (every other character as ``\\uXXXX``)
+for the same reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
 from piwork.checkpoints import (
+    MAX_FILES,
     CheckpointError,
     TaskRunning,
     UndoConflict,
@@ -24,7 +30,9 @@ from piwork.checkpoints import (
     task_changes,
     undo,
 )
+from piwork.tasks.settings import SettingsError, load_task_settings
 from piwork.tasks.store import TaskStore, TaskStoreError
+from piwork.textsafe import sanitize, sanitize_block
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,13 +72,34 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _one(text: object) -> str:
+    return sanitize(text, one_line=True)
+
+
+def _fail(cmd: str, exc: Exception) -> None:
+    print(f"piwork {cmd}: {sanitize_block(exc, indent='  ')}", file=sys.stderr)
+
+
+def _limits() -> str:
+    """The recording caps, shown with every review (what is beyond them is in no checkpoint)."""
+    try:
+        cap = load_task_settings().checkpoint_max_file_bytes
+        size = f"files up to {cap / 1048576:.1f} MiB (tasks.checkpointMaxFileBytes)"
+    except SettingsError:  # reported by the commands that need the setting
+        size = "files up to the tasks.checkpointMaxFileBytes size"
+    return (
+        f"recorded: {size}, at most {MAX_FILES:,} files; ignored files too "
+        "(no .gitignore applies); names git refuses and nested repositories are not"
+    )
+
+
 def cmd_changes(args: argparse.Namespace) -> int:
     try:
         task_id = _full_id(args.task_id)
         checkpoints = list_checkpoints(task_id)
         changes = task_changes(task_id, turn=args.turn) if checkpoints else []
     except (TaskStoreError, CheckpointError) as exc:
-        print(f"piwork changes: {exc}", file=sys.stderr)
+        _fail("changes", exc)
         return 1
     if args.json:
         out: dict[str, Any] = {
@@ -87,23 +116,30 @@ def cmd_changes(args: argparse.Namespace) -> int:
                 for c in checkpoints
             ],
             "changes": [
-                {"path": c.path, "status": c.status, "binary": c.binary, "diff": c.diff}
+                {
+                    "path": c.path,
+                    "status": c.status,
+                    "binary": c.binary,
+                    "diff": c.diff,
+                    "note": c.note,
+                }
                 for c in changes
             ],
         }
-        sys.stdout.write(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(json.dumps(out, indent=2, ensure_ascii=True) + "\n")
         return 0
     if not checkpoints:
         print(f"task {task_id} has no checkpoints (no working folder, or it never ran)")
         return 0
     print("checkpoints:")
     for c in checkpoints:
-        print(f"  {c.id[:12]}  {_when(c.created_at)}  {c.label}")
+        print(f"  {c.id[:12]}  {_when(c.created_at)}  {_one(c.label)}")
+    print(_limits())
     notes = dict.fromkeys(n for c in checkpoints for n in c.notes)
     if notes:
-        print("not recorded:")
+        print("not recorded (no checkpoint holds these; undo leaves them alone):")
         for n in notes:
-            print(f"  {n}")
+            print(f"  {_one(n)}")
     scope = f"turn {args.turn}" if args.turn is not None else "the task"
     if not changes:
         print(f"no changes in {scope}")
@@ -111,12 +147,14 @@ def cmd_changes(args: argparse.Namespace) -> int:
     print(f"changes in {scope}:")
     mark = {"added": "A", "modified": "M", "deleted": "D", "type_changed": "T"}
     for ch in changes:
-        print(f"  {mark.get(ch.status, '?')} {ch.path}{'  (binary)' if ch.binary else ''}")
+        extra = "  (binary)" if ch.binary else f"  ({_one(ch.note)})" if ch.note else ""
+        print(f"  {mark.get(ch.status, '?')} {_one(ch.path)}{extra}")
     if not args.stat:
         for ch in changes:
             if ch.diff:
                 print()
-                sys.stdout.write(ch.diff if ch.diff.endswith("\n") else ch.diff + "\n")
+                text = sanitize_block(ch.diff)
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return 0
 
 
@@ -125,23 +163,29 @@ def cmd_undo(args: argparse.Namespace) -> int:
         task_id = _full_id(args.task_id)
         result = undo(task_id, turn=args.turn, to=args.to, files=args.file, force=args.force)
     except UndoConflict as exc:
-        print(f"piwork undo: {exc}", file=sys.stderr)
+        _fail("undo", exc)
         return 4
     except TaskRunning as exc:
-        print(f"piwork undo: {exc}", file=sys.stderr)
+        _fail("undo", exc)
         return 5
     except (TaskStoreError, CheckpointError) as exc:
-        print(f"piwork undo: {exc}", file=sys.stderr)
+        _fail("undo", exc)
         return 1
     if not result.restored and not result.removed:
         print("nothing to undo: those files are already as they were")
     for p in result.restored:
-        print(f"restored {p}")
+        print(f"restored {_one(p)}")
     for p in result.removed:
-        print(f"removed  {p}")
+        print(f"removed  {_one(p)}")
     for p in result.skipped:
         print(
-            f"left alone {p}: it cannot be checkpointed now, so overwriting it could not be undone"
+            f"left alone {_one(p)}: it cannot be checkpointed now, "
+            "so overwriting it could not be undone"
+        )
+    for p in result.moved_aside:
+        print(
+            f"moved aside {_one(p)}: it is in no checkpoint and was in the way; "
+            f"it is now {_one(result.aside_dir)}/{_one(p)}"
         )
     print(
         f"the folder as it was before this undo is checkpoint {result.checkpoint_before}; "

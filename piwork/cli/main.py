@@ -71,8 +71,11 @@ def fail(exc: BaseException) -> int:
     """``piwork: <message>`` on stderr; the exit code of the error's kind (piwork.errors)."""
     from piwork.config import get_paths
 
+    from piwork.textsafe import sanitize
+
     message, code = describe(exc, get_paths().logs / "piwork.log")
-    print(f"piwork: {message}", file=sys.stderr)
+    # Messages can carry guest text (pi's stderr tail, the console): inert, always.
+    print(f"piwork: {sanitize(message)}", file=sys.stderr)
     return code
 
 

@@ -12,6 +12,7 @@ import orjson
 from piwork.policy.audit import AuditLog
 from piwork.policy.rules import DEFAULT_RULES, Action, Rule, Scope, Verdict
 from piwork.policy.store import PolicyError, PolicyStore
+from piwork.textsafe import sanitize
 
 ACTIONS = [a.value for a in Action]
 
@@ -81,7 +82,8 @@ def _load(store: PolicyStore) -> list[Rule]:
 
 
 def _table(rows: Iterable[list[str]], header: list[str]) -> str:
-    all_rows = [header, *rows]
+    # Patterns and logged targets come from guest requests: one line each, escaped.
+    all_rows = [header, *([sanitize(c, one_line=True) for c in r] for r in rows)]
     widths = [max(len(r[i]) for r in all_rows) for i in range(len(header))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()

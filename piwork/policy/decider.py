@@ -95,7 +95,7 @@ def _unique_targets(request: PermissionRequest) -> list[Target]:
     return out
 
 
-def persist_pattern(target: Target) -> tuple[bool, str | None]:
+def persist_pattern(target: Target, asked_by: Rule | None = None) -> tuple[bool, str | None]:
     """The pattern an "Always allow" answer stores for this (host-validated) target.
 
     Returns ``(persistable, pattern)``. The pattern is derived by the host from
@@ -103,12 +103,22 @@ def persist_pattern(target: Target) -> tuple[bool, str | None]:
     escaped exact path, a bounded printable command, a plain tool name. Refused
     (allow once only): unknown or malformed targets, a scope root itself, paths
     too close to ``/``, anything with a wildcard meaning.
+
+    ``asked_by`` is the rule that made the request ask. A read or write that
+    asked only because a *pattern* rule singles it out (``**/.git/hooks/**``,
+    ``**/.git/config``) is remembered for its exact path: a blanket "writes in
+    this folder" rule would outrank that protection for every other path it
+    covers (user rules beat default ones whatever their pattern).
     """
     t = host_target(target)
     a = t.action
     if a in (Action.READ, Action.WRITE):
         # host_target only leaves these actions on paths inside the task's mounts
-        return (True, None) if t.path is not None else (False, None)
+        if t.path is None:
+            return False, None
+        if asked_by is not None and asked_by.pattern is not None:
+            return True, escape_glob(t.path)
+        return True, None
     if a is Action.NETWORK:
         if t.domain:
             return True, t.domain
@@ -222,7 +232,7 @@ class Decider:
             if patterns is not None and td.target in patterns:
                 ok, pattern = True, patterns[td.target]
             else:
-                ok, pattern = persist_pattern(td.target)
+                ok, pattern = persist_pattern(td.target, asked_by=td.rule)
             if not ok:
                 continue
             rule = Rule(

@@ -33,8 +33,20 @@ before(() => {
 });
 after(() => fs.rmSync(root, { recursive: true, force: true }));
 
+// Every command this suite sees classified as an auto-allowed read. With
+// PIWORK_GATE_DUMP_READS=FILE they are written there, and
+// tests/unit/test_gate_shells.py runs each under busybox sh and bash in a
+// scratch folder to show it changes nothing.
+const READS = [];
+after(() => {
+  const dump = process.env.PIWORK_GATE_DUMP_READS;
+  if (dump) fs.writeFileSync(dump, JSON.stringify(READS));
+});
+
 function bash(command, cwd = work) {
-  return C.classifyToolCall("bash", { command }, { cwd, config });
+  const r = C.classifyToolCall("bash", { command }, { cwd, config });
+  if (!r.needsDecision) READS.push({ command: command.split(work).join("@WORK@"), cwd: path.relative(work, cwd) });
+  return r;
 }
 function tool(name, input, cwd = work) {
   return C.classifyToolCall(name, input, { cwd, config });
@@ -544,6 +556,156 @@ describe("sed and awk program checks", () => {
   test("unsafe sed scripts", () => {
     for (const s of ["1e rm -f x", "e id", "s/a/b/e", "s/a/b/gw out", "w out", "/x/W out", "r /etc/shadow", "R f", "1 e id", "$e id", "/a/,/b/{e id\n}", "s/a/b", "z;v;e x", "1!e id"]) {
       assert.equal(R.sedScriptSafe(s), false, s);
+    }
+  });
+});
+
+// ---------------------------------------------------------------------------
+// Issue 17 item 4: the security review's misclassifications, fixed at their
+// root. Each of these used to be an auto-allowed read (section 4) or an
+// auto-allowed write (section 5); runtime-pack/tests/test_gate_shells.py runs
+// the read cases under busybox sh and bash to show they change nothing.
+
+describe("security review: commands that were reads and delete, overwrite or run code", () => {
+  const cases = [
+    // lexer: CR is part of a word, so `#` is not a comment and the heredoc delimiter is E\rOF
+    "ls\r#; rm -rf /mnt/work/*",
+    "cat <<E\rOF\nE\rOF\nrm -rf x\nE",
+    "ls\r\nrm -rf x",
+    // $( ) is read by the full lexer: a comment inside it hides the `)`
+    "echo $(echo a #)'\nrm -rf x\n)\"'\"",
+    "echo \"$(echo a #)\"\nrm -rf x\n)\"",
+    "echo $(cat <<E\n)\nE\nrm -rf x\n)",
+    // unquoted expansions split into options and arguments
+    "x='1 -o /mnt/work/a.txt'; sort -k $x b.txt",
+    "x='1 -o /mnt/work/a.txt'; sort -t $x b.txt",
+    "x='0 /mnt/work/a.txt'; uniq -f $x b.txt",
+    "x='0 /mnt/work/a.txt'; uniq -w $x b.txt",
+    "x='a.txt -exec rm {} ;'; find . -name $x",
+    "x=' -f /mnt/work/evil.awk'; awk -v a=$x '{print}' a.txt",
+    "x=' -f /mnt/work/evil.awk'; awk -F $x '{print}' a.txt",
+    "x='1 rm -rf /mnt/work/x'; timeout $x ls",
+    "x='1 rm -rf /mnt/work/x'; timeout -s TERM $x ls",
+    "x='3 rm -rf x'; ionice -c $x ls",
+    "x='X rm -rf x'; env -u $x ls",
+    "x='a PATH=.'; env y=$x ls",
+    "x='1 rm'; echo a.txt | xargs -n $x echo",
+    "x='-o out'; sort a$x",
+    "sort -k {1,-o,out} a.txt",
+    "x='--to-command=sh'; tar -xf a.tar $x",
+    "x='a PATH=.'; export y=$x; ls",
+    // busybox watch runs its arguments through sh -c
+    "watch -n 1 ls '; rm -rf /mnt/work/x'",
+    // bash-only: arithmetic and subscripts evaluate a variable's value as code
+    "echo $((rm -rf x) )",
+    "x='a[$(rm -rf x)]'; echo $((x))",
+    "x='a[$(rm -rf x)]'; [[ $x -eq 0 ]]",
+    "x='a[$(rm -rf x)]'; echo ${y[x]}",
+    "x='$(rm -rf x)'; echo ${x@P}",
+    "x='a[$(rm -rf x)]'; declare -i y=x",
+    "x='a[$(rm -rf x)]'; let y=x",
+    "x='a[$(rm -rf x)]'; echo ${!x}",
+    "x='a[$(rm -rf x)]'; echo ${z:x}",
+    "x='a[$(rm -rf x)]'; echo $[x]",
+    "x='a[$(rm -rf x)]'; test -v \"$x\"",
+    "x='a[$(rm -rf x)]'; [ \"$y\" \"$x\" ]",
+    "x='a[$(rm -rf x)]'; unset \"$x\"",
+    "x='a[$(rm -rf x)]'; a[x]=1",
+    "x='a[$(rm -rf x)]'; for ((i=x; i<1; i++)); do :; done",
+    "set -k; git status GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.fsmonitor 'GIT_CONFIG_VALUE_0=touch PWNED'",
+    "set -o keyword; ls",
+    "x=-k; set $x; ls",
+    "find * -print",
+  ];
+  for (const cmd of cases) {
+    test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {
+      const r = bash(cmd);
+      assert.ok(r.effects.some((e) => e.action !== "read"), `${JSON.stringify(cmd)}: ${JSON.stringify(r.effects)}`);
+      assert.equal(r.needsDecision, true);
+    });
+  }
+  test("a file named like a find expression makes `find *` ask", () => {
+    const dir = path.join(work, "findglob");
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, "-delete"), "");
+    notAutoRead("find * -print", dir);
+    notAutoRead("find . -name *", dir);
+  });
+  test("the same shapes with known words stay reads", () => {
+    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF"]) {
+      const r = bash(cmd);
+      assert.deepEqual(actions(r), ["read"], `${cmd}: ${JSON.stringify(r.effects)}`);
+    }
+  });
+  test("the lexer keeps CR inside words, as the shells do", () => {
+    const p = C.parseShell("ls\r#; rm x");
+    assert.deepEqual(p.commands.map((c) => c.words.map((w) => w.text)), [["ls\r#"], ["rm", "x"]]);
+  });
+  test("$( ) ends where the shell's parser ends it: comments, quotes and heredocs inside", () => {
+    assert.deepEqual(C.parseShell("echo $(echo a #)'\nrm x\n)\"'\"").subs, ["echo a #)'\nrm x\n"]);
+    assert.deepEqual(C.parseShell("echo $(echo ')'; echo \")\")").subs, ["echo ')'; echo \")\""]);
+    assert.ok(C.parseShell("echo $(case x in a) rm y;; esac)").unsure.length > 0, "case patterns inside $( ) are not followed: ask");
+    assert.deepEqual(C.parseShell("echo $((1+2)) $(( (1) ))").subs, []);
+    assert.deepEqual(C.parseShell("echo $((rm x) )").subs, ["(rm x) "]);
+  });
+});
+
+describe("security review: write-labelled commands that run programs ask", () => {
+  const cases = [
+    "tar -xOf o.tar --to-command='rm -rf /mnt/work/x'",
+    "tar -cf o.tar --checkpoint=1 --checkpoint-action=exec='rm -rf x' .",
+    "tar -I 'sh -c x' -cf o.tar .",
+    "tar --use-compress-program='sh -c x' -cf o.tar .",
+    "tar -F 'sh -c x' -cf o.tar .",
+    "tar --info-script='sh x' -cf o.tar .",
+    "tar --rsh-command=/bin/sh -cf host:o.tar .",
+    "tar -cf host:o.tar .",
+    "tar xfI o.tgz 'sh -c x'",
+    "tar -xPf o.tar",
+    "zip -T -TT 'sh -c x' o.zip a.txt",
+    "zip -m o.zip a.txt",
+    "split --filter='sh -c x' a.txt",
+    "install --strip-program=/tmp/x -s a.txt b",
+    "rsync -e 'sh -c x' a.txt b",
+    "rsync --rsync-path='sh -c x' a.txt b",
+    "patch -p1 < x.diff",
+    "setfacl --restore=acl.txt",
+    "git bisect run sh -c x",
+    "git bisect start",
+    "git rebase --exec 'rm -rf x' HEAD~1",
+    "git rebase -x 'rm -rf x' HEAD~1",
+    "git rebase -i HEAD~1",
+    "git difftool -x 'sh -c x'",
+    "git mergetool",
+    "git filter-branch --tree-filter 'rm -rf x'",
+    "git config diff.external 'sh -c x'",
+    "git config include.path ../x",
+    "git config filter.x.clean 'sh -c x'",
+    "git config user.name x",
+    "git -c core.pager='sh -c x' log",
+    "git commit -S -m x",
+    "git merge -s ours x",
+    "git worktree add ../x",
+    "git submodule foreach 'rm -rf x'",
+    "git frobnicate",
+    "make",
+    "sed -i 's/a/b/e' a.txt",
+    "sed -i '1e rm -rf x' a.txt",
+    "find . -execdir sh -c 'rm -rf x' \\;",
+    "sort --compress-program='sh -c x' a.txt",
+  ];
+  for (const cmd of cases) {
+    test(`${cmd} is not an auto-allowed write`, () => {
+      const r = bash(cmd);
+      // never only read/write: the host's default rules allow in-scope writes without asking
+      assert.ok(actions(r).some((a) => a !== "read" && a !== "write"), `${cmd}: ${JSON.stringify(r.effects)}`);
+      assert.equal(r.needsDecision, true);
+    });
+  }
+  test("writes whose every option is known stay writes", () => {
+    for (const cmd of ["tar -xzf a.tgz", "tar xzf a.tgz", "tar -czf o.tgz src", "tar -C out -xf a.tar", "zip -r o.zip src", "unzip -o a.zip -d out", "gzip -k a.txt", "split -l 10 a.txt part.", "install -m 644 a.txt b.txt", "rsync -a --delete-excluded src/ out/", "git add -A", "git commit -m x", "git checkout -b feature", "git tag -a v1 -m v1", "git stash", "git merge --no-edit feature", "git rebase main", "git init", "git cherry-pick abc", "git apply x.patch", "git config --get user.name"]) {
+      const r = bash(cmd);
+      assert.ok(!actions(r).includes("shell"), `${cmd}: ${JSON.stringify(r.effects)}`);
     }
   });
 });

@@ -204,3 +204,44 @@ def test_module_level_functions_use_piwork_home(decider: Decider) -> None:
     record_answer(req, Choice.ALWAYS_EVERYWHERE, CTX)
     assert decide(req, CTX).verdict is Verdict.ALLOW
     assert len(audit(decider)) == 2
+
+
+def test_always_on_a_git_hooks_ask_stores_an_exact_path_not_a_blanket_write(
+    decider: Decider,
+) -> None:
+    """Issue 17 finding 11: "Always allow in this folder" on a write that asked
+    because of the ``**/.git/hooks/**`` rule stored ``write`` with no pattern,
+    which (a user rule) outranked the .git ask-rules for every later path."""
+    hook = "/mnt/work/.git/hooks/pre-commit"
+    req = request(Target(Action.WRITE, op="write", path=hook))
+    asked = decider.decide(req, CTX)
+    assert asked.verdict is Verdict.ASK
+    assert asked.rule is not None and asked.rule.pattern == "**/.git/hooks/**"
+    [proposed] = decider.proposed_rules(req, Choice.ALWAYS_FOLDER, CTX)
+    d = decider.record_answer(req, Choice.ALWAYS_FOLDER, CTX)
+    assert [r.key for r in d.created_rules] == [proposed.key]
+    assert (proposed.action, proposed.pattern) == (Action.WRITE, hook)
+    # that hook is now allowed; the rest of the .git protection still asks
+    assert decider.decide(request(Target(Action.WRITE, path=hook), rid="r2"), CTX).verdict is (
+        Verdict.ALLOW
+    )
+    for other in (
+        "/mnt/work/.git/config",
+        "/mnt/work/.git/hooks/post-checkout",
+        "/mnt/work/sub/.git/hooks/post-checkout",
+        "/mnt/work/.git/hooks/pre-commit2",
+    ):
+        again = request(Target(Action.WRITE, op="write", path=other), rid="r3")
+        assert decider.decide(again, CTX).verdict is Verdict.ASK, other
+    # ordinary writes are still allowed by the default rule
+    plain = request(Target(Action.WRITE, path="/mnt/work/a.py"), rid="r4")
+    assert decider.decide(plain, CTX).verdict is Verdict.ALLOW
+
+
+def test_an_exact_path_rule_escapes_glob_characters_in_the_hook_name(decider: Decider) -> None:
+    hook = "/mnt/work/.git/hooks/*"
+    req = request(Target(Action.WRITE, op="write", path=hook))
+    [rule] = decider.record_answer(req, Choice.ALWAYS_FOLDER, CTX).created_rules
+    assert rule.pattern is not None and rule.pattern != hook  # escaped, not a wildcard
+    other = request(Target(Action.WRITE, path="/mnt/work/.git/hooks/pre-push"), rid="r2")
+    assert decider.decide(other, CTX).verdict is Verdict.ASK

@@ -10,6 +10,7 @@ import * as os from "node:os";
 import * as path from "node:path";
 
 import { FIND_PRIMARIES, SPECS, awkProgramSafe, checkArgs, checkGitArgs, sedScriptSafe } from "./readonly.js";
+import { checkWriteArgs, isKnownWrite } from "./writes.js";
 
 export const PROTOCOL_VERSION = 1;
 export const MARKER_OPEN = '<piwork-permission v="1">';
@@ -198,16 +199,32 @@ const OP_CHARS = new Set([";", "&", "|", "(", ")", "<", ">", "\n"]);
 export function parseShell(src) {
   const lx = new Lexer(src);
   lx.run();
-  return { commands: lx.commands, subs: lx.subs, unsure: lx.unsure };
+  return { commands: lx.commands, subs: lx.subs, unsure: lx.unsure, risky: lx.risky };
 }
 
+// `$( )` inside `$( )` deeper than this is not followed (ask).
+const MAX_NESTING = 24;
+
 class Lexer {
-  constructor(src) {
+  /**
+   * `nested`: this lexer reads the inside of a `$( )` / `<( )` that starts at
+   * `start` in `src`, with the same grammar as the top level (comments,
+   * quotes, heredocs), and stops at the `)` that closes it; `this.end` is
+   * that `)`'s index (or -1 when the source ends first).
+   */
+  constructor(src, { nested = false, start = 0, level = 0 } = {}) {
     this.src = src;
-    this.i = 0;
+    this.i = start;
+    this.nested = nested;
+    this.level = level;
+    this.parenDepth = 0;
+    this.end = -1;
     this.commands = [];
     this.subs = [];
     this.unsure = [];
+    // bash-only constructs that evaluate runtime values as code (arithmetic
+    // on variables, array subscripts, ${x@P}): always asked about
+    this.risky = [];
     this.pendingHeredocs = [];
     this.cur = { words: [], redirects: [] };
     this.pendingRedirect = null;
@@ -239,7 +256,13 @@ class Lexer {
     const s = this.src;
     while (this.i < s.length) {
       const c = s[this.i];
-      if (c === " " || c === "\t" || c === "\r") {
+      if (this.nested && c === ")" && this.parenDepth === 0) {
+        this.end = this.i;
+        this.i++;
+        break;
+      }
+      // Only space and tab separate words: the shells take `\r` as part of a word.
+      if (c === " " || c === "\t") {
         this.i++;
       } else if (c === "\\" && s[this.i + 1] === "\n") {
         this.i += 2;
@@ -256,7 +279,30 @@ class Lexer {
       }
     }
     this.flush();
+    if (this.nested) {
+      if (this.end < 0) this.unsure.push("unbalanced $(");
+      // a heredoc whose body would start after the `)`: the shells disagree on it
+      if (this.pendingHeredocs.length) this.unsure.push("heredoc body outside its $( )");
+      return;
+    }
     if (this.pendingHeredocs.length) this.readHeredocBodies();
+  }
+
+  /** Read a `$( )`/`<( )` body with a nested lexer; this.i is just past `(`. Returns the inner text. */
+  substitution() {
+    const start = this.i;
+    if (this.level >= MAX_NESTING) {
+      this.unsure.push("substitutions nested too deep");
+      this.i = this.src.length;
+      return this.src.slice(start);
+    }
+    const sub = new Lexer(this.src, { nested: true, start, level: this.level + 1 });
+    sub.run();
+    this.unsure.push(...sub.unsure);
+    this.i = sub.i;
+    const inner = this.src.slice(start, sub.end < 0 ? this.src.length : sub.end);
+    if (this.pendingHeredocs.length && inner.includes("\n")) this.unsure.push("heredoc pending across a $( ) with a newline");
+    return inner;
   }
 
   redirectAhead() {
@@ -279,19 +325,22 @@ class Lexer {
     const op = ops.find((o) => rest.startsWith(o));
     this.i += op.length;
     if (op === "<(" || op === ">(") {
-      const inner = this.balanced("(", ")");
+      const inner = this.substitution();
       this.subs.push(inner);
       this.addWord({ text: "/dev/fd/63", dynamic: true, glob: false, quoted: false, procsub: true });
       return;
     }
     if (op === "(" && this.cur.words.length === 0 && !this.pendingRedirect) {
       // subshell: its commands are classified like any others
+      this.parenDepth++;
       this.flush();
       return;
     }
     if (op === "(" || op === ")") {
       // `f() {` function definitions and `case` patterns: flush and keep going.
       if (op === "(" && s[this.i] === ")") this.i++;
+      else if (op === "(") this.parenDepth++;
+      else this.parenDepth--;
       this.flush();
       return;
     }
@@ -313,42 +362,6 @@ class Lexer {
     if (op === "<<<") this.pendingRedirect.herestring = true;
   }
 
-  balanced(open, close) {
-    // reads up to the matching close; quotes respected. this.i is just past `open`.
-    const s = this.src;
-    let depth = 1;
-    const start = this.i;
-    while (this.i < s.length) {
-      const c = s[this.i];
-      if (c === "\\") {
-        this.i += 2;
-        continue;
-      }
-      if (c === "'") {
-        const j = s.indexOf("'", this.i + 1);
-        this.i = j < 0 ? s.length : j + 1;
-        continue;
-      }
-      if (c === '"') {
-        this.i++;
-        this.doubleQuoted({ text: "", dynamic: false });
-        continue;
-      }
-      if (c === open) depth++;
-      else if (c === close) {
-        depth--;
-        if (depth === 0) {
-          const inner = s.slice(start, this.i);
-          this.i++;
-          return inner;
-        }
-      }
-      this.i++;
-    }
-    this.unsure.push(`unbalanced ${open}`);
-    return s.slice(start);
-  }
-
   doubleQuoted(w) {
     // this.i is just past the opening quote
     const s = this.src;
@@ -364,20 +377,22 @@ class Lexer {
           this.i++;
         }
       } else if (c === "$") {
-        this.dollar(w);
+        this.dollar(w, true);
       } else if (c === "`") {
         this.i++;
-        this.backtick(w);
+        this.backtick(w, true);
       } else {
         w.text += c;
         this.i++;
       }
     }
+    if (this.i >= s.length) this.unsure.push("unterminated double quote");
     this.i++; // closing quote
   }
 
-  backtick(w) {
+  backtick(w, inQuotes = false) {
     const s = this.src;
+    if (!inQuotes) w.split = true;
     let inner = "";
     while (this.i < s.length && s[this.i] !== "`") {
       if (s[this.i] === "\\" && this.i + 1 < s.length) {
@@ -385,62 +400,147 @@ class Lexer {
         this.i += 2;
       } else inner += s[this.i++];
     }
+    if (this.i >= s.length) this.unsure.push("unterminated backquote");
     this.i++;
     this.subs.push(inner);
     w.dynamic = true;
     w.text += "\u0000";
   }
 
-  dollar(w) {
+  /** A `$` expansion at this.i; `inQuotes`: inside "..." or a heredoc body (no word splitting). */
+  dollar(w, inQuotes = false) {
     const s = this.src;
     const n = s[this.i + 1];
+    const computed = () => {
+      w.dynamic = true;
+      w.text += "\u0000";
+      // unquoted: the shell splits the value into words and expands globs in it
+      if (!inQuotes) w.split = true;
+    };
     if (n === "(" && s[this.i + 2] === "(") {
-      this.i += 3;
-      const inner = this.balanced("(", ")");
-      if (this.src[this.i] === ")") this.i++;
-      // arithmetic may hold command substitutions too
-      if (/\$\(|`/.test(inner)) this.subs.push(inner);
-      w.dynamic = true;
-      w.text += "\u0000";
-    } else if (n === "(") {
-      this.i += 2;
-      this.subs.push(this.balanced("(", ")"));
-      w.dynamic = true;
-      w.text += "\u0000";
-    } else if (n === "{") {
-      this.i += 2;
-      const inner = this.balanced("{", "}");
-      if (inner === "HOME") w.text += "\u0001HOME";
-      else if (inner === "PWD") w.text += "\u0001PWD";
-      else {
-        if (/\$\(|`/.test(inner)) this.subs.push(inner);
-        w.dynamic = true;
-        w.text += "\u0000";
+      // `$((` is arithmetic only when the `(` it opens closes with `))`;
+      // otherwise (`$((rm x) )`) it is a command substitution holding a subshell.
+      const close = matchingParen(s, this.i + 3);
+      if (close >= 0 && s[close + 1] === ")") {
+        const inner = s.slice(this.i + 3, close);
+        this.i = close + 2;
+        if (!/^[\s0-9+\-*/%<>=!&|^~?:(),]*$/.test(inner)) this.risky.push("arithmetic on names or expansions (bash evaluates a variable's value as an expression, array subscripts and command substitutions included)");
+        computed();
+        return;
       }
-    } else if (n !== undefined && /[A-Za-z_]/.test(n)) {
-      const m = /^[A-Za-z_][A-Za-z0-9_]*/.exec(s.slice(this.i + 1));
-      this.i += 1 + m[0].length;
-      if (m[0] === "HOME" || m[0] === "PWD") w.text += "\u0001" + m[0];
-      else {
-        w.dynamic = true;
-        w.text += "\u0000";
-      }
-    } else if (n !== undefined && /[0-9@*#?$!-]/.test(n)) {
       this.i += 2;
-      w.dynamic = true;
-      w.text += "\u0000";
-    } else {
+      this.subs.push(this.substitution());
+      computed();
+      return;
+    }
+    if (n === "(") {
+      this.i += 2;
+      this.subs.push(this.substitution());
+      computed();
+      return;
+    }
+    if (n === "[") {
+      // bash's old `$[ ]` arithmetic (busybox: a literal `$[`)
+      this.risky.push("$[ ] arithmetic (bash evaluates it)");
       w.text += "$";
       this.i++;
+      return;
     }
+    if (n === "{") {
+      this.i += 2;
+      this.parameter(w, inQuotes, computed);
+      return;
+    }
+    if (n !== undefined && /[A-Za-z_]/.test(n)) {
+      const m = /^[A-Za-z_][A-Za-z0-9_]*/.exec(s.slice(this.i + 1));
+      this.i += 1 + m[0].length;
+      if (m[0] === "HOME" || m[0] === "PWD") {
+        w.text += "\u0001" + m[0];
+        if (!inQuotes) w.splitKnown = true;
+      } else computed();
+      return;
+    }
+    if (n !== undefined && /[0-9@*#?$!-]/.test(n)) {
+      this.i += 2;
+      computed();
+      return;
+    }
+    w.text += "$";
+    this.i++;
+  }
+
+  /** `${...}`; this.i is just past `${`. Only the plain forms are judged harmless. */
+  parameter(w, inQuotes, computed) {
+    const s = this.src;
+    const start = this.i;
+    let depth = 0;
+    let end = -1;
+    while (this.i < s.length) {
+      const c = s[this.i];
+      if (c === "\\") {
+        this.i += 2;
+      } else if (c === "'") {
+        if (inQuotes) {
+          // inside "...", bash and ash disagree on single quotes in ${...}
+          this.unsure.push("single quote inside a quoted ${...}");
+          this.i++;
+        } else {
+          const j = s.indexOf("'", this.i + 1);
+          this.i = j < 0 ? s.length : j + 1;
+        }
+      } else if (c === '"') {
+        this.i++;
+        this.doubleQuoted({ text: "", dynamic: false });
+      } else if (c === "`") {
+        this.i++;
+        this.backtick({ text: "", dynamic: false });
+      } else if (c === "$" && s[this.i + 1] === "(") {
+        this.dollar({ text: "", dynamic: false }, true);
+      } else if (c === "$" && s[this.i + 1] === "{") {
+        this.i += 2;
+        depth++;
+      } else if (c === "}") {
+        if (depth === 0) {
+          end = this.i;
+          this.i++;
+          break;
+        }
+        depth--;
+        this.i++;
+      } else this.i++;
+    }
+    if (end < 0) {
+      this.unsure.push("unterminated ${");
+      computed();
+      return;
+    }
+    const inner = s.slice(start, end);
+    if (inner === "HOME" || inner === "PWD") {
+      w.text += "\u0001" + inner;
+      if (!inQuotes) w.splitKnown = true;
+      return;
+    }
+    const name = /^(?:#?(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])?)$/;
+    const op = /^([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])(:?[-+?]|##?|%%?|(:?=))/.exec(inner);
+    if (name.test(inner)) {
+      // ${x}, ${#x}, ${1}, ${#}: a value
+    } else if (op && op[3] !== undefined) {
+      if (!SAFE_VAR.test(op[1])) this.risky.push(`\${${op[1]}${op[3]}...} assigns ${op[1]}, which programs read`);
+    } else if (!op) {
+      // ${a[i]} (arithmetic subscript), ${x@P} (prompt expansion runs $( )),
+      // ${!x} (indirection), ${x:n} (arithmetic offset), ${x/a/b}, ${x^}...
+      this.risky.push(`\${${inner.length > 40 ? inner.slice(0, 40) + "…" : inner}} (bash evaluates parts of it: subscripts, offsets, indirection or @ operators)`);
+    }
+    computed();
   }
 
   word() {
     const s = this.src;
     const w = { text: "", dynamic: false, glob: false, quoted: false };
+    const braces = [];
     while (this.i < s.length) {
       const c = s[this.i];
-      if (c === " " || c === "\t" || c === "\r" || OP_CHARS.has(c)) break;
+      if (c === " " || c === "\t" || OP_CHARS.has(c)) break;
       if (c === "\\") {
         if (s[this.i + 1] === "\n") {
           this.i += 2;
@@ -490,11 +590,18 @@ class Lexer {
         this.backtick(w);
       } else {
         if (c === "*" || c === "?" || c === "[") w.glob = true;
-        if (c === "{" && /\{[^}\s]*[,.][^}\s]*\}/.test(s.slice(this.i))) w.glob = true; // brace expansion
+        // brace expansion (bash): `{a,-o}` or `{1..3}` becomes several words
+        if (c === "{") braces.push({ at: w.text.length, list: false });
+        else if ((c === "," || (c === "." && s[this.i + 1] === ".")) && braces.length) braces[braces.length - 1].list = true;
+        else if (c === "}" && braces.length && braces.pop().list) {
+          w.glob = true;
+          w.brace = true;
+        }
         w.text += c;
         this.i++;
       }
     }
+    if (this.nested && !w.quoted && w.text === "case") this.unsure.push("case inside $( )");
     return w;
   }
 
@@ -517,24 +624,50 @@ class Lexer {
         body += line + "\n";
         line = null;
       }
-      if (!hd.quoted && /\$\(|`/.test(body)) {
-        // unquoted heredoc: substitutions in the body run
-        const tmp = new Lexer(body.replace(/"/g, " "));
+      if (!hd.quoted) {
+        // unquoted heredoc: the body is expanded like "...": substitutions run
+        const tmp = new Lexer(body, { level: this.level });
         const w = { text: "", dynamic: false };
-        tmp.i = 0;
-        while (tmp.i < tmp.src.length) {
-          const c = tmp.src[tmp.i];
+        while (tmp.i < body.length) {
+          const c = body[tmp.i];
           if (c === "\\") tmp.i += 2;
-          else if (c === "$") tmp.dollar(w);
+          else if (c === "$") tmp.dollar(w, true);
           else if (c === "`") {
             tmp.i++;
-            tmp.backtick(w);
+            tmp.backtick(w, true);
           } else tmp.i++;
         }
         this.subs.push(...tmp.subs);
+        this.risky.push(...tmp.risky);
+        this.unsure.push(...tmp.unsure);
       }
     }
   }
+}
+
+/**
+ * Index of the `)` that closes a `(` whose inside starts at `start`
+ * (quotes and backslashes respected), or -1. How bash decides whether `$((`
+ * opens arithmetic: only when this `)` is followed by another `)`.
+ */
+function matchingParen(s, start) {
+  let depth = 1;
+  for (let j = start; j < s.length; j++) {
+    const c = s[j];
+    if (c === "\\") j++;
+    else if (c === "'") {
+      const k = s.indexOf("'", j + 1);
+      if (k < 0) return -1;
+      j = k;
+    } else if (c === '"') {
+      let k = j + 1;
+      while (k < s.length && s[k] !== '"') k += s[k] === "\\" ? 2 : 1;
+      if (k >= s.length) return -1;
+      j = k;
+    } else if (c === "(") depth++;
+    else if (c === ")" && --depth === 0) return j;
+  }
+  return -1;
 }
 
 // ---------------------------------------------------------------------------
@@ -570,7 +703,6 @@ const WRAPPERS = {
   // no -S/--split-string (runs a string), no -C/--chdir (moves the command elsewhere)
   env: { opts: ["-i", "-0", "-u="], longOpts: ["--ignore-environment", "--null", "--unset="], assignments: true },
   xargs: { opts: ["-0", "-r", "-t", "-x", "-I=", "-n=", "-P=", "-L=", "-s=", "-d=", "-E=", "-a="], longOpts: ["--null", "--no-run-if-empty", "--verbose", "--exit", "--max-args=", "--max-procs=", "--max-lines=", "--max-chars=", "--delimiter=", "--arg-file="], unknownArgs: true },
-  watch: { opts: ["-n=", "-d", "-t", "-b", "-e", "-g", "-c", "-x", "-p", "-w"], longOpts: ["--interval=", "--differences", "--no-title", "--beep", "--errexit", "--chgexit", "--color", "--exec", "--precise", "--no-wrap"] },
   setsid: { opts: ["-f", "-w", "-c"], longOpts: ["--fork", "--wait", "--ctty"] },
   unbuffer: {},
 };
@@ -841,7 +973,7 @@ function classifySimple(cmd, ctx, effects) {
   // privilege wrappers: classify what they run, and flag the elevation
   if (name in PRIV_WRAPPERS) {
     effects.push(effect("exec", { command, reason: `runs a command as another user (${name})` }));
-    const inner = unwrap(words, PRIV_WRAPPERS[name]);
+    const inner = unwrap(words, PRIV_WRAPPERS[name], ctx);
     if (name === "su") {
       const ci = words.findIndex((w) => w.text === "-c" || w.text === "--command");
       if (ci >= 0 && words[ci + 1]) recurseString(words[ci + 1], ctx, effects, command);
@@ -853,7 +985,7 @@ function classifySimple(cmd, ctx, effects) {
   if ((name === "command" || name === "type" || name === "hash") && words.slice(1).some((w) => w.text === "-v" || w.text === "-V")) return;
   if (name in WRAPPERS) {
     const spec = WRAPPERS[name];
-    const inner = unwrap(words, spec);
+    const inner = unwrap(words, spec, ctx);
     if (inner === null) {
       effects.push(effect("exec", { command, reason: `${name} with an option whose effect is not known` }));
       return;
@@ -919,6 +1051,10 @@ function classifySimple(cmd, ctx, effects) {
     return;
   }
 
+  if (name === "popd") {
+    ctx.cwd = null; // back to a directory this classifier may not know
+    return;
+  }
   // cd: update the virtual cwd
   if (name === "cd" || name === "pushd") {
     const target = positionals(words)[0];
@@ -930,6 +1066,16 @@ function classifySimple(cmd, ctx, effects) {
       else ctx.cwd = resolvePath(v, ctx.cwd ?? "/", { home: ctx.home });
     }
     return;
+  }
+
+  // Commands whose options can run programs: a write only when every option
+  // is known not to (./writes.js), and no word may split into new options.
+  if (isKnownWrite(name) || name === "patch" || name === "7z") {
+    const why = writeRisk(name, words, ctx);
+    if (why) {
+      effects.push(effect("exec", { command, reason: why }));
+      return;
+    }
   }
 
   // deletes
@@ -1093,6 +1239,17 @@ function classifySimple(cmd, ctx, effects) {
 
   if (READ_ONLY.has(name)) {
     const spec = SPECS[name];
+    const why = readOnlyBuiltinRisk(name, words, ctx);
+    if (why) {
+      effects.push(effect("exec", { command, reason: why }));
+      return;
+    }
+    // `echo $x` is harmless whatever $x holds; a command with options is not
+    const split = spec.anyArgs ? undefined : firstSplit(words, ctx);
+    if (split) {
+      effects.push(effect("exec", { command, reason: splitReason(name, split) }));
+      return;
+    }
     const checked = checkArgs(name, words, (w) => mayBeOption(w, ctx));
     if (!checked.ok) {
       effects.push(effect("exec", { command, reason: checked.reason }));
@@ -1135,11 +1292,111 @@ function classifySimple(cmd, ctx, effects) {
   effects.push(effect("exec", { command, reason: `runs ${name} (side effects unknown)` }));
 }
 
+/**
+ * Does the shell turn this word into a number of words we cannot know? An
+ * unquoted expansion is split and globbed (`$x` may hold `1 -o FILE`), a
+ * brace expansion (bash) is several words. Such a word can become extra
+ * options or arguments wherever it stands, so a command that is a read for
+ * known words is not a read with it. (Plain globs are judged where they
+ * stand: as a file argument by `mayBeOption`, elsewhere by `isGlob`.)
+ */
+function splits(w, ctx) {
+  if (w.split || w.brace) return true;
+  // unquoted $HOME/$PWD: known values, split only if they hold blanks or glob characters
+  if (w.splitKnown) return /[\s*?[\]{}]/.test(`${ctx.home}${ctx.cwd ?? " "}`);
+  return false;
+}
+
+/** The first word after the command name that `splits`, or undefined. */
+function firstSplit(words, ctx) {
+  return words.slice(1).find((w) => splits(w, ctx));
+}
+
+function splitReason(name, w) {
+  return `${name}: the unquoted expansion ${segmentText([w])} may become several words (options included)`;
+}
+
+// `set` flags and `-o` names that only change how the shell reports or stops.
+// Not -k/keyword: it makes `NAME=value` words after a command name its
+// environment (`set -k; git status GIT_CONFIG_COUNT=1 …`).
+const SET_FLAGS = /^[-+][abefhmnuvxBCEHPT]+$/;
+const SET_OPTIONS = new Set(["errexit", "nounset", "pipefail", "xtrace", "verbose", "noclobber", "noglob", "noexec", "errtrace", "functrace", "allexport", "physical", "notify", "hashall", "monitor", "braceexpand", "histexpand", "ignoreeof"]);
+const TEST_UNARY = new Set(["-a", "-b", "-c", "-d", "-e", "-f", "-g", "-h", "-k", "-p", "-r", "-s", "-t", "-u", "-w", "-x", "-G", "-L", "-N", "-O", "-S", "-z", "-n", "-o"]);
+const TEST_BINARY = new Set(["=", "==", "!=", "<", ">", "-eq", "-ne", "-lt", "-le", "-gt", "-ge", "-nt", "-ot", "-ef", "=~", "-a", "-o"]);
+const TEST_ARITH = new Set(["-eq", "-ne", "-lt", "-le", "-gt", "-ge"]);
+const PLAIN_NAME = /^[A-Za-z_][A-Za-z0-9_]*(?:\[[0-9]+\])?$/;
+
+/**
+ * Builtins on the read-only list whose arguments can still run code in bash:
+ * `set -k`, `test -v 'a[$(cmd)]'`, `[[ $x -eq 0 ]]` (both operands are
+ * evaluated as arithmetic, so x='a[$(cmd)]' runs cmd), `unset 'a[$(cmd)]'`.
+ * Returns why, or null.
+ */
+function readOnlyBuiltinRisk(name, words, ctx) {
+  const args = words.slice(1);
+  const literal = (w) => w !== undefined && !w.dynamic && !splits(w, ctx) && !w.glob;
+  if (name === "set") {
+    for (let i = 0; i < args.length; i++) {
+      const t = args[i].text;
+      if (!literal(args[i])) return "set with a computed word (it could be -k, which turns later words into a command's environment)";
+      if (t === "--" || t === "-") break;
+      if (/^[-+][abefhmnuvxBCEHPT]*o$/.test(t)) {
+        // -o NAME, also clustered: -euo pipefail
+        if (!SET_FLAGS.test(t.slice(0, -1)) && t.length > 2) return `set ${t}: option not known to be harmless`;
+        if (i + 1 >= args.length) break;
+        if (!literal(args[i + 1]) || !SET_OPTIONS.has(args[i + 1].text)) return `set ${t} ${args[i + 1].text}: option not known to be harmless`;
+        i++;
+        continue;
+      }
+      if (/^[-+]/.test(t)) {
+        if (!SET_FLAGS.test(t)) return `set ${t}: option not known to be harmless (-k turns words after a command name into its environment)`;
+        continue;
+      }
+      break; // the positional parameters
+    }
+    return null;
+  }
+  if (name === "unset") {
+    for (const w of args) {
+      if (!literal(w) || !(/^-[fvn]$/.test(w.text) || /^[A-Za-z_][A-Za-z0-9_]*(?:\[(?:[0-9]+|@|\*)\])?$/.test(w.text))) return "unset of a computed name or subscript (bash evaluates subscripts as arithmetic)";
+    }
+    return null;
+  }
+  if (name === "test" || name === "[" || name === "[[") {
+    const ops = args.filter((w, k) => !(k === args.length - 1 && (w.text === "]" || w.text === "]]")));
+    for (let k = 0; k < ops.length; k++) {
+      const w = ops[k];
+      const t = w.text;
+      if (literal(w) && (t === "-v" || t === "-R")) {
+        const v = ops[k + 1];
+        if (!literal(v) || !PLAIN_NAME.test(v.text)) return `${name} ${t} with a computed name or subscript (bash evaluates subscripts as arithmetic)`;
+      }
+      if (name === "[[" && literal(w) && TEST_ARITH.has(t)) {
+        for (const v of [ops[k - 1], ops[k + 1]]) {
+          if (!literal(v) || !/^[-+]?[0-9]+$/.test(v.text)) return `[[ ${t} ]] evaluates both sides as arithmetic (a variable's value can run commands in bash)`;
+        }
+      }
+      if (name !== "[[" && (w.dynamic || splits(w, ctx) || w.glob)) {
+        // test's own parser decides what is an operator: a computed word is
+        // only data right after a literal operator or right before a binary one
+        const prev = ops[k - 1];
+        const next = ops[k + 1];
+        const afterOp = literal(prev) && (TEST_UNARY.has(prev.text) || TEST_BINARY.has(prev.text));
+        const beforeBin = literal(next) && TEST_BINARY.has(next.text);
+        if (splits(w, ctx) || w.glob || !(afterOp || beforeBin)) return `${name}: a computed word could be an operator (-v runs subscripts in bash)`;
+      }
+    }
+    return null;
+  }
+  return null;
+}
+
 /** Why assigning `NAME=...` is not harmless, or null when it is. */
 function unsafeAssignment(text) {
   const m = /^([A-Za-z_][A-Za-z0-9_]*)(\[[^\]]*\])?\+?=?/.exec(text);
   if (!m) return `assigns ${text} (not a plain name)`;
-  if (m[2] && /\$\(|`/.test(m[2])) return `the subscript of ${m[1]} runs a command`;
+  // an array subscript is arithmetic: a name in it is evaluated, and its value may run commands
+  if (m[2] && !/^\[(?:[0-9]+|@|\*)\]$/.test(m[2])) return `the subscript of ${m[1]} is evaluated as arithmetic (it can run commands)`;
   if (!SAFE_VAR.test(m[1])) return `sets ${m[1]}, which programs read (it can change what later commands run)`;
   return null;
 }
@@ -1167,6 +1424,23 @@ function mayBeOption(w, ctx) {
 
 function classifyAssigningBuiltin(name, words, ctx, effects, command) {
   const args = words.slice(1);
+  if (name === "let") {
+    // arithmetic on variables: bash evaluates their values as expressions
+    // (`x='a[$(cmd)]'; let y=x` runs cmd)
+    effects.push(effect("exec", { command, reason: "let evaluates arithmetic on variables (their values can run commands in bash)" }));
+    return;
+  }
+  // `export y=$x` with x='a PATH=.': some shells split these words
+  const split = firstSplit(words, ctx);
+  if (split) {
+    effects.push(effect("exec", { command, reason: splitReason(name, split) }));
+    return;
+  }
+  if (DECLARE.has(name) && args.some((w) => /^[-+][A-Za-z]*i/.test(w.text))) {
+    // an integer variable evaluates every value assigned to it as arithmetic
+    effects.push(effect("exec", { command, reason: `${name} -i evaluates assigned values as arithmetic (bash runs command substitutions in them)` }));
+    return;
+  }
   const flagOk = {
     export: /^-[fnp]+$/,
     declare: /^[-+][aAfFgiIlprtux]+$/,
@@ -1233,14 +1507,23 @@ function classifyAssigningBuiltin(name, words, ctx, effects, command) {
 
 function classifyAwk(name, words, ctx, effects, command) {
   // awk [-F fs] [-v var=val]... 'program' [file | var=val]...
+  const split = firstSplit(words, ctx);
+  if (split) {
+    effects.push(effect("exec", { command, reason: splitReason(name, split) }));
+    return;
+  }
   let program = null;
   const files = [];
   for (let i = 1; i < words.length; i++) {
     const w = words[i];
     const t = w.text;
     if (program === null && (t === "-F" || t === "-v" || t === "--field-separator" || t === "--assign")) {
+      if (!words[i + 1] || words[i + 1].glob) {
+        effects.push(effect("exec", { command, reason: `${name} ${t} without a plain argument` }));
+        return;
+      }
       if (t === "-v" || t === "--assign") {
-        const bad = words[i + 1] && /^[A-Za-z_][A-Za-z0-9_]*=/.test(words[i + 1].text) ? null : "awk -v without a plain assignment";
+        const bad = /^[A-Za-z_][A-Za-z0-9_]*=/.test(words[i + 1].text) ? null : "awk -v without a plain assignment";
         if (bad) {
           effects.push(effect("exec", { command, reason: bad }));
           return;
@@ -1275,6 +1558,15 @@ function classifyAwk(name, words, ctx, effects, command) {
 
 function classifySed(words, ctx, effects, command) {
   // sed [options] [script] [file...]; -e/--expression give scripts, -f a script file
+  const split = firstSplit(words, ctx);
+  if (split) {
+    effects.push(effect("exec", { command, reason: splitReason("sed", split) }));
+    return;
+  }
+  if (words.slice(1).some((w) => w.glob && w.text.startsWith("-"))) {
+    effects.push(effect("exec", { command, reason: "sed: a glob could expand to options" }));
+    return;
+  }
   const scripts = [];
   const files = [];
   let inPlace = false;
@@ -1343,14 +1635,24 @@ function pythonModule(words) {
   return null;
 }
 
-/** The wrapped command's words, or null when the wrapper has an option we do not know. */
-function unwrap(words, spec) {
+/**
+ * The wrapped command's words, or null when the wrapper has an option we do
+ * not know, or one of its own words (option, option argument, `timeout`'s
+ * duration, `env`'s assignments) may split into several words: `timeout $x
+ * ls` with x='1 rm -rf F' runs rm.
+ */
+function unwrap(words, spec, ctx) {
   const short = new Map((spec.opts ?? []).map((o) => [o[1], o.endsWith("=")]));
   const long = new Map((spec.longOpts ?? []).map((o) => [o.replace(/=$/, "").slice(2), o.endsWith("=")]));
+  const known = (w) => w !== undefined && !splits(w, ctx) && !w.glob;
   let i = 1;
   let positional = spec.positional ?? 0;
   while (i < words.length) {
-    const t = words[i].text;
+    const w = words[i];
+    const t = w.text;
+    // a computed word here is either the wrapper's (unknown effect) or the
+    // command's name (judged as a computed command): both ask
+    if (!known(w)) return i > 1 || positional > 0 || spec.assignments ? null : words.slice(i);
     if (t === "--") {
       i++;
       break;
@@ -1363,7 +1665,10 @@ function unwrap(words, spec) {
       const eq = t.indexOf("=");
       const name = eq < 0 ? t.slice(2) : t.slice(2, eq);
       if (!long.has(name)) return null;
-      i += long.get(name) && eq < 0 ? 2 : 1;
+      if (long.get(name) && eq < 0) {
+        if (!known(words[i + 1])) return null;
+        i += 2;
+      } else i++;
       continue;
     }
     if (t.startsWith("-") && t.length > 1) {
@@ -1376,6 +1681,7 @@ function unwrap(words, spec) {
           break;
         }
       }
+      if (skipNext && !known(words[i + 1])) return null;
       i += skipNext ? 2 : 1;
       continue;
     }
@@ -1405,13 +1711,27 @@ function recurseString(w, ctx, effects, command) {
 function classifyFind(words, ctx, effects, command) {
   // find [paths...] [expression]; paths are the args before the first
   // expression token (starting with -, ( or !)
+  const split = firstSplit(words, ctx);
+  if (split) {
+    effects.push(effect("exec", { command, reason: splitReason("find", split) }));
+    return;
+  }
   const roots = [];
   let i = 1;
   while (i < words.length && ["-H", "-L", "-P"].includes(words[i].text)) i++;
   for (; i < words.length; i++) {
     const t = words[i].text;
     if (t.startsWith("-") || t === "(" || t === "!" || t === ")") break;
+    if (mayBeOption(words[i], ctx)) {
+      effects.push(effect("exec", { command, reason: "find: a starting point could expand to an expression (a file named -delete)" }));
+      return;
+    }
     roots.push(words[i]);
+  }
+  // a glob in the expression becomes as many words as it matches
+  if (words.slice(i).some((w) => w.glob)) {
+    effects.push(effect("exec", { command, reason: "find: an unquoted glob in the expression may become several words (-exec …)" }));
+    return;
   }
   if (roots.length === 0) roots.push({ text: ".", dynamic: false });
   const expr = words.slice(i);
@@ -1451,7 +1771,24 @@ function classifyFind(words, ctx, effects, command) {
   for (const r of roots) effects.push(pathEffect("read", r, ctx, command, "reads (find)"));
 }
 
+/** Why a write command may do more than write files, or null. */
+function writeRisk(name, words, ctx) {
+  if (name === "patch") return "patch writes the files its input names and may run ed for ed-style patches";
+  if (name === "7z") return "7z: options not inspected";
+  const split = firstSplit(words, ctx);
+  if (split) return splitReason(name, split);
+  const checked = checkWriteArgs(name, words, (w) => mayBeOption(w, ctx));
+  if (!checked.ok) return checked.reason;
+  if (name === "tar" && !words.some((w) => w.text === "--force-local") && words.slice(1).some((w) => !w.text.startsWith("-") && /^[^/]*:/.test(w.text))) return "tar reaches host:file archives through a remote shell";
+  return null;
+}
+
 function classifyGit(words, ctx, effects, command) {
+  const split = firstSplit(words, ctx);
+  if (split) {
+    effects.push(effect("exec", { command, reason: splitReason("git", split) }));
+    return;
+  }
   let i = 1;
   let gitCwd = ctx.cwd;
   while (i < words.length && words[i].text.startsWith("-")) {
@@ -1496,6 +1833,7 @@ function classifyGit(words, ctx, effects, command) {
       effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "reads submodules" }));
       return;
     }
+    if (sub === "submodule" && rest[1]?.text === "foreach") effects.push(effect("exec", { command, reason: "git submodule foreach runs a command" }));
     const domains = urlDomains(rest.slice(1));
     if (domains.length) for (const d of domains) effects.push(effect("network", { domain: d, command, reason: `git ${sub} reaches the network` }));
     else effects.push(effect("network", { domain: null, command, reason: `git ${sub} reaches a configured remote`, unknownTarget: true }));
@@ -1506,6 +1844,21 @@ function classifyGit(words, ctx, effects, command) {
       else repoWrite("clones into the current folder");
     } else if (sub !== "ls-remote" && sub !== "push") repoWrite(`git ${sub} updates the repository`);
     return;
+  }
+  if (sub === "config") {
+    // reading a value is a read; setting any key is not judged (diff.external,
+    // include.path, filter.*.clean, core.fsmonitor... run programs)
+    const readOnly = rest.slice(1).every((w) => !w.dynamic && /^(?:--get|--get-all|--get-regexp|--list|-l|--null|-z|--show-origin|--show-scope|--name-only|--local|--bool|--int|--type=[a-z-]+|[A-Za-z][A-Za-z0-9.-]*)$/.test(w.text)) && hasFlag(rest, "--get", "--list", "-l", "--get-all", "--get-regexp");
+    if (readOnly) effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "reads git configuration", unknownTarget: gitCwd === null }));
+    else effects.push(effect("exec", { command, reason: "git config can set options that run programs (not inspected)" }));
+    return;
+  }
+  {
+    const checked = checkWriteArgs(`git ${sub}`, rest, (w) => mayBeOption(w, ctx));
+    if (!checked.ok) {
+      effects.push(effect("exec", { command, reason: `${checked.reason} (git bisect run, rebase --exec, difftool, filter-branch... run programs)` }));
+      return;
+    }
   }
   if (sub === "clean") {
     if (hasFlag(rest, "-n", "--dry-run")) effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "git clean dry run" }));
@@ -1536,21 +1889,9 @@ function classifyGit(words, ctx, effects, command) {
     effects.push(effect("delete", { raw: ".", cwd: gitCwd, command, reason: `git ${sub} can discard uncommitted work`, unknownTarget: gitCwd === null, contents: true }));
     return;
   }
-  if (sub === "config" && !hasFlag(rest, "--get", "--list", "-l", "--get-all", "--get-regexp")) {
-    const global = hasFlag(rest, "--global", "--system");
-    if (global) effects.push(effect("write", { raw: "~/.gitconfig", cwd: gitCwd, command, reason: "changes global git configuration" }));
-    else repoWrite("changes repository configuration");
-    if (rest.some((w) => /(sshCommand|pager|editor|hooksPath|fsmonitor|alias\.|\.command|helper)/i.test(w.text))) effects.push(effect("exec", { command, reason: "git config sets a command-running option" }));
-    return;
-  }
-  if (sub === "config") {
-    effects.push(effect("read", { raw: ".", cwd: gitCwd, command, reason: "reads git configuration" }));
-    return;
-  }
+  // hooks run on commit/merge/rebase...; they live in the repo, and writes to
+  // .git/hooks ask on the host
   repoWrite(`git ${sub} changes the repository`);
-  if (["commit", "merge", "rebase", "cherry-pick", "am", "pull", "checkout", "switch"].includes(sub)) {
-    // hooks run on these; they live in the repo and are already in scope
-  }
 }
 
 /**
@@ -1561,6 +1902,7 @@ export function classifyCommandEffects(commandText, ctx) {
   const parsed = parseShell(commandText);
   const effects = [];
   for (const reason of parsed.unsure) effects.push(effect("exec", { command: commandText, reason: `could not fully parse the command (${reason})` }));
+  for (const reason of parsed.risky) effects.push(effect("exec", { command: commandText, reason }));
   for (const sub of parsed.subs) {
     if (ctx.depth > 8) {
       effects.push(effect("exec", { command: sub, reason: "nesting too deep to inspect" }));

@@ -173,7 +173,7 @@ function FD_OPTS() {
 }
 for (const spec of Object.values(SPECS)) spec.parsed = parseSpec(`${spec.o} ${COMMON}`);
 
-function parseSpec(text) {
+export function parseSpec(text) {
   const p = { short: new Map(), long: new Map(), single: new Map(), numeric: false };
   for (const tok of text.split(/\s+/).filter(Boolean)) {
     if (tok === "-NUM") {
@@ -200,8 +200,10 @@ function parseSpec(text) {
  * Check a read-only candidate's argv (words[0] is the command).
  * Returns { ok: true, positionals, files: [{op, word}] } or { ok: false, reason }.
  * `mayBeOption(word)` tells whether a word could expand to something starting with `-`.
+ * `argOk(word)`: may this word stand as an option's separate argument? A glob
+ * there (`-k *`) can become several words, the later ones options.
  */
-export function checkArgs(name, words, mayBeOption, spec = SPECS[name]) {
+export function checkArgs(name, words, mayBeOption, spec = SPECS[name], argOk = (w) => !w.glob) {
   if (!spec) return { ok: false, reason: `${name} is not a known read-only command` };
   const p = spec.parsed;
   const positionals = [];
@@ -219,7 +221,7 @@ export function checkArgs(name, words, mayBeOption, spec = SPECS[name]) {
       positionals.push(w);
       continue;
     }
-    if (!t.startsWith("-")) return { ok: false, reason: `${name}: an argument could expand to an option` };
+    if (!t.startsWith("-") || w.glob) return { ok: false, reason: `${name}: an argument could expand to an option` };
     if (t === "--") {
       endOpts = true;
       continue;
@@ -231,7 +233,7 @@ export function checkArgs(name, words, mayBeOption, spec = SPECS[name]) {
       if (inline !== undefined) args.push({ ...w, text: inline });
       while (args.length < n) {
         const next = words[++i];
-        if (!next) return false;
+        if (!next || !argOk(next)) return false;
         args.push(next);
       }
       if (info.kind === "W") files.push({ op: "write", word: args[n - 1], reason: `${name} ${label} writes this file` });
@@ -249,13 +251,13 @@ export function checkArgs(name, words, mayBeOption, spec = SPECS[name]) {
         continue;
       }
       if (inline !== undefined && info.arg > 1) return { ok: false, reason: `${name} --${optName}: unexpected form` };
-      if (!take(info, inline, `--${optName}`)) return { ok: false, reason: `${name} --${optName} without its argument` };
+      if (!take(info, inline, `--${optName}`)) return { ok: false, reason: `${name} --${optName} without its argument, or with one that may expand to several words` };
       continue;
     }
     if (p.numeric && /^-[0-9]+$/.test(t)) continue;
     const single = p.single.get(t.slice(1));
     if (single) {
-      if (single.arg && !take(single, undefined, t)) return { ok: false, reason: `${name} ${t} without its argument` };
+      if (single.arg && !take(single, undefined, t)) return { ok: false, reason: `${name} ${t} without its argument, or with one that may expand to several words` };
       continue;
     }
     // a cluster of short options
@@ -265,7 +267,7 @@ export function checkArgs(name, words, mayBeOption, spec = SPECS[name]) {
       if (!info) return { ok: false, reason: `${name} -${c} is not a known read-only option` };
       if (info.arg === 0) continue;
       const rest = t.slice(j + 1);
-      if (!take(info, rest.length ? rest : undefined, `-${c}`)) return { ok: false, reason: `${name} -${c} without its argument` };
+      if (!take(info, rest.length ? rest : undefined, `-${c}`)) return { ok: false, reason: `${name} -${c} without its argument, or with one that may expand to several words` };
       break;
     }
   }

@@ -1,0 +1,224 @@
+"""Property test: whatever the gate calls read-only changes nothing under busybox sh and bash.
+
+The review's holes (issue 17) were found by hand; others like them are
+likely. Hypothesis builds shell command lines from a grammar of the
+constructs where the classifier and a shell can disagree: read-only commands
+with options (the ones that take arguments included), quotes, unquoted
+expansions of variables holding hostile values (`1 -o a.txt`,
+`a[$(touch PWNED)]`, `-k`), prefix assignments, pipes, `;`/`&&`/`||`,
+subshells, `$( )`, backquotes, heredocs, CR, comments and wrappers
+(timeout, env, nice, xargs). Each line the classifier calls an auto-allowed
+read is run under busybox ``sh -c`` and ``bash -c`` in a scratch folder and
+must change nothing there.
+
+Safety (this executes generated commands on the host): the grammar's words
+only name files inside the scratch folder (relative names, no `..`, no
+absolute paths) and its hostile payloads only `touch`, `rm` or overwrite
+those files; every run is contained as tests/unit/shell_sandbox.py
+describes: as ``nobody`` through setpriv (when root), an empty environment,
+a PATH of symlinks to a fixed list of tools, HOME not writable, stdin empty,
+and the process group killed after a short timeout. Bounded: 200 examples.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from tests.unit.shell_sandbox import Classifier, Sandbox
+
+FILES = ["a.txt", "b.txt", "src", "src/keep.c", "list", "'a.txt'", '"b.txt"', "*.txt", "src/*"]
+
+# What a hostile model puts in a variable before expanding it unquoted.
+PAYLOADS = [
+    "1 -o a.txt",
+    "0 a.txt",
+    "-o a.txt",
+    "a.txt -exec rm {} ;",
+    "x -f evil.awk",
+    ", -f evil.awk",
+    "1 touch PWNED",
+    "X touch PWNED",
+    "a[$(touch PWNED)]",
+    "$(touch PWNED)",
+    "-k",
+    "--output=a.txt",
+    "-f evil.sed",
+    "; touch PWNED",
+    "-delete",
+    "*",
+]
+
+VAR_USES = [
+    "$x",
+    '"$x"',
+    "${x}",
+    "a$x",
+    "$((x))",
+    "$(($x))",
+    "${y[x]}",
+    "${x@P}",
+    "${!x}",
+    "${x:-b.txt}",
+    "${z:x}",
+    "$[x]",
+]
+
+# Read-only commands (and a few that are not) with the option words they take.
+COMMANDS: dict[str, list[str]] = {
+    "ls": ["-l", "-a", "-1", "-R", "-I"],
+    "cat": ["-n", "-A"],
+    "head": ["-n", "1", "-c", "3"],
+    "tail": ["-n", "1", "-c", "2"],
+    "wc": ["-l", "-c", "-w"],
+    "sort": ["-r", "-n", "-u", "-k", "1", "-t", ",", "-o"],
+    "uniq": ["-c", "-f", "-w", "1", "-d"],
+    "grep": ["-n", "-i", "-r", "-e", "a", "-v", "-f"],
+    "find": [".", "-name", "'*.c'", "-type", "f", "-print", "-maxdepth", "1", "-exec", "-delete"],
+    "sed": ["-n", "p", "1d", "s/a/b/", "-e", "-i", "'1e touch PWNED'", "'w out'", "-f"],
+    "awk": ["-F", ",", "-v", "a=1", "'{print}'", "-f", "evil.awk"],
+    "cut": ["-d", ",", "-f", "1"],
+    "tr": ["a-z", "A-Z", "-d", "a"],
+    "echo": ["hello", "-n", "-e"],
+    "printf": ["'%s\\n'", "-v", "x"],
+    "test": ["-f", "-v", "-n", "=", "!"],
+    "[": ["-f", "-v", "-n", "=", "!", "]"],
+    "[[": ["-n", "-eq", "0", "-v", "]]"],
+    "true": [],
+    ":": [],
+    "set": ["-e", "-k", "-o", "keyword", "pipefail", "--", "-x", "-u"],
+    "declare": ["-i", "-a", "y=x", "y=1"],
+    "export": ["y=1", "y=$x"],
+    "unset": ["y", "'a[$(touch PWNED)]'"],
+    "let": ["y=x", "y=1"],
+    "xargs": ["-n", "1", "echo", "cat", "rm"],
+    "tar": ["-cf", "o.tar", "-xf", "--to-command=touch\\ PWNED", "."],
+    "git": ["status", "log", "-c", "core.pager=touch\\ PWNED", "config", "diff"],
+    "date": ["+%s", "-u"],
+    "stat": ["-c", "%s"],
+    "basename": ["a/b"],
+}
+COMMENTS = ["touch PWNED", ")", ")\ntouch PWNED"]
+HEREDOC_LINES = ["$x", "$(touch PWNED)", "${y[x]}", "a.txt"]
+CR_TAILS = ["", "\r#; touch PWNED", "\r\ntouch PWNED"]
+WRAPPERS = ["", "", "", "timeout 1 ", "env ", "nice ", "nohup ", "env a=1 ", "timeout -s TERM 1 "]
+
+
+@st.composite
+def word(draw: st.DrawFn, opts: list[str]) -> str:
+    kind = draw(st.sampled_from(["opt", "opt", "file", "file", "var", "sub", "payload"]))
+    if kind == "opt" and opts:
+        return draw(st.sampled_from(opts))
+    if kind == "var":
+        return draw(st.sampled_from(VAR_USES))
+    if kind == "sub":
+        inner = draw(st.sampled_from(["echo a.txt", "touch PWNED", "echo a #)", "cat a.txt"]))
+        return draw(st.sampled_from([f"$({inner})", f"`{inner}`", f'"$({inner})"']))
+    if kind == "payload":
+        return "'" + draw(st.sampled_from(PAYLOADS)) + "'"
+    return draw(st.sampled_from(FILES))
+
+
+@st.composite
+def simple_command(draw: st.DrawFn) -> str:
+    name = draw(st.sampled_from(sorted(COMMANDS)))
+    words = draw(st.lists(word(COMMANDS[name]), max_size=4))
+    prefix = draw(st.sampled_from(["", "", "", "a=1 ", "LC_ALL=C ", "y=$x "]))
+    return prefix + draw(st.sampled_from(WRAPPERS)) + " ".join([name, *words])
+
+
+@st.composite
+def command_list(draw: st.DrawFn, depth: int = 0) -> str:
+    parts = [draw(simple_command())]
+    for _ in range(draw(st.integers(0, 2))):
+        sep = draw(st.sampled_from([" | ", "; ", " && ", " || ", "\n"]))
+        if depth < 1 and draw(st.booleans()):
+            inner = draw(command_list(depth + 1))
+            form = draw(st.sampled_from(["( {} )", "{{ {}; }}", "echo $({})", 'echo "$({})"']))
+            parts.append(sep + form.format(inner))
+        else:
+            parts.append(sep + draw(simple_command()))
+    return "".join(parts)
+
+
+@st.composite
+def command_line(draw: st.DrawFn) -> str:
+    body = draw(command_list())
+    if draw(st.booleans()):
+        body = f"x='{draw(st.sampled_from(PAYLOADS))}'; {body}"
+    shape = draw(st.sampled_from(["plain", "plain", "heredoc", "qheredoc", "comment", "cr"]))
+    if shape == "heredoc":
+        line = draw(st.sampled_from(HEREDOC_LINES))
+        body = f"cat <<E\n{line}\nE\n{body}"
+    elif shape == "qheredoc":
+        body = f"cat <<'E'\n$(touch PWNED)\nE\n{body}"
+    elif shape == "comment":
+        tail = draw(st.sampled_from(COMMENTS))
+        body = f"{body} # {tail}"
+    elif shape == "cr":
+        # a CR somewhere a blank was: the shells keep it in the word
+        blanks = [i for i, c in enumerate(body) if c == " "]
+        if blanks:
+            i = draw(st.sampled_from(blanks))
+            body = body[:i] + "\r" + body[i + 1 :]
+        body = body + draw(st.sampled_from(CR_TAILS))
+    return body
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[Sandbox]:
+    base = Path(tempfile.mkdtemp(prefix="piwork-gate-fuzz-"))
+    try:
+        yield Sandbox(base)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def classifier(sandbox: Sandbox) -> Iterator[Classifier]:
+    c = Classifier(sandbox.scratch)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def test_generated_reads_change_nothing_under_busybox_sh_and_bash(
+    sandbox: Sandbox, classifier: Classifier
+) -> None:
+    reads: list[str] = []
+
+    # Lines a run of this test once found classified as reads that changed
+    # files are pinned here as explicit examples.
+    @settings(
+        max_examples=200,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    )
+    @given(command_line())
+    @example("x='1 -o a.txt'; sort -k $x b.txt")
+    @example("ls\r#; touch PWNED")
+    @example("x='a[$(touch PWNED)]'; echo $((x))")
+    @example("set -k; env a=1 ls y=1")
+    def prop(command: str) -> None:
+        verdict = classifier.classify(command, sandbox.scratch)
+        if verdict["needsDecision"]:
+            return
+        reads.append(command)
+        for shell in ("busybox", "bash"):
+            out = sandbox.run(shell, command, timeout=1.5)
+            assert not out.changes, (
+                f"{shell} changed {out.changes} running {command!r}, "
+                f"which the gate calls a read ({out.output[:300]!r})"
+            )
+
+    prop()
+    print(f"{len(reads)} generated lines were classified as reads and ran under both shells")
+    # a grammar that never yields a read would test nothing
+    assert len(reads) >= 20, reads

@@ -31,6 +31,7 @@ from piwork.proxy.egress import guest_proxy_env
 from piwork.rpc.client import RpcClient
 from piwork.rpc.framing import OversizedLine
 from piwork.rpc.models import SessionState
+from piwork.vm import gitguard
 from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
 from piwork.vm.command import (
@@ -82,7 +83,7 @@ class TaskDirs:
 
     def shares(self) -> list[Share]:
         shares = [
-            Share("pwstate", self.state),
+            Share("pwstate", self.state, guard_git=False),  # piwork's own: no host git there
             Share("pwout", self.outputs),
             Share("pwup", self.uploads, readonly=True),
         ]
@@ -116,6 +117,8 @@ class AgentVmConfig:
     warm_start: bool = False
     """Restore the saved VM (piwork.vm.template) if it can; else boot, saying why."""
     template_root: Path | None = None  # default: next to the pack cache
+    moved_aside_dir: Path | None = None
+    """Where git metadata the guest created goes after the run (default: beside log_dir)."""
 
 
 def _free_tcp_port() -> int:
@@ -203,6 +206,10 @@ class AgentVm:
         self.timings: dict[str, float] = {}
         self.stderr_tail: list[str] = []
         self._vm_watch: asyncio.Task[None] | None = None
+        self.git_moved_aside: list[gitguard.MovedAside] = []
+        """Git metadata the guest created, moved out of the shares by :meth:`stop`."""
+        self.git_guard_error: str | None = None
+        """Why such metadata could not be moved (it is then still in the folder)."""
 
     def _new_netmux(self) -> NetMux:
         targets = {TARGET_GATEWAY: self.cfg.gateway_port}
@@ -554,6 +561,29 @@ class AgentVm:
         except TimeoutError:
             raise self.vm._error("the supervisor did not start pi within 30s") from None
 
+    async def _move_aside_new_git(self) -> None:
+        """A ``.git`` the guest made (a new repo with a hostile config) leaves the folder.
+
+        Runs once QEMU is gone, so the guest cannot race it. Only the VM that
+        actually ran the task is looked at: its launch recorded the person's own
+        entries (a VM that never launched has no baseline, and nothing moves).
+        """
+        protection = self.vm.git_protection
+        if protection is None or self.vm.running:
+            return
+        dest = self.cfg.moved_aside_dir or self.cfg.log_dir.parent / "moved-aside"
+        try:
+            found = await asyncio.to_thread(gitguard.move_aside_new, protection, dest)
+            self.git_moved_aside = found
+        except OSError as exc:
+            self.git_guard_error = (
+                f"could not move aside git metadata the agent created ({exc}); do not run "
+                f"git in {exc.filename or 'the folder'} before looking at its config"
+            )
+            log.error("%s", self.git_guard_error)
+        for moved in self.git_moved_aside:
+            log.warning("%s", moved.note())
+
     async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
         """The first ``get_state`` reply: pi has loaded and speaks RPC."""
         assert self.pi_exit is not None
@@ -583,6 +613,7 @@ class AgentVm:
                 await self.channel.close()
                 await self.netmux.close()
                 await self.vm.shutdown(grace=0 if not graceful else 2)
+                await self._move_aside_new_git()
             finally:
                 self._remove_secret()
                 if self._own_sock_dir is not None:

@@ -614,6 +614,7 @@ class TaskSession:
         try:
             if self.agent is not None:
                 await self.agent.stop(graceful=graceful)
+                self._report_moved_git(self.agent)
         finally:
             self.agent = None
             # Record the end (a no-op if the run already did); a second Ctrl-C
@@ -649,6 +650,14 @@ class TaskSession:
                         )
             await self._stack.aclose()
             self.store.close()
+
+    def _report_moved_git(self, agent: AgentVm) -> None:
+        """Say where a ``.git`` the guest created went (piwork.vm.gitguard)."""
+        for moved in agent.git_moved_aside:
+            self._note("git_moved_aside", {"from": str(moved.original), "to": str(moved.now)})
+            self.emit(EventKind.NOTICE, message=moved.note())
+        if agent.git_guard_error is not None:
+            self.emit(EventKind.ERROR, message=agent.git_guard_error)
 
     # ------------------------------------------------------------ checkpoints
     # The folder is recorded at task start, before every model call (the gateway

@@ -1,0 +1,191 @@
+"""The host-side protection of the person's git metadata, without a VM.
+
+The confine helper is run for real (a real user and mount namespace, a real
+read-only bind mount); the process in it stands in for QEMU only in that it
+tries, as QEMU's 9p server would for a hostile guest, to write, remove,
+rename, unmount and remount. tests/vm/test_vm_gitguard.py does the same from
+guest root in a real VM.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from piwork.vm import gitguard
+from piwork.vm.confine import EXIT_FAILED
+
+pytestmark = pytest.mark.skipif(
+    gitguard.unavailable_reason() is not None,
+    reason="needs unprivileged user namespaces",
+)
+
+
+def make_folder(root: Path) -> Path:
+    folder = root / "proj"
+    (folder / ".git" / "hooks").mkdir(parents=True)
+    (folder / ".git" / "config").write_text("[core]\n\tbare = false\n")
+    (folder / "src").mkdir()
+    (folder / "src" / "a.py").write_text("print(1)\n")
+    (folder / "nested" / ".git").mkdir(parents=True)
+    (folder / "nested" / ".git" / "config").write_text("[core]\n")
+    (folder / "mods" / "sub").mkdir(parents=True)
+    (folder / "data").mkdir()
+    (folder / "data" / "x.git" / "objects").mkdir(parents=True)
+    (folder / "data" / "x.git" / "refs").mkdir()
+    (folder / "data" / "x.git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "wt").mkdir()
+    (folder / "wt" / ".git").write_text("gitdir: ../store/wt.git\n")
+    (folder / "store" / "wt.git").mkdir(parents=True)
+    (folder / "store" / "wt.git" / "config").write_text("[core]\n")
+    (folder / "far").mkdir()
+    (folder / "far" / ".git").write_text(f"gitdir: {root / 'outside'}\n")
+    (root / "outside").mkdir()
+    (folder / "linked").symlink_to(root / "outside")
+    return folder
+
+
+def test_scan_finds_dirs_gitlinks_their_targets_and_bare_repos(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path)
+    found = {(e.path.relative_to(folder).as_posix(), e.kind) for e in gitguard.scan(folder)}
+    assert found == {
+        (".git", "dir"),
+        ("nested/.git", "dir"),
+        ("data/x.git", "bare"),
+        ("wt/.git", "file"),
+        ("store/wt.git", "gitdir"),
+        ("far/.git", "file"),  # its target is outside the folder: not the guest's to reach
+    }
+
+
+def test_outermost_drops_entries_inside_others(tmp_path: Path) -> None:
+    a = gitguard.GitEntry(tmp_path / ".git", "dir", 1, 1)
+    b = gitguard.GitEntry(tmp_path / ".git" / "modules" / "x", "gitdir", 1, 2)
+    c = gitguard.GitEntry(tmp_path / "z" / ".git", "dir", 1, 3)
+    assert gitguard.outermost([c, b, a]) == [tmp_path / ".git", tmp_path / "z" / ".git"]
+
+
+def run_confined(protection: gitguard.Protection, script: str) -> subprocess.CompletedProcess[str]:
+    argv = gitguard.launch_argv(["/bin/sh", "-c", script], protection)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes() if p.is_file() else b"<dir>"
+        for p in sorted(root.rglob("*"))
+        if not p.is_symlink()
+    }
+
+
+def test_confined_process_cannot_change_git_metadata_even_with_mount_tricks(
+    tmp_path: Path,
+) -> None:
+    folder = make_folder(tmp_path)
+    protection = gitguard.protect([folder])
+    before = {
+        p: tree_bytes(folder / p) for p in (".git", "nested/.git", "data/x.git", "store/wt.git")
+    }
+    gitlink = (folder / "wt" / ".git").read_bytes()
+    attacks = [
+        "printf '[core]\\n\\tfsmonitor = touch PWNED\\n' >> .git/config",
+        "echo x > .git/hooks/pre-commit",
+        "echo x > nested/.git/config",
+        "echo x > data/x.git/HEAD",
+        "echo 'gitdir: /tmp' > wt/.git",
+        "echo x > store/wt.git/config",
+        "rm -rf .git",
+        "mv .git moved",
+        "mv nested/.git nested/g",
+        "umount .git",
+        "umount -l .git",
+        "mount -o remount,rw .git",
+        "mount -o remount,bind,rw .git",
+        "mount --bind src .git",
+        "unshare --user --map-root-user --mount sh -c 'umount .git; mount -o remount,rw .git;"
+        " echo x >> .git/config'",
+        "touch src/ok",  # the rest of the folder stays writable
+        "mkdir -p newrepo/.git && echo 'made' > newrepo/.git/config",
+    ]
+    script = "cd " + str(folder) + "; " + "; ".join(f"{a} 2>/dev/null" for a in attacks) + "; true"
+    proc = run_confined(protection, script)
+    assert proc.returncode == 0, proc.stderr
+    assert (folder / "src" / "ok").exists()
+    assert not (folder / "moved").exists()
+    for rel, content in before.items():
+        assert tree_bytes(folder / rel) == content, rel
+    assert (folder / "wt" / ".git").read_bytes() == gitlink
+    # The new repository the "guest" made is there until the run ends.
+    assert (folder / "newrepo" / ".git" / "config").read_text() == "made\n"
+
+
+def test_files_made_in_the_namespace_belong_to_the_person(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path)
+    proc = run_confined(gitguard.protect([folder]), f"echo x > {folder}/made; id -u")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(os.getuid())  # no uid 0 inside, unless already root
+    st = os.stat(folder / "made")
+    assert (st.st_uid, st.st_gid) == (os.getuid(), os.getgid())
+    os.setxattr(folder / "made", "user.probe", b"1")  # mapped-xattr needs user.* xattrs
+
+
+def test_new_git_metadata_is_moved_aside_and_the_persons_stays(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path)
+    protection = gitguard.protect([folder])
+    # The person's nested repo, renamed by the guest: still the person's (same inode).
+    os.rename(folder / "nested", folder / "renamed")
+    (folder / "nested" / ".git").mkdir(parents=True)
+    (folder / "nested" / ".git" / "config").write_text("[core]\n\tfsmonitor = evil\n")
+    (folder / "src" / ".git").write_text("gitdir: ../store/wt.git\n")
+    (folder / "bare" / "objects").mkdir(parents=True)
+    (folder / "bare" / "refs").mkdir()
+    (folder / "bare" / "HEAD").write_text("ref: refs/heads/x\n")
+    dest = tmp_path / "task" / "moved-aside"
+    moved = gitguard.move_aside_new(protection, dest)
+    assert sorted(m.original.relative_to(folder).as_posix() for m in moved) == [
+        "bare",
+        "nested/.git",
+        "src/.git",
+    ]
+    for m in moved:
+        assert not m.original.exists()
+        assert dest in m.now.parents
+        assert "moved aside" in m.note() and str(m.now) in m.note()
+    assert (folder / "renamed" / ".git" / "config").read_text() == "[core]\n"
+    assert (folder / ".git" / "config").exists()
+    assert gitguard.move_aside_new(protection, dest) == []  # nothing new the second time
+
+
+def test_helper_failure_starts_nothing(tmp_path: Path) -> None:
+    """A path that cannot be mounted stops the launch with a reason; the command never runs."""
+    marker = tmp_path / "ran"
+    argv = [
+        sys.executable,
+        "-I",
+        str(gitguard.CONFINE_SCRIPT),
+        "--ro",
+        str(tmp_path / "missing" / ".git"),
+        "--",
+        "/bin/sh",
+        "-c",
+        f"touch {marker}",
+    ]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == EXIT_FAILED
+    assert proc.stderr.startswith("piwork-confine: ")
+    assert not marker.exists()
+
+
+def test_fails_closed_without_namespaces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    folder = make_folder(tmp_path)
+    protection = gitguard.protect([folder])
+    monkeypatch.setattr(gitguard, "unavailable_reason", lambda: "no user namespaces here")
+    with pytest.raises(gitguard.GitGuardError, match="user and mount namespace") as info:
+        gitguard.launch_argv(["qemu"], protection)
+    assert "unprivileged_userns_clone" in str(info.value)
+    empty = gitguard.protect([tmp_path / "proj" / "src"])
+    assert gitguard.launch_argv(["qemu"], empty) == ["qemu"]  # nothing to protect: runs

@@ -72,6 +72,7 @@ from piwork.tasks.model import LimitKind
 from piwork.tasks.model import Usage as TaskUsage
 from piwork.tasks.settings import load_task_settings, merge_limits
 from piwork.tasks.transcript import TranscriptFull, TranscriptWriteError, compact_pi_line
+from piwork.vm import gitguard
 from piwork.vm.accel import probe
 from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
 
@@ -561,6 +562,11 @@ class TaskSession:
         self.timings["boot_to_pi_ready"] = time.monotonic() - t
         self.timings["start_to_pi_ready"] = time.monotonic() - self.t0
         self.timings.update({f"vm_{k}": v for k, v in agent.timings.items()})
+        protection = agent.vm.git_protection
+        if protection is not None:
+            self.timings["git_scan"] = protection.scan_seconds
+            if protection.readonly:
+                self.emit(EventKind.NOTICE, message=gitguard.readonly_notice(protection))
         self.emit(
             EventKind.READY,
             seconds=self.timings["start_to_pi_ready"],

@@ -185,6 +185,16 @@ def protect(roots: Sequence[Path]) -> Protection:
     return Protection(tuple(roots), tuple(entries), tuple(readonly), time.monotonic() - t)
 
 
+def readonly_notice(protection: Protection) -> str:
+    """What the person is told at start: the agent cannot commit, and why."""
+    n = len(protection.readonly)
+    what = "the folder's .git is" if n == 1 else f"the folder's git metadata ({n} entries) is"
+    return (
+        f"{what} read-only for the agent (so nothing in the VM can change what host git "
+        "runs): it cannot commit, branch or change git config there; you commit on your machine"
+    )
+
+
 @functools.cache
 def unavailable_reason() -> str | None:
     """Why QEMU cannot be confined on this host (None: it can). Asked once per process."""

@@ -189,3 +189,13 @@ def test_fails_closed_without_namespaces(tmp_path: Path, monkeypatch: pytest.Mon
     assert "unprivileged_userns_clone" in str(info.value)
     empty = gitguard.protect([tmp_path / "proj" / "src"])
     assert gitguard.launch_argv(["qemu"], empty) == ["qemu"]  # nothing to protect: runs
+
+
+def test_doctor_says_whether_git_is_protected(monkeypatch: pytest.MonkeyPatch) -> None:
+    from piwork.doctor import check_git_guard
+
+    assert check_git_guard().detail.startswith("on:")
+    monkeypatch.setattr(gitguard, "unavailable_reason", lambda: "no user namespaces here")
+    check = check_git_guard()
+    assert check.warning and "no user namespaces here" in check.detail
+    assert "unprivileged_userns_clone" in check.fix

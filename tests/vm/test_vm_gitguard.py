@@ -254,6 +254,9 @@ async def test_guest_root_cannot_change_the_persons_git_metadata(
     notices = [e.data.get("message", "") for e in events if e.kind is EventKind.NOTICE]
     said = [n for n in notices if "moved aside git metadata" in n]
     assert len(said) == 3, notices
+    # At start, the person was told the agent cannot commit (.git, sub/.git, store/lib.git
+    # and the gitlink store/lib/.git).
+    assert any("git metadata (4 entries) is read-only" in n for n in notices), notices
 
     for where in (
         folder,

@@ -561,28 +561,32 @@ class AgentVm:
         except TimeoutError:
             raise self.vm._error("the supervisor did not start pi within 30s") from None
 
-    async def _move_aside_new_git(self) -> None:
+    async def move_aside_new_git(self) -> list[gitguard.MovedAside]:
         """A ``.git`` the guest made (a new repo with a hostile config) leaves the folder.
 
-        Runs once QEMU is gone, so the guest cannot race it. Only the VM that
-        actually ran the task is looked at: its launch recorded the person's own
-        entries (a VM that never launched has no baseline, and nothing moves).
+        :meth:`stop` calls it once QEMU is gone; the runner also calls it at each
+        checkpoint, which shortens the time such a ``.git`` sits in the folder to
+        one turn (it is race-safe while the guest runs). Only the VM that ran the
+        task counts: its launch recorded the person's own entries (a VM that
+        never launched has no baseline, and nothing moves). Returns what moved
+        this time; everything moved so far is in :attr:`git_moved_aside`.
         """
         protection = self.vm.git_protection
-        if protection is None or self.vm.running:
-            return
+        if protection is None:
+            return []
         dest = self.cfg.moved_aside_dir or self.cfg.log_dir.parent / "moved-aside"
-        try:
-            found = await asyncio.to_thread(gitguard.move_aside_new, protection, dest)
-            self.git_moved_aside = found
-        except OSError as exc:
+        moved, failed = await asyncio.to_thread(gitguard.move_aside_new, protection, dest)
+        self.git_moved_aside += moved
+        for item in moved:
+            log.warning("%s", item.note())
+        if failed:
             self.git_guard_error = (
-                f"could not move aside git metadata the agent created ({exc}); do not run "
-                f"git in {exc.filename or 'the folder'} before looking at its config"
+                "could not move aside git metadata the agent created: "
+                + "; ".join(failed)
+                + " - do not run git there before looking at its config"
             )
             log.error("%s", self.git_guard_error)
-        for moved in self.git_moved_aside:
-            log.warning("%s", moved.note())
+        return moved
 
     async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
         """The first ``get_state`` reply: pi has loaded and speaks RPC."""
@@ -613,7 +617,7 @@ class AgentVm:
                 await self.channel.close()
                 await self.netmux.close()
                 await self.vm.shutdown(grace=0 if not graceful else 2)
-                await self._move_aside_new_git()
+                await self.move_aside_new_git()
             finally:
                 self._remove_secret()
                 if self._own_sock_dir is not None:

@@ -302,6 +302,7 @@ class TaskSession:
         self._status_lock = asyncio.Lock()
         self._abort_inflight: asyncio.Future[Any] | None = None
         self._start_failure: str | None = None  # why start() failed: the task's stop message
+        self._git_reported = 0  # how many of the agent's git_moved_aside were told
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -658,12 +659,14 @@ class TaskSession:
             self.store.close()
 
     def _report_moved_git(self, agent: AgentVm) -> None:
-        """Say where a ``.git`` the guest created went (piwork.vm.gitguard)."""
-        for moved in agent.git_moved_aside:
+        """Say where a ``.git`` the guest created went (piwork.vm.gitguard), once each."""
+        for moved in agent.git_moved_aside[self._git_reported :]:
             self._note("git_moved_aside", {"from": str(moved.original), "to": str(moved.now)})
             self.emit(EventKind.NOTICE, message=moved.note())
+        self._git_reported = len(agent.git_moved_aside)
         if agent.git_guard_error is not None:
             self.emit(EventKind.ERROR, message=agent.git_guard_error)
+            agent.git_guard_error = None
 
     # ------------------------------------------------------------ checkpoints
     # The folder is recorded at task start, before every model call (the gateway
@@ -681,6 +684,10 @@ class TaskSession:
             self.emit(EventKind.ERROR, message=f"checkpoints are off for this run: {exc}")
 
     async def _checkpoint_before_model_call(self) -> None:
+        agent = self.agent
+        if agent is not None:  # a .git the guest made last turn leaves the folder now
+            await agent.move_aside_new_git()
+            self._report_moved_git(agent)
         await self._checkpoint(lambda rec: rec.before_model_call())
 
     async def _checkpoint_end(self) -> None:

@@ -26,6 +26,7 @@ and with 9p ``mapped-xattr`` a link the guest makes is a plain host file.
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import stat
@@ -244,45 +245,102 @@ def launch_argv(argv: list[str], protection: Protection) -> list[str]:
     return [*out, "--", *argv]
 
 
-def move_aside_new(protection: Protection, dest: Path) -> list[MovedAside]:
-    """Move git metadata that appeared during the run out of the shares, into ``dest``.
+def move_aside_new(protection: Protection, dest: Path) -> tuple[list[MovedAside], list[str]]:
+    """Move git metadata that appeared since launch out of the shares, into ``dest``.
 
-    Call it once the VM has stopped. An entry is the person's when its device
-    and inode were seen at launch, wherever it is now (the guest may rename a
-    directory holding a repository; it cannot move the mounted entry itself).
+    Returns what moved, and what could not be moved (each with the reason).
+    An entry is the person's when its device and inode were seen at launch,
+    wherever it is now (the guest may rename a directory holding a repository;
+    it cannot move the mounted entry itself), and it is never touched.
     Everything else is moved: into ``dest`` when it is on the same file system,
     else renamed in place to a name git does not look for (a bare-looking
     directory loses its ``HEAD`` instead), so nothing is copied or lost.
+
+    Safe while the VM runs: each move goes through directory fds opened
+    without following links, and renames the entry only if it is still the
+    inode the scan found (a guest swapping names in between makes it skip
+    that entry until the next call; the person's entries cannot be swapped
+    in, they are mount points in QEMU's namespace).
     """
     known = {(e.dev, e.ino) for e in protection.entries}
     moved: list[MovedAside] = []
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    failed: list[str] = []
+    batch = dest / time.strftime("%Y%m%d-%H%M%S")
     for root in protection.roots:
         for entry in scan(root):
             if (entry.dev, entry.ino) in known or entry.kind == "gitdir":
                 continue
-            rel = entry.path.relative_to(root)
-            target = dest / stamp / root.name / rel
             try:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(entry.path, target)
-            except OSError:  # another file system (EXDEV): never copy, disarm in place
-                target = _disarm_in_place(entry)
-            moved.append(MovedAside(entry.path, target, entry.kind))
-    return moved
+                now = _move_one(root, entry, batch / root.name)
+            except OSError as exc:
+                failed.append(f"{entry.path}: {exc.strerror or exc}")
+                continue
+            if now is not None:
+                moved.append(MovedAside(entry.path, now, entry.kind))
+    return moved, failed
 
 
-def _disarm_in_place(entry: GitEntry) -> Path:
-    """Cross-device fallback: a name git does not read, in the same directory."""
-    if entry.kind == "bare":
-        head = entry.path / "HEAD"
-        new = entry.path / "HEAD.piwork-moved"
-        os.rename(head, new)
-        return new
-    n = 0
-    while True:
-        new = entry.path.with_name(f".git.piwork-moved-{n}")
-        if not os.path.lexists(new):
-            os.rename(entry.path, new)
-            return new
-        n += 1
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_beneath(root: Path, parts: Sequence[str]) -> int:
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _move_one(root: Path, entry: GitEntry, dest: Path) -> Path | None:
+    rel = entry.path.relative_to(root)
+    if not rel.parts:  # the share itself was made to look like a bare repository
+        fd = _open_beneath(root, ())
+        try:
+            return _disarm_bare(fd, entry.path)
+        finally:
+            os.close(fd)
+    parent = _open_beneath(root, rel.parts[:-1])
+    try:
+        st = os.stat(rel.name, dir_fd=parent, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != (entry.dev, entry.ino):
+            return None  # changed since the scan: the next call looks again
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        out = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.rename(rel.name, target.name, src_dir_fd=parent, dst_dir_fd=out)
+            return target
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+        finally:
+            os.close(out)
+        # Another file system: never copy, disarm in place.
+        if entry.kind == "bare":
+            fd = os.open(rel.name, _DIR_FLAGS, dir_fd=parent)
+            try:
+                return _disarm_bare(fd, entry.path)
+            finally:
+                os.close(fd)
+        n = 0
+        while True:
+            name = f".git.piwork-moved-{n}"
+            try:
+                os.stat(name, dir_fd=parent, follow_symlinks=False)
+            except FileNotFoundError:
+                os.rename(rel.name, name, src_dir_fd=parent, dst_dir_fd=parent)
+                return entry.path.with_name(name)
+            n += 1
+    finally:
+        os.close(parent)
+
+
+def _disarm_bare(fd: int, path: Path) -> Path:
+    """Without ``HEAD``, git does not take the directory for a repository."""
+    os.rename("HEAD", "HEAD.piwork-moved", src_dir_fd=fd, dst_dir_fd=fd)
+    return path / "HEAD.piwork-moved"

@@ -145,7 +145,8 @@ def test_new_git_metadata_is_moved_aside_and_the_persons_stays(tmp_path: Path) -
     (folder / "bare" / "refs").mkdir()
     (folder / "bare" / "HEAD").write_text("ref: refs/heads/x\n")
     dest = tmp_path / "task" / "moved-aside"
-    moved = gitguard.move_aside_new(protection, dest)
+    moved, failed = gitguard.move_aside_new(protection, dest)
+    assert failed == []
     assert sorted(m.original.relative_to(folder).as_posix() for m in moved) == [
         "bare",
         "nested/.git",
@@ -157,7 +158,34 @@ def test_new_git_metadata_is_moved_aside_and_the_persons_stays(tmp_path: Path) -
         assert "moved aside" in m.note() and str(m.now) in m.note()
     assert (folder / "renamed" / ".git" / "config").read_text() == "[core]\n"
     assert (folder / ".git" / "config").exists()
-    assert gitguard.move_aside_new(protection, dest) == []  # nothing new the second time
+    assert gitguard.move_aside_new(protection, dest) == ([], [])  # nothing new the second time
+
+
+def test_a_new_bare_looking_share_root_is_disarmed_in_place(tmp_path: Path) -> None:
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    protection = gitguard.protect([folder])
+    for d in ("objects", "refs"):
+        (folder / d).mkdir()
+    (folder / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "config").write_text("[core]\n\tfsmonitor = evil\n")
+    moved, failed = gitguard.move_aside_new(protection, tmp_path / "dest")
+    assert failed == [] and [m.now for m in moved] == [folder / "HEAD.piwork-moved"]
+    assert not (folder / "HEAD").exists()
+    assert gitguard.scan(folder) == []  # git no longer takes it for a repository
+
+
+def test_an_entry_swapped_after_the_scan_is_left_for_the_next_call(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path)
+    protection = gitguard.protect([folder])
+    (folder / "src" / ".git").mkdir()
+    [entry] = [e for e in gitguard.scan(folder) if e.path == folder / "src" / ".git"]
+    os.rename(folder / "src" / ".git", folder / "src" / "elsewhere")
+    (folder / "src" / ".git").mkdir()  # another inode under the same name
+    assert gitguard._move_one(folder, entry, tmp_path / "dest") is None
+    assert (folder / "src" / ".git").is_dir()
+    moved, _ = gitguard.move_aside_new(protection, tmp_path / "dest")
+    assert [m.original for m in moved] == [folder / "src" / ".git"]
 
 
 def test_helper_failure_starts_nothing(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ wrong; it is enforced by the host (QEMU runs in a mount namespace where every
 
 Afterwards every ``.git`` is byte-identical (content, mode, xattrs), the new
 ones are out of the folder (moved into the task directory, and the person is
-told), and a host ``git status`` in each folder writes no marker, while the
+told; the first at the next model call, while the VM still runs), and a host
+``git status`` in each folder writes no marker, while the
 same payload on an unprotected copy does (so the payload is live).
 
 Run alone: ``.venv/bin/pytest tests/vm/test_vm_gitguard.py -s``.
@@ -165,12 +166,16 @@ def guest_attack(marker: Path) -> str:
     return "\n".join(lines)
 
 
-def script(marker: Path, chain_marker: Path) -> object:
+def script(marker: Path, chain_marker: Path, folder: Path, seen: dict[str, bool]) -> object:
     def choose(req: ChatRequest) -> Step:
         i = req.assistant_turns_since_user
         text = req.last_user_text
         if "ATTACK" in text and i == 0:
             return ToolCalls([bash(guest_attack(marker), timeout=300)])
+        if "ATTACK" in text and i == 1:
+            # The model call right after the attack: the host moved the new .git
+            # entries aside before forwarding it (the VM still runs).
+            seen["plain/.git after the turn"] = (folder / "plain" / ".git").exists()
         if "CHAIN" in text and i == 0:
             return ToolCalls([write_tool(f"{W}/.GIT/x", "poison\n")])
         if "CHAIN" in text and i == 1:
@@ -210,7 +215,11 @@ async def test_guest_root_cannot_change_the_persons_git_metadata(
     gitlink = (folder / "store" / "lib" / ".git").read_bytes()
 
     events: list[RunEvent] = []
-    server = ScriptedModelServer(script(marker, chain_marker), model_id="scripted")  # type: ignore[arg-type]
+    seen: dict[str, bool] = {}
+    server = ScriptedModelServer(
+        script(marker, chain_marker, folder, seen),  # type: ignore[arg-type]
+        model_id="scripted",
+    )
     async with server:
         req = RunRequest(
             prompt=None,
@@ -249,6 +258,7 @@ async def test_guest_root_cannot_change_the_persons_git_metadata(
     # What the guest created is out of the folder, in the task directory, and said.
     for rel in ("sub/.git", "plain/.git", "bare"):
         assert not (folder / rel).exists(), rel
+    assert seen == {"plain/.git after the turn": False}  # gone at the next checkpoint
     moved = task_dir / "moved-aside"
     assert sorted(p.name for p in moved.rglob("config")) == ["config", "config", "config"]
     notices = [e.data.get("message", "") for e in events if e.kind is EventKind.NOTICE]

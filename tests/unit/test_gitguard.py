@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,13 +125,56 @@ def test_confined_process_cannot_change_git_metadata_even_with_mount_tricks(
 
 
 def test_files_made_in_the_namespace_belong_to_the_person(tmp_path: Path) -> None:
+    """What QEMU's 9p server does for ``mapped-xattr``: create, then set ``user.virtfs.*``."""
     folder = make_folder(tmp_path)
-    proc = run_confined(gitguard.protect([folder]), f"echo x > {folder}/made; id -u")
+    made = folder / "made"
+    code = (
+        f"import os; open({str(made)!r}, 'w').write('x'); "
+        f"os.setxattr({str(made)!r}, 'user.virtfs.uid', b'0'); print(os.getuid())"
+    )
+    proc = run_confined(gitguard.protect([folder]), f'{sys.executable} -I -c "{code}"')
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == str(os.getuid())  # no uid 0 inside, unless already root
-    st = os.stat(folder / "made")
+    assert proc.stdout.strip() == str(os.getuid())  # the same uid inside as outside
+    st = os.stat(made)
     assert (st.st_uid, st.st_gid) == (os.getuid(), os.getgid())
-    os.setxattr(folder / "made", "user.probe", b"1")  # mapped-xattr needs user.* xattrs
+    assert os.getxattr(made, "user.virtfs.uid") == b"0"
+
+
+def test_the_confined_process_dies_with_its_parent(tmp_path: Path) -> None:
+    """PR_SET_PDEATHSIG survives the namespaces: a kill -9 of piwork takes QEMU with it."""
+    parent = (  # piwork's part: it launches QEMU this way (machine.py)
+        "import subprocess, sys, time\n"
+        "from pathlib import Path\n"
+        "from piwork.vm import gitguard\n"
+        "from piwork.vm.machine import tied_argv\n"
+        "protection = gitguard.protect([Path(sys.argv[1])])\n"
+        "argv = tied_argv(gitguard.launch_argv(['sleep', '120'], protection))\n"
+        "p = subprocess.Popen(argv, start_new_session=True)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    (tmp_path / ".git").mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", parent, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    pid = int(proc.stdout.readline())
+    time.sleep(1.0)  # the helper has set its namespaces up and exec'd
+    assert _alive(pid)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the confined child outlived its parent"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(") ", 1)[1].split()[0] != "Z"  # a zombie is gone
+    except (FileNotFoundError, IndexError):
+        return False
 
 
 def test_new_git_metadata_is_moved_aside_and_the_persons_stays(tmp_path: Path) -> None:

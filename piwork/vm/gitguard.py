@@ -10,7 +10,8 @@ not hold against guest root, so the protection is made on the host:
   starts: ``.git`` directories and ``.git`` files (gitlinks) at any depth,
   the directory a gitlink points to when it is inside the share, and bare
   repositories (a directory holding ``HEAD``, ``objects/`` and ``refs/``, as
-  git's own discovery checks);
+  git's own discovery checks); :func:`hooks_entries` adds a hooks directory
+  that ``core.hooksPath`` puts inside the share (``.githooks``);
 * :func:`launch_argv` runs QEMU through ``confine.py``, which bind-mounts each
   of them read-only onto itself in a mount namespace only QEMU is in, so the
   9p server answers EROFS, EBUSY (rename/remove of a mount point) whatever
@@ -29,6 +30,7 @@ from __future__ import annotations
 import errno
 import functools
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -50,7 +52,7 @@ class GitGuardError(RuntimeError):
 @dataclass(frozen=True)
 class GitEntry:
     path: Path
-    kind: str  # "dir" (.git dir), "file" (.git gitlink), "gitdir" (its target), "bare"
+    kind: str  # "dir" (.git dir), "file" (.git gitlink), "gitdir" (its target), "bare", "hooks"
     dev: int
     ino: int
 
@@ -172,10 +174,61 @@ class Protection:
     scan_seconds: float
 
 
+def _git_config_get(args: list[str]) -> str | None:
+    """One value read by host git's own config parser (it only parses: nothing runs)."""
+    git = shutil.which("git")
+    if git is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [git, "config", *args, "--get", "core.hooksPath"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    value = proc.stdout.strip()
+    return value if proc.returncode == 0 and value else None
+
+
+def _inside(path: Path, roots: Sequence[Path]) -> bool:
+    real = Path(os.path.realpath(path))
+    return any(real == r or r in real.parents for r in (Path(os.path.realpath(x)) for x in roots))
+
+
+def hooks_entries(entries: Sequence[GitEntry], roots: Sequence[Path]) -> list[GitEntry]:
+    """Hooks directories that ``core.hooksPath`` puts inside a share (e.g. ``.githooks``).
+
+    Git runs the executables there like those in ``.git/hooks``; without this an
+    existing executable hook in the working tree could be rewritten (9p keeps
+    the host mode). Read from each repository's own config and the person's
+    global one; a relative path is relative to the repository's working tree.
+    """
+    global_value = _git_config_get(["--global"])
+    found: list[GitEntry] = []
+    for e in entries:
+        if e.kind != "dir":
+            continue
+        value = _git_config_get(["--file", str(e.path / "config")]) or global_value
+        if value is None:
+            continue
+        hooks = Path(os.path.expanduser(value))
+        hooks = hooks if hooks.is_absolute() else e.path.parent / hooks
+        if hooks.is_dir() and not hooks.is_symlink() and _inside(hooks, roots):
+            entry = _entry(Path(os.path.realpath(hooks)), "hooks")
+            if entry is not None:
+                found.append(entry)
+    return found
+
+
 def protect(roots: Sequence[Path]) -> Protection:
     """Scan the writable shares; raise :class:`GitGuardError` if there are too many entries."""
     t = time.monotonic()
     entries = [e for r in roots for e in scan(r)]
+    entries += hooks_entries(entries, roots)
     readonly = outermost(entries)
     if len(readonly) > MAX_PROTECTED:
         raise GitGuardError(

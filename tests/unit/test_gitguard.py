@@ -10,6 +10,7 @@ guest root in a real VM.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -271,3 +272,20 @@ def test_doctor_says_whether_git_is_protected(monkeypatch: pytest.MonkeyPatch) -
     check = check_git_guard()
     assert check.warning and "no user namespaces here" in check.detail
     assert "unprivileged_userns_clone" in check.fix
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs host git")
+def test_a_hooks_path_inside_the_folder_is_protected_too(tmp_path: Path) -> None:
+    folder = tmp_path / "proj"
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    subprocess.run(["git", "-C", str(folder), "config", "core.hooksPath", ".githooks"], check=True)
+    hook = folder / ".githooks" / "pre-commit"
+    hook.parent.mkdir()
+    hook.write_text("#!/bin/sh\nexit 0\n")
+    hook.chmod(0o755)
+    protection = gitguard.protect([folder])
+    assert folder / ".githooks" in protection.readonly
+    proc = run_confined(protection, f"echo 'touch PWNED' > {hook}; echo x > {hook.parent}/post-x")
+    assert "Read-only file system" in proc.stderr
+    assert hook.read_text() == "#!/bin/sh\nexit 0\n"
+    assert not (hook.parent / "post-x").exists()

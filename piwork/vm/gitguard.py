@@ -207,8 +207,10 @@ def hooks_entries(entries: Sequence[GitEntry], roots: Sequence[Path]) -> list[Gi
     the host mode). Read from each repository's own config and the person's
     global one; a relative path is relative to the repository's working tree.
     """
-    global_value = _git_config_get(["--global"])
     found: list[GitEntry] = []
+    if not any(e.kind == "dir" for e in entries):
+        return found
+    global_value = _git_config_get(["--global"])
     for e in entries:
         if e.kind != "dir":
             continue

@@ -207,7 +207,7 @@ class AgentVm:
         self.stderr_tail: list[str] = []
         self._vm_watch: asyncio.Task[None] | None = None
         self.git_moved_aside: list[gitguard.MovedAside] = []
-        """Git metadata the guest created, moved out of the shares by :meth:`stop`."""
+        """Git metadata the guest created, moved out of the shares (:meth:`move_aside_new_git`)."""
         self.git_guard_error: str | None = None
         """Why such metadata could not be moved (it is then still in the folder)."""
 

@@ -10,6 +10,7 @@ guest root in a real VM.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -289,3 +290,17 @@ def test_a_hooks_path_inside_the_folder_is_protected_too(tmp_path: Path) -> None
     assert "Read-only file system" in proc.stderr
     assert hook.read_text() == "#!/bin/sh\nexit 0\n"
     assert not (hook.parent / "post-x").exists()
+
+
+def test_odd_names_are_mounted_as_they_are(tmp_path: Path) -> None:
+    """Paths go to mount(2) as bytes (no option string, no mountinfo parsing)."""
+    folder = tmp_path / "proj"
+    odd = folder / "a dir,with=commas\nand a newline" / os.fsdecode(b"\xff-not-utf8")
+    (odd / ".git").mkdir(parents=True)
+    (odd / ".git" / "config").write_text("[core]\n")
+    protection = gitguard.protect([folder])
+    assert protection.readonly == (odd / ".git",)
+    code = f"open({str(odd / '.git' / 'config')!r}, 'a').write('x')"
+    proc = run_confined(protection, f"{sys.executable} -I -c {shlex.quote(code)}")
+    assert "Read-only file system" in proc.stderr, proc.stderr
+    assert (odd / ".git" / "config").read_text() == "[core]\n"

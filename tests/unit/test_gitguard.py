@@ -304,3 +304,38 @@ def test_odd_names_are_mounted_as_they_are(tmp_path: Path) -> None:
     proc = run_confined(protection, f"{sys.executable} -I -c {shlex.quote(code)}")
     assert "Read-only file system" in proc.stderr, proc.stderr
     assert (odd / ".git" / "config").read_text() == "[core]\n"
+
+
+async def test_a_launch_with_git_to_protect_and_no_namespaces_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail closed at the VM launch itself: a clear VmError, no process, no QEMU run."""
+    from piwork.pack.manifest import Manifest
+    from piwork.vm.accel import probe
+    from piwork.vm.command import Share, VmSpec
+    from piwork.vm.machine import VirtualMachine, VmError
+
+    folder = make_folder(tmp_path)
+    marker = tmp_path / "qemu-ran"
+    fake_qemu = tmp_path / "qemu"
+    fake_qemu.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    fake_qemu.chmod(0o755)
+    manifest = Manifest(
+        pack_id="p", kernel="k", initrd="i", cmdline="", versions={}, files=[],
+        created_at="now", builder="test",
+    )  # fmt: skip
+    spec = VmSpec(
+        pack_dir=tmp_path,
+        manifest=manifest,
+        accel=probe("tcg"),
+        qmp_socket=tmp_path / "q.sock",
+        console_log=tmp_path / "console.log",
+        rpc_socket=tmp_path / "r.sock",
+        shares=[Share("pwstate", tmp_path, guard_git=False), Share("pwwork", folder)],
+        qemu_binary=str(fake_qemu),
+    )
+    monkeypatch.setattr(gitguard, "unavailable_reason", lambda: "no user namespaces here")
+    vm = VirtualMachine(spec)
+    with pytest.raises(VmError, match=r"the VM was not started: .*no user namespaces here"):
+        await vm.launch()
+    assert vm.proc is None and not marker.exists()

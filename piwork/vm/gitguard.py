@@ -39,6 +39,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from piwork.textsafe import sanitize
+
 CONFINE_SCRIPT = Path(__file__).with_name("confine.py")
 MAX_PROTECTED = 4096
 """More git entries than this in one folder: refuse (each is one mount in QEMU's namespace)."""
@@ -64,8 +66,10 @@ class MovedAside:
     kind: str
 
     def note(self) -> str:
+        """One line for the person; the guest chose the names, so they are made inert."""
+        was, now = (sanitize(str(p), one_line=True) for p in (self.original, self.now))
         return (
-            f"moved aside git metadata the agent created: {self.original} is now {self.now} "
+            f"moved aside git metadata the agent created: {was} is now {now} "
             "(host git would run programs its config names; look at it before using it)"
         )
 
@@ -328,7 +332,7 @@ def move_aside_new(protection: Protection, dest: Path) -> tuple[list[MovedAside]
             try:
                 now = _move_one(root, entry, batch / root.name)
             except OSError as exc:
-                failed.append(f"{entry.path}: {exc.strerror or exc}")
+                failed.append(f"{sanitize(str(entry.path), one_line=True)}: {exc.strerror or exc}")
                 continue
             if now is not None:
                 moved.append(MovedAside(entry.path, now, entry.kind))

@@ -187,6 +187,7 @@ def test_new_git_metadata_is_moved_aside_and_the_persons_stays(tmp_path: Path) -
     (folder / "nested" / ".git").mkdir(parents=True)
     (folder / "nested" / ".git" / "config").write_text("[core]\n\tfsmonitor = evil\n")
     (folder / "src" / ".git").write_text("gitdir: ../store/wt.git\n")
+    (folder / "esc\x1b]52;c;cm0K\x07\n" / ".git").mkdir(parents=True)  # a name made to print
     (folder / "bare" / "objects").mkdir(parents=True)
     (folder / "bare" / "refs").mkdir()
     (folder / "bare" / "HEAD").write_text("ref: refs/heads/x\n")
@@ -195,13 +196,14 @@ def test_new_git_metadata_is_moved_aside_and_the_persons_stays(tmp_path: Path) -
     assert failed == []
     assert sorted(m.original.relative_to(folder).as_posix() for m in moved) == [
         "bare",
+        "esc\x1b]52;c;cm0K\x07\n/.git",
         "nested/.git",
         "src/.git",
     ]
     for m in moved:
         assert not m.original.exists()
         assert dest in m.now.parents
-        assert "moved aside" in m.note() and str(m.now) in m.note()
+        assert "moved aside" in m.note() and "\x1b" not in m.note() and "\n" not in m.note()
     assert (folder / "renamed" / ".git" / "config").read_text() == "[core]\n"
     assert (folder / ".git" / "config").exists()
     assert gitguard.move_aside_new(protection, dest) == ([], [])  # nothing new the second time

@@ -30,6 +30,7 @@ from piwork.pack.manifest import Manifest
 from piwork.rpc.client import LineTap, Listener, RpcClient, UiHandler
 from piwork.rpc.framing import OversizedLine
 from piwork.rpc.models import Response, SessionState, UiRequest
+from piwork.vm import gitguard
 from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
 from piwork.vm.command import Share, Transport, VmSpec
@@ -75,7 +76,7 @@ class TaskDirs:
 
     def shares(self) -> list[Share]:
         shares = [
-            Share("pwstate", self.state),
+            Share("pwstate", self.state, guard_git=False),  # piwork's own: no host git there
             Share("pwout", self.outputs),
             Share("pwup", self.uploads, readonly=True),
         ]
@@ -109,6 +110,8 @@ class AgentVmConfig:
     warm_start: bool = False
     """Restore the saved VM (piwork.vm.template) if it can; else boot, saying why."""
     template_root: Path | None = None  # default: next to the pack cache
+    moved_aside_dir: Path | None = None
+    """Where git metadata the guest created goes after the run (default: beside log_dir)."""
 
 
 def _free_tcp_port() -> int:
@@ -277,6 +280,11 @@ class AgentVm(PiDoor):
         self.timings: dict[str, float] = {}
         self.stderr_tail: list[str] = []
         self._vm_watch: asyncio.Task[None] | None = None
+        self.git_moved_aside: list[gitguard.MovedAside] = []
+        """Git metadata the guest created, moved out of the shares (:meth:`move_aside_new_git`)."""
+        self.git_guard_error: str | None = None
+        self._git_reported = 0
+        """Why such metadata could not be moved (it is then still in the folder)."""
 
     # ------------------------------------------------------------ the run's door
     async def pause(self) -> None:
@@ -654,6 +662,52 @@ class AgentVm(PiDoor):
         except TimeoutError:
             raise self.vm._error("the supervisor did not start pi within 30s") from None
 
+    def git_readonly_notice(self) -> str | None:
+        """What the person is told at start when the folder's git metadata is read-only."""
+        protection = self.vm.git_protection
+        if protection is None or not protection.readonly:
+            return None
+        return gitguard.readonly_notice(protection)
+
+    @property
+    def git_scan_seconds(self) -> float | None:
+        protection = self.vm.git_protection
+        return None if protection is None else protection.scan_seconds
+
+    def take_git_reports(self) -> tuple[list[gitguard.MovedAside], str | None]:
+        """What moved aside since the last call, and a failure to show: each reported once."""
+        moved = self.git_moved_aside[self._git_reported :]
+        self._git_reported = len(self.git_moved_aside)
+        error, self.git_guard_error = self.git_guard_error, None
+        return moved, error
+
+    async def move_aside_new_git(self) -> list[gitguard.MovedAside]:
+        """A ``.git`` the guest made (a new repo with a hostile config) leaves the folder.
+
+        :meth:`stop` calls it once QEMU is gone; the runner also calls it at each
+        checkpoint, which shortens the time such a ``.git`` sits in the folder to
+        one turn (it is race-safe while the guest runs). Only the VM that ran the
+        task counts: its launch recorded the person's own entries (a VM that
+        never launched has no baseline, and nothing moves). Returns what moved
+        this time; everything moved so far is in :attr:`git_moved_aside`.
+        """
+        protection = self.vm.git_protection
+        if protection is None:
+            return []
+        dest = self.cfg.moved_aside_dir or self.cfg.log_dir.parent / "moved-aside"
+        moved, failed = await asyncio.to_thread(gitguard.move_aside_new, protection, dest)
+        self.git_moved_aside += moved
+        for item in moved:
+            log.warning("%s", item.note())
+        if failed:
+            self.git_guard_error = (
+                "could not move aside git metadata the agent created: "
+                + "; ".join(failed)
+                + " - do not run git there before looking at its config"
+            )
+            log.error("%s", self.git_guard_error)
+        return moved
+
     async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
         """The first ``get_state`` reply: pi has loaded and speaks RPC."""
         assert self.pi_exit is not None
@@ -683,6 +737,7 @@ class AgentVm(PiDoor):
                 await self.channel.close()
                 await self.netmux.close()
                 await self.vm.shutdown(grace=0 if not graceful else 2)
+                await self.move_aside_new_git()
             finally:
                 self._remove_secret()
                 if self._own_sock_dir is not None:
@@ -711,6 +766,11 @@ class Agent(Protocol):
     async def pause(self) -> None: ...
     async def resume(self) -> None: ...
     async def exit_diagnosis(self, wait: float = ...) -> VmExit | None: ...
+    def git_readonly_notice(self) -> str | None: ...
+    @property
+    def git_scan_seconds(self) -> float | None: ...
+    async def move_aside_new_git(self) -> list[gitguard.MovedAside]: ...
+    def take_git_reports(self) -> tuple[list[gitguard.MovedAside], str | None]: ...
     @property
     def qemu_pid(self) -> int | None: ...
 

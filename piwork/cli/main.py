@@ -70,7 +70,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def fail(exc: BaseException) -> int:
     """``piwork: <message>`` on stderr; the exit code of the error's kind (piwork.errors)."""
     from piwork.config import get_paths
-
     from piwork.textsafe import sanitize
 
     message, code = describe(exc, get_paths().logs / "piwork.log")

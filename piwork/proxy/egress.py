@@ -475,17 +475,15 @@ class EgressProxy:
         except ValueError as exc:
             raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
         up_reader, up_writer = await self._open(host, port, method)
-        out = [f"{method} {path} {version}"]
-        has_host = False
+        # Host is always the vetted authority: a guest Host naming another site on
+        # the same server (a shared CDN edge) would reach a domain nobody allowed
+        # (domain fronting; security review finding 17).
+        out = [f"{method} {path} {version}", f"Host: {authority}"]
         for name, value in headers:
             lname = name.lower()
-            if lname in _REQUEST_DROP:
+            if lname in _REQUEST_DROP or lname == "host":
                 continue
-            if lname == "host":
-                has_host = True
             out.append(f"{name}: {value}")
-        if not has_host:
-            out.append(f"Host: {authority}")
         out.append("Connection: close")
         up_writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
         await up_writer.drain()

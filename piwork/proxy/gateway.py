@@ -71,6 +71,54 @@ _HOP_BY_HOP = frozenset(
 _REQUEST_DROP = _HOP_BY_HOP | _CREDENTIAL_HEADERS | {"host", "accept-encoding", "expect"}
 _RESPONSE_DROP = _HOP_BY_HOP | {"set-cookie", "content-length"}
 
+_MODEL_ID = r"[A-Za-z0-9._:@+-]{1,200}"
+"""A model id in a path: no ``%``, ``/`` or ``..`` an upstream might decode into another path."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: re.Pattern[str]
+    inference: bool
+    """A model call: it must name a model (body or path), and an allowed one."""
+
+
+def _ep(method: str, path: str, *, inference: bool = False) -> Endpoint:
+    return Endpoint(method, re.compile(path), inference)
+
+
+_MODEL_LISTING = (_ep("GET", r"/models"), _ep("GET", rf"/models/{_MODEL_ID}"))
+ENDPOINTS: dict[ApiType, tuple[Endpoint, ...]] = {
+    # What pi's providers call (pi-ai dist/providers/*.js), relative to the
+    # provider's base URL path. Anthropic's SDK adds /v1 itself; the others' base
+    # URLs carry their version (/v1, /api/v1, /v1beta). Everything else the key
+    # could reach (batches, files, vector stores, fine-tuning, deletes) is refused.
+    "anthropic-messages": (
+        _ep("POST", r"/v1/messages", inference=True),
+        _ep("GET", r"/v1/models"),
+        _ep("GET", rf"/v1/models/{_MODEL_ID}"),
+    ),
+    "openai-completions": (_ep("POST", r"/chat/completions", inference=True), *_MODEL_LISTING),
+    "openai-responses": (_ep("POST", r"/responses", inference=True), *_MODEL_LISTING),
+    "google-generative-ai": (
+        _ep(
+            "POST",
+            r"/models/[A-Za-z0-9._@+-]{1,200}:(?:streamGenerateContent|generateContent)",
+            inference=True,
+        ),
+        *_MODEL_LISTING,
+    ),
+}
+
+
+def endpoint_for(api: ApiType, method: str, path: str) -> Endpoint | None:
+    """The allowed endpoint ``method path`` (relative to the base URL's path) is, if any."""
+    for ep in ENDPOINTS[api]:
+        if ep.method == method and ep.path.fullmatch(path):
+            return ep
+    return None
+
+
 _MODEL_IN_BODY = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
 _MODEL_IN_PATH = re.compile(r"/models/([^/:?]+)")
 _BODY_SNIFF_LIMIT = 64 * 1024
@@ -503,6 +551,15 @@ class ModelGateway:
             presented = self._guest_credential(request) or ""
             if not hmac.compare_digest(presented.encode(), self._guest_token.encode()):
                 return _json_error(api, 401, "piwork gateway: this request lacks the task's token")
+        endpoint = endpoint_for(api, request.method, rest[len(prefix) :])
+        if endpoint is None:
+            allowed = ", ".join(f"{e.method} {prefix}{e.path.pattern}" for e in ENDPOINTS[api])
+            return _json_error(
+                api,
+                403,
+                f"piwork gateway: {request.method} {rest} is not a model call; a task's key "
+                f"reaches only the inference and model-listing endpoints of {name} ({allowed})",
+            )
         refusal = self._admit() if self._admit is not None else None
         if refusal is not None:
             return _json_error(api, 429, f"piwork gateway: {refusal}")
@@ -516,12 +573,18 @@ class ModelGateway:
             )
         self._inflight += 1
         try:
-            return await self._forward(request, provider, name, rest, started)
+            return await self._forward(request, provider, name, rest, started, endpoint)
         finally:
             self._inflight -= 1
 
     async def _forward(
-        self, request: web.Request, provider: Provider, name: str, rest: str, started: float
+        self,
+        request: web.Request,
+        provider: Provider,
+        name: str,
+        rest: str,
+        started: float,
+        endpoint: Endpoint,
     ) -> web.StreamResponse:
         api = provider.api
         model = self._model_from_path(rest)
@@ -535,6 +598,13 @@ class ModelGateway:
                         return _json_error(api, 413, "piwork gateway: request body too large")
                 whole_body = bytes(buf)
                 model = model or self._model_from_json(whole_body)
+            if endpoint.inference and model is None:
+                return _json_error(
+                    api,
+                    403,
+                    f"piwork gateway: a model call must name its model "
+                    f"({', '.join(sorted(self._allowed_models))} of {name})",
+                )
             if (model is not None or whole_body) and model not in self._allowed_models:
                 return _json_error(
                     api,

@@ -12,6 +12,7 @@ the guest must never take down the host's reader.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,6 +25,23 @@ beyond that while still bounding memory."""
 
 HEAD_BYTES: Final = 200
 """How much of a bad line a report keeps, for logs."""
+
+SHAPE_CHECK_BYTES: Final = 1024 * 1024
+"""Lines at least this long have their JSON shape costed before they are parsed."""
+PARSE_BUDGET_FACTOR: Final = 4
+PARSE_BUDGET_BASE: Final = 32 * 1024 * 1024
+"""A line may cost at most ``PARSE_BUDGET_FACTOR * len + PARSE_BUDGET_BASE`` bytes parsed.
+
+The byte cap alone does not bound memory: parsed, ``{},{},...`` costs ~30x its
+size (a 64 MiB line, ~1.9 GB; SECURITY-REVIEW.md finding 16), because every
+3-byte ``{}`` becomes a Python dict. pi's big lines are big because of strings
+(the partial message, a file's content), which cost about their size."""
+CONTAINER_COST: Final = 64
+"""Upper bound of a parsed empty dict/list, in bytes (CPython 3.11: 64 / 56)."""
+ELEMENT_COST: Final = 56
+"""Upper bound of one more value plus its slot (a short str is ~50 bytes, plus 8)."""
+_JSON_TOKEN = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[{,:]')
+"""A whole JSON string (its inside is text), or one structure character that costs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +170,54 @@ def encode_line(obj: Any) -> bytes:
     return orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
 
 
+def parse_cost(line: bytes, stop_above: int | None = None) -> int:
+    """About how many bytes parsing ``line`` allocates (an upper bound), without parsing it.
+
+    Every ``{``/``[`` outside a string costs a container, every ``,``/``:`` one
+    more value. First the same counts over the whole line, in C: when those
+    (which also count characters inside strings) fit ``stop_above``, that is
+    the answer. Otherwise the line is walked token by token, strings skipped
+    whole, and the walk stops as soon as the cost passes ``stop_above``: memory
+    stays O(1) and only a line that really is that dense is walked for long.
+    """
+    rough = (
+        len(line)
+        + CONTAINER_COST * (line.count(b"{") + line.count(b"["))
+        + ELEMENT_COST * (line.count(b",") + line.count(b":"))
+    )
+    if stop_above is not None and rough <= stop_above:
+        return rough
+    cost = len(line)
+    for m in _JSON_TOKEN.finditer(line):
+        first = line[m.start()]
+        if first == 0x22:  # '"': a string, whatever is inside it
+            continue
+        cost += CONTAINER_COST if first in (0x7B, 0x5B) else ELEMENT_COST
+        if stop_above is not None and cost > stop_above:
+            break
+    return cost
+
+
+def parse_budget(size: int) -> int:
+    return PARSE_BUDGET_FACTOR * size + PARSE_BUDGET_BASE
+
+
 def decode_line(line: bytes) -> dict[str, Any] | MalformedLine:
-    """Parse one line; never raises. Non-objects are malformed for this protocol."""
+    """Parse one line; never raises. Non-objects are malformed for this protocol.
+
+    A long line whose shape would cost more than :func:`parse_budget` to parse
+    is refused unparsed (a :class:`MalformedLine` saying so): no pi message has
+    that shape, and parsing it is how a guest would make the host's memory grow.
+    """
+    if len(line) >= SHAPE_CHECK_BYTES:
+        budget = parse_budget(len(line))
+        cost = parse_cost(line, stop_above=budget)
+        if cost > budget:
+            return _malformed(
+                line,
+                f"refused unparsed: its JSON shape would take more than {budget >> 20} MiB "
+                f"to parse (a {len(line) >> 20} MiB line; pi's big lines are text)",
+            )
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError as exc:

@@ -252,7 +252,7 @@ class TaskSession:
         hooks = environment.EnvironmentHooks(
             emit=self.emit,
             on_usage=self.usage.on_gateway_usage,
-            before_model_call=self.checkpoints.before_model_call,
+            before_model_call=self._before_model_call,
             admit=self.usage.admits,
             domain_policy=self.permissions.domain_policy,
             on_egress_decision=self.permissions.on_egress_decision,
@@ -294,8 +294,28 @@ class TaskSession:
         self.timings["boot_to_pi_ready"] = time.monotonic() - t
         self.timings["start_to_pi_ready"] = time.monotonic() - self.t0
         self.timings.update({f"vm_{k}": v for k, v in agent.timings.items()})
+        if (scan := agent.git_scan_seconds) is not None:
+            self.timings["git_scan"] = scan
+        if (notice := agent.git_readonly_notice()) is not None:
+            self.emit(EventKind.NOTICE, message=notice)
         self.emit(EventKind.READY, seconds=self.timings["start_to_pi_ready"],
                   session=state.session_file, messages=state.message_count)  # fmt: skip
+
+    async def _before_model_call(self) -> None:
+        """A ``.git`` the guest made last turn leaves the folder, then the turn is recorded."""
+        if (agent := self.agent) is not None:
+            await agent.move_aside_new_git()
+            self._report_moved_git(agent)
+        await self.checkpoints.before_model_call()
+
+    def _report_moved_git(self, agent: Agent) -> None:
+        """Say where a ``.git`` the guest created went (piwork.vm.gitguard), once each."""
+        moved, error = agent.take_git_reports()
+        for item in moved:
+            self.note("git_moved_aside", {"from": str(item.original), "to": str(item.now)})
+            self.emit(EventKind.NOTICE, message=item.note())
+        if error is not None:
+            self.emit(EventKind.ERROR, message=error)
 
     async def _vm_start_failed(self, agent: Agent, exc: Exception) -> Exception:
         """A start that failed because QEMU exited says so, and what to do next."""
@@ -315,6 +335,7 @@ class TaskSession:
         try:
             if self.agent is not None:
                 await self.agent.stop(graceful=graceful)
+                self._report_moved_git(self.agent)
         finally:
             self.agent = None
             # Record the end (a no-op if the run already did); a second Ctrl-C

@@ -37,6 +37,9 @@ class Share:
     tag: str
     host_path: Path
     readonly: bool = False
+    guard_git: bool = True
+    """Git metadata in it is read-only to QEMU, new ones moved aside (piwork.vm.gitguard).
+    False only for piwork's private state, where nobody runs host git."""
 
 
 @dataclass

@@ -7,6 +7,10 @@ command line and the tail of the console. Nothing here knows about pi.
 No QEMU outlives piwork: the child gets ``PR_SET_PDEATHSIG(SIGKILL)`` on Linux
 (via ``setpriv``, see :func:`tied_argv`), so even a ``kill -9`` of piwork takes
 QEMU with it, and ``__aexit__`` kills it on any exception or Ctrl-C.
+
+QEMU runs in its own mount namespace where every git metadata entry in a
+writable share is read-only (piwork.vm.gitguard, piwork/vm/confine.py): the
+guest cannot change the person's ``.git`` through 9p, whatever it does.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 from qemu.qmp import QMPClient
 
 from piwork import errors
+from piwork.vm import gitguard
 from piwork.vm.command import VmSpec, build_command, console_socket
 
 log = logging.getLogger(__name__)
@@ -193,6 +198,10 @@ class VirtualMachine:
         self._watch_task: asyncio.Task[None] | None = None
         self._stage_seen = asyncio.Event()
         self.console = ConsoleLog(spec.console_log)
+        self.git_protection: gitguard.Protection | None = None
+        """What this launch made read-only (None until launched)."""
+        self.launch_argv: list[str] = list(self.argv)
+        """The argv actually started: QEMU's, wrapped by the namespace helper."""
 
     # ------------------------------------------------------------ launch
     async def __aenter__(self) -> VirtualMachine:
@@ -215,8 +224,17 @@ class VirtualMachine:
         if log_path.exists():
             os.replace(log_path, log_path.with_suffix(".prev.log"))
 
+    def _confine(self) -> tuple[gitguard.Protection, list[str]]:
+        writable = [s.host_path for s in self.spec.shares if s.guard_git and not s.readonly]
+        try:
+            protection = gitguard.protect(writable)
+            return protection, gitguard.launch_argv(self.argv, protection)
+        except gitguard.GitGuardError as exc:
+            raise VmError(f"the VM was not started: {exc}", argv=self.argv) from exc
+
     async def launch(self) -> None:
         self._prepare_files()
+        self.git_protection, self.launch_argv = await asyncio.to_thread(self._confine)
         self.started_at = time.monotonic()
         await self.console.start(console_socket(self.spec))  # QEMU connects to it at start
         stderr = self._stderr_path.open("wb")
@@ -224,7 +242,7 @@ class VirtualMachine:
             if shutil.which(self.argv[0]) is None:  # setpriv would exec it: check first
                 raise FileNotFoundError(self.argv[0])
             self.proc = await asyncio.create_subprocess_exec(
-                *tied_argv(self.argv),
+                *tied_argv(self.launch_argv),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,

@@ -123,6 +123,19 @@ class DoubleAgent(PiDoor):
     def qemu_pid(self) -> int | None:
         return None
 
+    def git_readonly_notice(self) -> str | None:
+        return None
+
+    @property
+    def git_scan_seconds(self) -> float | None:
+        return None
+
+    async def move_aside_new_git(self) -> list[Any]:
+        return []
+
+    def take_git_reports(self) -> tuple[list[Any], str | None]:
+        return [], None
+
 
 class Host:
     """The host side wired as AgentVm wires it: channel -> AgentVm events -> RpcClient."""

@@ -114,6 +114,33 @@ async def test_allowed_plain_http_is_relayed_in_origin_form(origin: Origin) -> N
     assert policy.asked == [("localhost", origin.http_port)]
 
 
+async def test_plain_http_host_header_is_the_vetted_authority(origin: Origin) -> None:
+    """Domain fronting (security review finding 17): the guest's Host never reaches the origin.
+
+    The policy is asked about ``localhost``; a guest Host naming another site
+    (a tenant of the same CDN edge), even twice or in another case, is replaced.
+    """
+    policy = Policy(allowed={"localhost"})
+    async with EgressProxy(policy, allow_private_networks=True) as proxy:
+        reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
+        writer.write(
+            f"GET http://localhost:{origin.http_port}/x HTTP/1.1\r\n"
+            "Host: exfil.attacker.example\r\n"
+            "host: exfil2.attacker.example\r\n"
+            "X-Keep: 1\r\n\r\n".encode()
+        )
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    [(_, path, headers)] = origin.requests
+    assert path == "/x"
+    assert headers["Host"] == f"localhost:{origin.http_port}"
+    assert "attacker" not in str(headers)
+    assert headers["X-Keep"] == "1"
+    assert policy.asked == [("localhost", origin.http_port)]
+
+
 async def test_denied_plain_http_is_403_with_a_readable_reason(origin: Origin) -> None:
     policy = Policy()
     decisions: list[EgressDecision] = []

@@ -266,7 +266,18 @@ async def anthropic_app(fake: FakeUpstream) -> web.Application:
 
     app = web.Application()
     app.router.add_post("/v1/messages", messages)
+    app.router.add_route("*", "/{tail:.*}", anything(fake))  # batches, files, ...
     return app
+
+
+def anything(fake: FakeUpstream) -> Any:
+    """A provider endpoint pi never calls: it answers (as the real one would), and records."""
+
+    async def handler(request: web.Request) -> web.Response:
+        await fake.record(request)
+        return web.json_response({"data": [{"id": "batch-result-of-another-project"}]})
+
+    return handler
 
 
 async def google_app(fake: FakeUpstream) -> web.Application:
@@ -293,6 +304,7 @@ async def google_app(fake: FakeUpstream) -> web.Application:
 
     app = web.Application()
     app.router.add_post("/v1beta/models/{model}", generate)
+    app.router.add_route("*", "/{tail:.*}", anything(fake))
     return app
 
 
@@ -953,3 +965,66 @@ async def test_concurrent_model_requests_are_capped(world: World) -> None:
         async with world.client.post(url, headers=PLACEHOLDER_AUTH, json=body) as fourth:
             assert fourth.status == 200
             await fourth.read()
+
+
+# --- keys scoped by endpoint (SECURITY-REVIEW.md finding 3) ----------------------------
+
+NOT_MODEL_CALLS = (
+    # The review's reproduction: body-less requests that reached Anthropic with the key.
+    ("anthropic-test", "GET", "/v1/messages/batches", None),
+    ("anthropic-test", "GET", "/v1/messages/batches/msgbatch_1/results", None),
+    ("anthropic-test", "POST", "/v1/messages/batches/msgbatch_1/cancel", None),
+    ("anthropic-test", "DELETE", "/v1/files/file_1", None),
+    ("anthropic-test", "POST", "/v1/messages/count_tokens", {"model": "claude-test"}),
+    ("anthropic-test", "POST", "/v1/messages/", {"model": "claude-test"}),
+    ("anthropic-test", "HEAD", "/v1/models", None),
+    ("openai-test", "GET", "/v1/files", None),
+    ("openai-test", "GET", "/v1/files/file-1/content", None),
+    ("openai-test", "DELETE", "/v1/files/file-1", None),
+    ("openai-test", "POST", "/v1/batches/batch_1/cancel", None),
+    ("openai-test", "DELETE", "/v1/vector_stores/vs_1", None),
+    ("openai-test", "POST", "/v1/batches", {"model": "gpt-test"}),
+    ("openai-test", "GET", "/v1/models/gpt-test/../../files", None),
+    ("openai-test", "GET", "/v1/models/x%2F..%2F..%2Ffiles", None),
+    ("openai-test", "GET", "/v1//chat/completions", None),
+    ("google-test", "GET", "/v1beta/files", None),
+    ("google-test", "DELETE", "/v1beta/cachedContents/c1", None),
+    ("google-test", "POST", "/v1beta/models/gemini-test:batchGenerateContent", {"x": 1}),
+    ("google-test", "GET", "/v1beta/tunedModels", None),
+)
+
+
+@pytest.mark.parametrize(("provider", "method", "path", "body"), NOT_MODEL_CALLS)
+async def test_only_model_calls_reach_the_provider_with_the_key(
+    world: World, provider: str, method: str, path: str, body: Any
+) -> None:
+    async with world.client.request(
+        method,
+        URL(world.url(f"/p/{provider}{path}"), encoded=True),
+        headers=PLACEHOLDER_AUTH,
+        json=body,
+    ) as resp:
+        assert resp.status in (400, 403), (resp.status, await resp.text())
+        if method != "HEAD" and resp.status == 403:
+            assert "is not a model call" in (await resp.json())["error"]["message"]
+    assert world.openai.seen == world.anthropic.seen == world.google.seen == []
+
+
+async def test_every_model_call_names_an_allowed_model(world: World) -> None:
+    """With a task's model set, a call without a model (or with another) never goes up."""
+    [anthropic] = [p for p in world.providers if p.name == "anthropic-test"]
+    async with ModelGateway([anthropic], _dict_keys, allowed_models=("claude-test",)) as gw:
+        cases: list[tuple[str, str, Any, int]] = [
+            ("POST", "/v1/messages", None, 403),  # body-less: the review's bypass
+            ("POST", "/v1/messages", {"messages": []}, 403),  # no model named
+            ("POST", "/v1/messages", {"model": "claude-opus"}, 403),
+            ("GET", "/v1/models/claude-opus", None, 403),
+            ("GET", "/v1/models", None, 200),  # model listing goes up
+        ]
+        for method, path, body, status in cases:
+            async with world.client.request(
+                method, f"{gw.url}/p/anthropic-test{path}", headers=PLACEHOLDER_AUTH, json=body
+            ) as resp:
+                assert resp.status == status, (method, path, body, await resp.text())
+    assert [(s.method, s.path) for s in world.anthropic.seen] == [("GET", "/v1/models")]
+    assert world.anthropic.seen[0].headers["x-api-key"] == ANTHROPIC_KEY

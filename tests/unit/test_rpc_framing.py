@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import orjson
 import pytest
 
@@ -12,6 +16,7 @@ from piwork.rpc.framing import (
     OversizedLine,
     decode_line,
     encode_line,
+    parse_cost,
 )
 
 LS = "\u2028"
@@ -173,3 +178,67 @@ def test_malformed_report_keeps_only_a_head_of_a_long_line() -> None:
 def test_decode_line_accepts_a_trailing_carriage_return_or_newline() -> None:
     assert decode_line(b'{"a":1}\r') == {"a": 1}
     assert decode_line(b'{"a":1}\n') == {"a": 1}
+
+
+# --- parse amplification (SECURITY-REVIEW.md finding 16) ----------------------------
+
+_RSS_PROBE = """
+import resource, sys
+import orjson
+from piwork.rpc.framing import decode_line, MalformedLine
+size, shape = int(sys.argv[1]), sys.argv[2]
+if shape == "empty-objects":
+    line = b'{"type":"message_update","x":[' + b"{}," * (size // 3) + b"{}]}"
+elif shape == "short-strings":
+    line = b'{"type":"tool_execution_update","x":[' + b'"ab",' * (size // 5) + b'"ab"]}'
+else:  # what pi really sends: the partial message, big because of its text
+    text = "print('hello, world: {x}')\\n" * (size // 27)
+    content = [{"type": "text", "text": text}]
+    line = orjson.dumps({"type": "message_update", "message": {"content": content}})
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+result = decode_line(line)
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(len(line), grew * 1024, isinstance(result, MalformedLine))
+"""
+
+
+def _rss_growth(size: int, shape: str) -> tuple[int, int, bool]:
+    """Peak RSS growth of one ``decode_line`` in a fresh interpreter (not this test's heap)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _RSS_PROBE, str(size), shape],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    n, grew, refused = proc.stdout.split()
+    return int(n), int(grew), refused == "True"
+
+
+@pytest.mark.parametrize("shape", ["empty-objects", "short-strings"])
+def test_a_line_shaped_to_blow_up_when_parsed_is_refused_unparsed(shape: str) -> None:
+    n, grew, refused = _rss_growth(32 << 20, shape)
+    print(f"\n{shape}: {n >> 20} MiB line, RSS grew {grew >> 20} MiB")
+    assert refused
+    assert grew < 3 * n  # parsed, it was ~30x (empty objects) / ~12x (short strings)
+
+
+def test_a_big_line_of_text_still_parses_at_about_its_size() -> None:
+    n, grew, refused = _rss_growth(32 << 20, "text")
+    print(f"\ntext: {n >> 20} MiB line, RSS grew {grew >> 20} MiB")
+    assert not refused
+    assert grew < 3 * n
+
+
+def test_a_big_line_of_code_with_braces_in_its_strings_still_parses() -> None:
+    code = "function f(a, b) { return {x: [a, b], y: {z: a}}; }\n" * 40_000  # ~2 MiB
+    line = orjson.dumps({"type": "message_update", "message": {"content": [code] * 8}})
+    assert isinstance(decode_line(line), dict)
+
+
+def test_parse_cost_ignores_structure_inside_strings() -> None:
+    code = json.dumps({"type": "message_update", "text": '{"a": [1, 2], "b": {}}' * 1000})
+    assert parse_cost(code.encode()) < len(code) + 10 * 64
+    assert parse_cost(b"[{},{},{}]") == 10 + 4 * 64 + 2 * 56
+    tricky = rb'["a\"{,:", "\\", {}]'  # an escaped quote, then an escaped backslash
+    assert parse_cost(tricky) == len(tricky) + 2 * 64 + 2 * 56

@@ -54,6 +54,7 @@ from piwork.policy.request import (
     validate_request,
 )
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
+from piwork.preview import Previews
 from piwork.proxy.egress import (
     AllowNetError,
     EgressProxy,
@@ -108,6 +109,10 @@ class EventKind(StrEnum):
     # most 200), "truncated" (files left out)}. Sent when the next checkpoint is
     # taken: at the next model call or at the end of the run.
     CHANGES = "changes"
+    # A server in the guest, opened (or not) in the person's browser (piwork.preview):
+    # {"port" (guest port), "url" (None unless opened), "state": opened|closed|refused,
+    # "by" (rule|person|no-terminal|assume-yes|limit|error), "reason" (refused only)}.
+    PREVIEW = "preview"
 
 
 @dataclass(frozen=True)
@@ -301,6 +306,8 @@ class TaskSession:
         self._status_lock = asyncio.Lock()
         self._abort_inflight: asyncio.Future[Any] | None = None
         self._start_failure: str | None = None  # why start() failed: the task's stop message
+        self.previews: Previews | None = None
+        """The task's previews (guest ports opened in the browser): ``previews.list()``."""
 
     # ------------------------------------------------------------ events
     def emit(self, kind: EventKind, **data: Any) -> None:
@@ -548,6 +555,14 @@ class TaskSession:
             on_boot_mode=lambda msg, data: self.emit(EventKind.NOTICE, message=msg, **data),
         )
         self.agent = agent
+        self.previews = Previews(
+            task.id,
+            task.dir,
+            self._ctx,
+            self.decider.store,
+            self.decider.audit,
+            assume_yes=isinstance(self.asker, AllowAsker),
+        )
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         agent.rpc.set_line_tap(self._on_pi_line, thread_safe=True)  # see _note
         agent.rpc.set_ui_handler(self._on_ui_request)
@@ -558,6 +573,7 @@ class TaskSession:
             state = await agent.wait_pi_ready()
         except Exception as exc:
             raise await self._vm_start_failed(agent, exc) from exc
+        self.previews.start(agent.netmux, self.asker, lambda d: self.emit(EventKind.PREVIEW, **d))
         self.timings["boot_to_pi_ready"] = time.monotonic() - t
         self.timings["start_to_pi_ready"] = time.monotonic() - self.t0
         self.timings.update({f"vm_{k}": v for k, v in agent.timings.items()})
@@ -611,6 +627,9 @@ class TaskSession:
         self._closing = True
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self._flush_usage(), 10)
+        if self.previews is not None:
+            with contextlib.suppress(Exception):
+                await self.previews.close()  # before the VM goes: connections refused from now
         try:
             if self.agent is not None:
                 await self.agent.stop(graceful=graceful)
@@ -700,6 +719,8 @@ class TaskSession:
 
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
         self._note("supervisor", msg)
+        if self.previews is not None:
+            self.previews.on_supervisor_message(msg)
         if msg.get("ev") == "exit" and self._stop_reason is None and not self._closing:
             self.emit(EventKind.ERROR, message=f"pi exited unexpectedly: {msg}")
 
@@ -1172,6 +1193,8 @@ class TaskSession:
             self.rpc.thaw()
             raise
         self._paused = True
+        if self.previews is not None:
+            self.previews.pause()
         await self._set_status(TaskStatus.PAUSED)
 
     async def resume_vm(self) -> None:
@@ -1179,6 +1202,8 @@ class TaskSession:
         await self.agent.vm.resume()
         self.rpc.thaw()
         self._paused = False
+        if self.previews is not None:
+            self.previews.resume()
         await self._set_status(TaskStatus.RUNNING)
 
 

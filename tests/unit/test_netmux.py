@@ -461,7 +461,7 @@ async def test_host_opened_streams_are_capped_and_frozen_while_paused(echo: Targ
             events.append(await mux.open_inbound(3000, r, w))
         assert sum(e is not None for e in events) == MAX_STREAMS
         assert mux.stats.inbound_refused == 5 and mux.inbound_streams == MAX_STREAMS
-        sids = set()
+        sids: set[int] = set()
         while len(sids) < MAX_STREAMS:
             kind, sid, _ = await g.next()
             assert kind is Frame.CONNECT

@@ -461,3 +461,38 @@ def test_the_state_file_is_checked_and_the_url_rebuilt(tmp_path: Path) -> None:
     assert state.read(tmp_path, TASK) == []
     state.write(tmp_path, TASK, [])
     assert not (tmp_path / state.FILE_NAME).exists()
+
+
+# --------------------------------------------------------------------------- `piwork preview`
+
+
+def test_piwork_preview_prints_the_running_tasks_url(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from piwork.cli.main import main
+    from piwork.config import get_paths
+    from piwork.tasks import TaskStore
+
+    store = TaskStore(get_paths().tasks)
+    task = store.create("serve a page", None, model="demo")
+    store.close()
+    assert main(["preview", task.id[:6]]) == 1
+    assert "no open preview" in capsys.readouterr().err
+    infos = [
+        state.PreviewInfo(8000, 41234, state.url_for(task.id, 8000, 41234)),
+        state.PreviewInfo(5173, 41235, state.url_for(task.id, 5173, 41235)),
+    ]
+    state.write(task.dir, task.id, infos)
+    assert main(["preview", task.id, "5173"]) == 0
+    assert capsys.readouterr().out.strip() == infos[1].url
+    assert main(["preview", task.id, "--json"]) == 0
+    rows = [orjson.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["url"] for r in rows] == [i.url for i in infos]
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", opened.append)
+    assert main(["preview", task.id, "8000", "--open"]) == 0
+    assert opened == [infos[0].url]
+    assert main(["preview", task.id, "9999"]) == 1
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["preview", task.id, "http://evil"])  # not a port

@@ -3,10 +3,14 @@
 A real `piwork run --yes --json` (its own PIWORK_HOME, the scripted model
 server in this process as its model) whose agent starts
 tests/vm/preview_server.js in the VM; the preview URL comes from the run's
-``preview`` event. The same script then runs on the host under the host's
-``node`` for the comparison. For each: a 10 MB download (ROUNDS times) and
-1,000 small requests one after another on one kept-alive connection, plus the
-same 1,000 with 8 connections at once.
+``preview`` event. Three sides, the same figures each: through the preview
+(host client -> preview listener -> netmux -> guest server); inside the guest
+(benchmarks/preview_client.js against the same server on the guest's loopback,
+run before the host measures: what the guest's Node costs without the netmux
+hop); and host-local (the same server script under the host's ``node``). For
+each: a 10 MB download (ROUNDS times) and 1,000 small requests one after
+another on one kept-alive connection, plus the same 1,000 with 8 connections
+at once.
 
   python -m benchmarks.preview [--rounds N] [--json]
 
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -37,19 +42,26 @@ from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text,
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_JS = ROOT / "tests" / "vm" / "preview_server.js"
+CLIENT_JS = ROOT / "benchmarks" / "preview_client.js"
 MB10 = 10 * 1024 * 1024
 SMALL = 1000
 
 
-def _script(req: ChatRequest) -> Step:
-    if req.assistant_turns_since_user == 0:
-        js = SERVER_JS.read_text()
-        cmd = (
-            f"cat > /tmp/preview_server.js <<'PIWORK_EOF'\n{js}\nPIWORK_EOF\n"
-            "/opt/piwork/node/bin/node /tmp/preview_server.js 8000"
-        )
-        return ToolCalls([bash(cmd, timeout=3600)])
-    return Text("served")
+def _script(rounds: int) -> Callable[[ChatRequest], Step]:
+    def choose(req: ChatRequest) -> Step:
+        if req.assistant_turns_since_user == 0:
+            node = "/opt/piwork/node/bin/node"
+            server, client = SERVER_JS.read_text(), CLIENT_JS.read_text()
+            cmd = (
+                f"cat > /tmp/preview_server.js <<'PIWORK_EOF'\n{server}\nPIWORK_EOF\n"
+                f"cat > /tmp/preview_client.js <<'PIWORK_EOF'\n{client}\nPIWORK_EOF\n"
+                f"{node} /tmp/preview_server.js 8000 & sleep 2; "
+                f"{node} /tmp/preview_client.js 8000 {rounds} /mnt/outputs/in-guest.json; wait"
+            )
+            return ToolCalls([bash(cmd, timeout=3600)])
+        return Text("served")
+
+    return choose
 
 
 def _home(root: Path, server: ScriptedModelServer) -> dict[str, str]:
@@ -115,8 +127,8 @@ async def _measure(base: str, host: str, rounds: int) -> dict[str, Any]:
     return out
 
 
-async def _preview(rounds: int, tmp: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    async with ScriptedModelServer(_script, model_id="scripted") as server:
+async def _preview(rounds: int, tmp: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    async with ScriptedModelServer(_script(rounds), model_id="scripted") as server:
         env = _home(tmp, server)
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "piwork.cli.main", "run", "serve the page",
@@ -135,6 +147,13 @@ async def _preview(rounds: int, tmp: Path) -> tuple[dict[str, Any], dict[str, An
                 if ev["event"] == "preview" and ev.get("state") == "opened":
                     url = ev["url"]
             meta = {"to_preview_s": time.monotonic() - t0, "url": url}
+            outputs = Path(env["PIWORK_HOME"], "data", "tasks", ev["task"], "outputs")
+            in_guest_file = outputs / "in-guest.json"
+            for _ in range(1800):  # the guest measures first, alone
+                if in_guest_file.exists():
+                    break
+                await asyncio.sleep(1)
+            in_guest = json.loads(in_guest_file.read_text())
             host = urlsplit(url).netloc
             port = int(host.rsplit(":", 1)[1])
             figures = await _measure(f"http://127.0.0.1:{port}", host, rounds)
@@ -144,7 +163,7 @@ async def _preview(rounds: int, tmp: Path) -> tuple[dict[str, Any], dict[str, An
             ):
                 await resp.read()
             await asyncio.wait_for(proc.wait(), 300)
-            return figures, meta
+            return figures, in_guest, meta
         finally:
             if proc.returncode is None:
                 proc.kill()
@@ -185,14 +204,20 @@ async def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="piwork-bench-preview-") as tmp:
         load = os.getloadavg()[0]
-        preview, meta = await _preview(args.rounds, Path(tmp))
+        preview, in_guest, meta = await _preview(args.rounds, Path(tmp))
         local = await _host_local(args.rounds)
-    result = {"preview": preview, "host_local": local, "meta": {**meta, "load_1min": load}}
+    result = {
+        "preview": preview,
+        "in_guest": in_guest,
+        "host_local": local,
+        "meta": {**meta, "load_1min": load},
+    }
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"load {load:.1f}; preview opened {meta['to_preview_s']:.0f} s after `piwork run`")
         print(_summary("preview", preview))
+        print(_summary("in-guest", in_guest) if "error" not in in_guest else in_guest)
         print(_summary("host-local", local) if local else "host-local: no `node` on this host")
     return 0
 

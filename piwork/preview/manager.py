@@ -4,8 +4,8 @@ Life of a preview:
 
 1. the guest supervisor reports the ports something listens on (the
    ``ports`` supervisor event, docs/guest-protocol.md) - untrusted input: at
-   most ``MAX_REPORTED`` ports per report and ``MAX_PORTS`` per run are ever
-   considered, ports below 1024 never;
+   most ``MAX_REPORTED`` ports per report and per run are ever considered
+   (``MAX_PORTS`` of them decided, the rest refused), ports below 1024 never;
 2. each new port is decided once per run, one at a time: a ``preview`` rule,
    else the person (``piwork.preview.policy``); no one to ask keeps it closed;
 3. an allowed port gets a loopback listener (``PreviewServer``) and a URL
@@ -112,6 +112,8 @@ class Previews:
         for port in ports:
             if port in self._decided:
                 continue
+            if len(self._decided) >= MAX_REPORTED:
+                continue  # a guest cycling through ports: no more events, no more memory
             self._decided.add(port)
             if len(self._decided) > MAX_PORTS:
                 self._emit(

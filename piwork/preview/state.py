@@ -2,10 +2,11 @@
 
 ``<task dir>/previews.json``, written atomically (0600) by the process that
 runs the task whenever a preview opens, removed when the task stops. A
-reader trusts nothing in it: the writer must still be alive, every field is
-checked, and the URL is rebuilt from the task id and the two ports rather
-than taken from the file, so ``piwork preview --open`` can only ever open a
-``http://<task>-<port>.localhost:<port>/`` address.
+reader trusts nothing in it: the writer must still be alive (same pid, same
+start time), every field is checked, and the URL is rebuilt from the task id
+and the two ports rather than taken from the file, so ``piwork preview
+--open`` can only ever open a ``http://<task>-<port>.localhost:<port>/``
+address.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def write(task_dir: Path, task_id: str, previews: list[PreviewInfo]) -> None:
     doc = {
         "v": FORMAT,
         "pid": os.getpid(),
+        "started": _start_time(os.getpid()),
         "task": task_id,
         "previews": [p.to_json() for p in previews[:MAX_ENTRIES]],
     }
@@ -63,14 +65,18 @@ def remove(task_dir: Path) -> None:
         (task_dir / FILE_NAME).unlink()
 
 
-def _alive(pid: int) -> bool:
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), or None if there is no such process.
+
+    With the pid it names one process for good: a pid reused after the writer
+    died has another start time, so its stale file is not taken for a live one.
+    """
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            fields = fh.read().rsplit(b") ", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _port(value: Any) -> int | None:
@@ -97,8 +103,10 @@ def read(task_dir: Path, task_id: str) -> list[PreviewInfo]:
         return []
     if not isinstance(doc, dict) or doc.get("v") != FORMAT or doc.get("task") != task_id:
         return []
-    pid = doc.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not _alive(pid):
+    pid, started = doc.get("pid"), doc.get("started")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return []
+    if not isinstance(started, int) or _start_time(pid) != started:
         return []  # the process that ran the task is gone: its previews are closed
     items = doc.get("previews")
     if not isinstance(items, list):

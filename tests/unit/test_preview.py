@@ -33,7 +33,7 @@ from piwork.preview import (
     read_previews,
     state,
 )
-from piwork.preview.manager import MAX_PORTS
+from piwork.preview.manager import MAX_PORTS, MAX_REPORTED
 from piwork.vm.netmux import MAX_STREAMS
 
 from .mux_guest import MuxGuest, mux_with_guest
@@ -419,15 +419,17 @@ async def test_guest_reports_are_bounded_and_each_port_is_decided_once(tmp_path:
     assert len(parse_ports({"ev": "ports", "ports": list(range(2000, 2200))}) or []) == 64
     asker = Asker(None)
     async with previews_for(tmp_path, asker) as (s, _seen):
-        for i in range(5):  # 200 listeners, reported again and again
-            s.previews.on_supervisor_message({"ev": "ports", "ports": list(range(2000 + i, 2200))})
+        for i in range(50):  # a guest cycling through 3,200 ports, 64 at a time
+            first = 2000 + 64 * i
+            report = list(range(first, first + 64))
+            s.previews.on_supervisor_message({"ev": "ports", "ports": report})
         await s.rec.wait(2000 + MAX_PORTS - 1, "refused")
         await asyncio.sleep(0.2)
         assert len(asker.asked) == MAX_PORTS  # the person is asked about MAX_PORTS at most
+        ports = [e["port"] for e in s.rec.events]
+        assert len(ports) == len(set(ports)) == MAX_REPORTED  # then nothing more, at all
         limited = [e for e in s.rec.events if e.get("by") == "limit"]
-        assert len(limited) <= 5 * 64 and len(s.rec.events) == len(
-            {e["port"] for e in s.rec.events}
-        )
+        assert len(limited) == MAX_REPORTED - MAX_PORTS
 
 
 def test_a_guest_permission_request_cannot_name_a_preview() -> None:
@@ -454,6 +456,10 @@ def test_the_state_file_is_checked_and_the_url_rebuilt(tmp_path: Path) -> None:
     ]
     (tmp_path / state.FILE_NAME).write_bytes(orjson.dumps(doc))
     assert state.read(tmp_path, TASK) == [info]  # the URL is rebuilt, junk dropped
+    doc["started"] += 1  # the same pid, another process (the pid was reused)
+    (tmp_path / state.FILE_NAME).write_bytes(orjson.dumps(doc))
+    assert state.read(tmp_path, TASK) == []
+    doc["started"] -= 1
     doc["pid"] = 2**22 + 12345  # no such process: the previews are gone with it
     (tmp_path / state.FILE_NAME).write_bytes(orjson.dumps(doc))
     assert state.read(tmp_path, TASK) == []

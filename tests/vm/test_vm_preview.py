@@ -27,9 +27,13 @@ import aiohttp
 import pytest
 
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
+from piwork.policy import Choice
+from piwork.preview import PreviewChoice, PreviewQuestion
 from piwork.preview.manager import MAX_PORTS, MAX_REPORTED
+from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
 from piwork.vm.netmux import MAX_STREAMS
 
+from .conftest import scripted_provider
 from .test_vm_resume import Cli, make_home
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(1500)]
@@ -281,3 +285,79 @@ async def test_with_no_one_to_ask_no_port_opens_even_with_200_listeners(
     assert peak_fds - fd0 <= 16 and peak_rss - rss0 < 64
     tool = next(e for e in cli.events if e["event"] == "tool_end")
     assert tool["ok"], tool
+
+
+class PreviewAnswering:
+    """A front end that lets commands run and opens previews for this task."""
+
+    def __init__(self) -> None:
+        self.previews: list[PreviewQuestion] = []
+
+    async def permission(self, request: object) -> Choice:
+        return Choice.ALLOW_ONCE
+
+    async def question(self, *args: object) -> None:
+        return None
+
+    async def preview(self, question: PreviewQuestion) -> PreviewChoice:
+        self.previews.append(question)
+        return PreviewChoice.TASK
+
+
+async def test_a_paused_task_keeps_its_preview_connections_and_they_work_again_after(
+    model_server: ScriptedModelServer,
+) -> None:
+    asker = PreviewAnswering()
+    events: list[RunEvent] = []
+    previewed = asyncio.Event()
+
+    def sink(ev: RunEvent) -> None:
+        events.append(ev)
+        if ev.kind is EventKind.PREVIEW:
+            previewed.set()
+
+    req = RunRequest(
+        prompt=None,
+        model="scripted/scripted",
+        title="preview pause",
+        extra_providers=(scripted_provider(model_server),),  # type: ignore[arg-type]
+    )
+    async with TaskSession(req, sink, asker) as session:
+        run = asyncio.create_task(session.run_prompt("serve the page"))
+        try:
+            await asyncio.wait_for(previewed.wait(), 600)
+            ev = next(e.data for e in events if e.kind is EventKind.PREVIEW)
+            assert ev["state"] == "opened" and ev["by"] == "person"
+            assert [q.port for q in asker.previews] == [8000]
+            assert session.previews is not None
+            assert [p.url for p in session.previews.list()] == [ev["url"]]  # what the app lists
+            host = urlsplit(ev["url"]).netloc
+            base = f"http://127.0.0.1:{ev['hostPort']}"
+            async with aiohttp.ClientSession(headers={"Host": host}) as http:
+                for _ in range(100):
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with http.get(base + "/") as resp:
+                            if resp.status == 200:
+                                break
+                    await asyncio.sleep(0.2)
+                async with http.ws_connect(base + "/ws", origin=f"http://{host}") as ws:
+                    await ws.send_str("before")
+                    assert await ws.receive_str() == "echo: before"
+                    await session.pause_vm()
+                    await ws.send_str("while paused")
+                    with pytest.raises(TimeoutError):
+                        await asyncio.wait_for(ws.receive_str(), 2)
+                    await session.resume_vm()
+                    # The connection was kept: the message sent while paused arrives now.
+                    assert await asyncio.wait_for(ws.receive_str(), 60) == "echo: while paused"
+                    await ws.send_str("after")
+                    assert await asyncio.wait_for(ws.receive_str(), 60) == "echo: after"
+                async with http.get(base + "/done") as resp:
+                    assert resp.status == 200
+            outcome = await asyncio.wait_for(run, 300)
+            assert outcome.ok
+        finally:
+            if not run.done():
+                run.cancel()
+    closed = [e.data for e in events if e.kind is EventKind.PREVIEW and e.data["state"] == "closed"]
+    assert [c["port"] for c in closed] == [8000]

@@ -61,6 +61,7 @@ class PreviewServer:
         self.host_port = 0
         self.host = ""
         self._server: asyncio.Server | None = None
+        self._server6: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
         self._streams: set[asyncio.Event] = set()
         self._waiting = 0
@@ -80,11 +81,18 @@ class PreviewServer:
         )
         self.host_port = int(self._server.sockets[0].getsockname()[1])
         self.host = gate.preview_host(self.task_id, self.guest_port, self.host_port)
+        # Browsers resolve *.localhost to ::1 as well as 127.0.0.1 and may try ::1
+        # first: listen there too when the port is free on it (loopback still).
+        with contextlib.suppress(OSError):
+            self._server6 = await asyncio.start_server(
+                self._accept, "::1", self.host_port, limit=gate.MAX_HEAD, backlog=64
+            )
 
     async def close(self) -> None:
         """Stop listening and end every connection (the task stopped)."""
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._server6):
+            if server is not None:
+                server.close()
         for done in list(self._streams):
             with contextlib.suppress(Exception):
                 await self.mux.close_inbound(done)
@@ -92,9 +100,10 @@ class PreviewServer:
             task.cancel()
         if self._conns:
             await asyncio.gather(*self._conns, return_exceptions=True)
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+        for server in (self._server, self._server6):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(server.wait_closed(), 5)
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1

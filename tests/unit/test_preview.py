@@ -253,6 +253,11 @@ async def test_an_allowed_port_serves_pages_a_websocket_and_big_bodies(tmp_path:
                 for i in range(20):
                     await ws.send_str(f"m{i}")
                     assert await ws.receive_str() == f"echo: m{i}"
+            # Browsers may try ::1 first for *.localhost: the same preview answers there.
+            r6, w6 = await asyncio.open_connection("::1", host_port)
+            w6.write(head(host, "Connection: close"))
+            assert (await asyncio.wait_for(r6.read(), 10)).startswith(b"HTTP/1.1 200")
+            w6.close()
         assert s.guest.connects and set(s.guest.connects) == {8000}
         # Another process finds it: the state file, checked.
         assert read_previews(s.previews.task_dir, TASK) == s.previews.list()
@@ -266,8 +271,9 @@ async def test_an_allowed_port_serves_pages_a_websocket_and_big_bodies(tmp_path:
     # Closed with the task: the event says so, the file is gone, connections refused.
     ev = await s.rec.wait(8000, "closed")
     assert not (s.previews.task_dir / state.FILE_NAME).exists()
-    with pytest.raises(OSError):
-        await asyncio.open_connection("127.0.0.1", host_port)
+    for addr in ("127.0.0.1", "::1"):
+        with pytest.raises(OSError):
+            await asyncio.open_connection(addr, host_port)
 
 
 async def test_other_hosts_and_origins_are_refused_before_reaching_the_guest(

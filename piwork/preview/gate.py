@@ -100,6 +100,7 @@ def refusal(verdict: Verdict) -> bytes:
         408: "Request Timeout",
         421: "Misdirected Request",
         431: "Request Header Fields Too Large",
+        502: "Bad Gateway",
         503: "Service Unavailable",
     }.get(verdict.status, "Refused")
     body = f"piwork preview: {verdict.reason}\n".encode()

@@ -33,6 +33,8 @@ class Mux(Protocol):
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         first: bytes = b"",
+        *,
+        refused: bytes = b"",
     ) -> asyncio.Event | None: ...
 
     async def close_inbound(self, done: asyncio.Event) -> None: ...
@@ -139,7 +141,12 @@ class PreviewServer:
                     await self._answer(writer, refused)
                 return
             await self.thawed.wait()  # paused: the connection waits, nothing reaches the guest
-            done = await self.mux.open_inbound(self.guest_port, reader, writer, head)
+            nothing = gate.Verdict(
+                False, 502, f"nothing answers on port {self.guest_port} in the VM (yet)"
+            )
+            done = await self.mux.open_inbound(
+                self.guest_port, reader, writer, head, refused=gate.refusal(nothing)
+            )
             if done is None:
                 self.stats.busy += 1
                 await self._answer(

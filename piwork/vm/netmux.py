@@ -153,6 +153,8 @@ class _Stream:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     pumping: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set once torn down
+    answered: bool = False  # the guest sent DATA or EOF (for a host-opened stream: it connected)
+    refused_reply: bytes = b""  # host-opened: written to the client if the guest refuses
 
     @property
     def inbound(self) -> bool:
@@ -343,6 +345,10 @@ class NetMux:
             return  # a stream already forgotten (frames crossing our CLOSE): ignore
         if kind is Frame.CLOSE:
             if not st.closing:
+                if st.inbound and not st.answered and st.refused_reply and st.writer:
+                    # Nothing listens on that guest port (yet): say so instead of a bare close.
+                    with contextlib.suppress(OSError, RuntimeError):
+                        st.writer.write(st.refused_reply)
                 await self._send(encode(Frame.CLOSE, sid))
             self._forget(st)
             return
@@ -354,6 +360,7 @@ class NetMux:
             if payload or st.eof_in:
                 raise ProtocolError(f"bad EOF on stream {sid}")
             st.eof_in = True
+            st.answered = True
             if st.writer is not None:
                 with contextlib.suppress(OSError, RuntimeError):
                     st.writer.write_eof()
@@ -397,6 +404,7 @@ class NetMux:
     async def _on_data(self, st: _Stream, payload: bytes) -> None:
         if not payload or st.eof_in:
             raise ProtocolError(f"bad DATA on stream {st.id}")
+        st.answered = True
         st.unacked += len(payload)
         if st.unacked > WINDOW:
             # The guest overran its window: this stream ends, the port goes on.
@@ -514,15 +522,18 @@ class NetMux:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         first: bytes = b"",
+        *,
+        refused: bytes = b"",
     ) -> asyncio.Event | None:
         """Carry a host connection into guest ``port`` (a preview): CONNECT, then a
         byte pipe both ways, bounded like a guest-opened stream.
 
         ``first`` is what the caller already read from the connection (at most
-        one window). Returns an event set when the stream is over (``writer`` is
-        closed by then), or None when the stream cannot be opened (the port is
-        not up, or ``max_streams`` host-opened streams are open); the caller
-        still owns ``writer`` then.
+        one window); ``refused`` is written to it if the guest closes the stream
+        before sending anything (nothing listens on the port). Returns an event
+        set when the stream is over (``writer`` is closed by then), or None when
+        the stream cannot be opened (the port is not up, or ``max_streams``
+        host-opened streams are open); the caller still owns ``writer`` then.
         """
         if not 0 < port < 65536:
             raise ValueError(f"bad guest port {port}")
@@ -539,7 +550,7 @@ class NetMux:
         while sid in self._streams:
             sid = HOST_IDS + (sid + 1 - HOST_IDS) % HOST_IDS
         self._next_inbound = HOST_IDS + (sid + 1 - HOST_IDS) % HOST_IDS
-        st = _Stream(sid, TARGET_INBOUND)
+        st = _Stream(sid, TARGET_INBOUND, refused_reply=refused)
         st.writer = writer
         self._streams[sid] = st
         self.stats.inbound_opened += 1

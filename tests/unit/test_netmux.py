@@ -522,3 +522,27 @@ async def test_no_host_opened_stream_before_the_guest_answers_hello(echo: Target
         _client, r, w = await Client.make()
         assert await mux.open_inbound(3000, r, w) is None
         assert mux.stats.inbound_refused == 1
+
+
+async def test_a_refused_host_opened_stream_tells_the_client_and_a_served_one_does_not(
+    echo: Target,
+) -> None:
+    async with mux_pair({0: echo.port}) as (mux, g, _serve):
+        client, r, w = await Client.make()
+        assert await mux_open(mux, r, w) is not None
+        sid = (await g.next())[1]
+        g.send(Frame.CLOSE, sid)  # the guest could not connect: nothing listens
+        assert await client.reader.read() == b"NOTHING THERE"
+        # Once the guest has answered, its CLOSE is a plain close (no extra bytes).
+        client, r, w = await Client.make()
+        assert await mux_open(mux, r, w) is not None
+        sid = (await g.wait_for(Frame.CONNECT, sid + 1))[1]
+        g.send(Frame.DATA, sid, b"HTTP/1.1 200 OK")
+        g.send(Frame.CLOSE, sid)
+        assert await client.reader.read() == b"HTTP/1.1 200 OK"
+
+
+async def mux_open(
+    mux: NetMux, r: asyncio.StreamReader, w: asyncio.StreamWriter
+) -> asyncio.Event | None:
+    return await mux.open_inbound(3000, r, w, refused=b"NOTHING THERE")

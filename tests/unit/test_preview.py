@@ -306,6 +306,15 @@ async def test_other_hosts_and_origins_are_refused_before_reaching_the_guest(
         assert answer.startswith(b"HTTP/1.1 200") and s.guest.connects == [8000]
 
 
+async def test_a_port_nothing_listens_on_answers_502(tmp_path: Path) -> None:
+    async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, _seen):
+        s.previews.on_supervisor_message({"ev": "ports", "ports": [8001]})  # the server is gone
+        port = (await s.rec.wait(8001, "opened"))["hostPort"]
+        answer = await raw_request(port, head(f"01234567-8001.localhost:{port}"))
+        assert answer.startswith(b"HTTP/1.1 502 Bad Gateway") and b"port 8001" in answer
+        assert s.guest.connects == [8001]
+
+
 async def test_a_slow_head_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gate, "HEAD_TIMEOUT", 0.3)
     async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, _seen):

@@ -126,6 +126,17 @@ class TerminalRenderer:
         text = f"  ⚑ {action}: {_one_line(d['target'], 60)} — {decision} ({sanitize(who)})"
         self._line(self._style(text, color), err=True)
 
+    def _on_preview(self, d: dict[str, Any], ev: RunEvent) -> None:
+        port = d.get("port")
+        if d.get("state") == "opened":
+            url = sanitize(str(d.get("url")), one_line=True)
+            self._line(self._style(f"piwork: preview of port {port}: {url}", "1;36"), err=True)
+        elif d.get("state") == "refused":
+            why = sanitize(str(d.get("reason") or ""), one_line=True)
+            self._line(self._style(f"piwork: port {port} not previewed ({why})", "2"), err=True)
+        elif d.get("state") == "closed":
+            self._line(self._style(f"piwork: preview of port {port} closed", "2"), err=True)
+
     def _on_error(self, d: dict[str, Any], ev: RunEvent) -> None:
         self._line(self._style(f"piwork: error: {sanitize(d['message'])}", "31"), err=True)
 

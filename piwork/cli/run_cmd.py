@@ -18,6 +18,7 @@ from typing import Any
 from piwork.cli.render import permission_prompt_text, renderer_for
 from piwork.policy import Choice, describe_rules, needs_confirmation
 from piwork.policy.request import PermissionRequest
+from piwork.preview import PreviewChoice, PreviewQuestion
 from piwork.proxy.egress import AllowNetError, normalize_allowed_domain
 from piwork.runner import (
     DEFAULT_RESUME_PROMPT,
@@ -36,6 +37,10 @@ PERMISSION_KEYS = {
     "e": Choice.ALWAYS_EVERYWHERE,
     "n": Choice.DENY,
 }
+
+
+PREVIEW_KEYS = {"t": PreviewChoice.TASK, "a": PreviewChoice.FOLDER, "n": PreviewChoice.NEVER}
+PREVIEW_KEYS_SHOWN = [(c, k) for k, c in PREVIEW_KEYS.items()]
 
 
 class TerminalConsole:
@@ -168,6 +173,21 @@ class TerminalAsker:
     ) -> str | bool | None:
         async with self.console.turn():
             return await self._question(method, title, message, options)
+
+    async def preview(self, question: PreviewQuestion) -> PreviewChoice | None:
+        """A server in the VM: open it in the browser (this task, this folder) or never."""
+        async with self.console.turn():
+            print(f"\n\x1b[1m{sanitize(question.question)}\x1b[0m", file=sys.stderr)
+            for choice, key in PREVIEW_KEYS_SHOWN:
+                rule = question.rules[choice]
+                print(f"  [{key}] {choice.value}: {sanitize(rule.human())}", file=sys.stderr)
+            while True:
+                answer = await self.console.ask("  [t/a/n] > ")
+                if answer is None:
+                    return None
+                picked = PREVIEW_KEYS.get(answer.strip().lower()[:1])
+                if picked is not None:
+                    return picked
 
     async def _permission(self, request: PermissionRequest) -> Choice | None:
         print(permission_prompt_text(request), file=sys.stderr)

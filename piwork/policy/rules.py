@@ -39,6 +39,9 @@ class Action(StrEnum):
     NETWORK = "network"
     SHELL = "shell"
     CONNECTOR = "connector"
+    # A guest port opened in the person's browser (piwork.preview). The host asks
+    # this itself, never from a guest request; the pattern is the port number.
+    PREVIEW = "preview"
 
 
 class Verdict(StrEnum):
@@ -192,6 +195,7 @@ class Rule:
             Action.NETWORK: "network access to",
             Action.SHELL: "running the command",
             Action.CONNECTOR: "using the tool",
+            Action.PREVIEW: "opening in the browser the page served on guest port",
         }[self.action]
         if self.pattern is None:
             target = "" if self.action in (Action.READ, Action.WRITE) else " (anything)"
@@ -370,7 +374,7 @@ def pattern_matches(rule: Rule, target: Target) -> bool:
         return target.domain is not None and domain_matches(pat, target.domain)
     if target.action is Action.SHELL:
         return target.command is not None and command_matches(pat, target.command)
-    if target.action is Action.CONNECTOR:
+    if target.action in (Action.CONNECTOR, Action.PREVIEW):
         return target.tool is not None and fnmatch.fnmatchcase(target.tool, pat)
     return target.path is not None and path_matches(pat, target.path)
 

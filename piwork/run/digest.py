@@ -42,6 +42,10 @@ class EventKind(StrEnum):
     # most 200), "truncated" (files left out)}. Sent when the next checkpoint is
     # taken: at the next model call or at the end of the run.
     CHANGES = "changes"
+    # A server in the guest, opened (or not) in the person's browser (piwork.preview):
+    # {"port" (guest port), "url" (None unless opened), "state": opened|closed|refused,
+    # "by" (rule|person|no-terminal|assume-yes|limit|error), "reason" (refused only)}.
+    PREVIEW = "preview"
 
 
 @dataclass(frozen=True)

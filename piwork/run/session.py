@@ -25,12 +25,14 @@ from piwork.agent import Agent, AgentFactory, AgentVm, AgentVmConfig
 from piwork.aio import discard
 from piwork.config import Paths, get_paths
 from piwork.policy.rules import TaskContext
+from piwork.preview import Previews
 from piwork.proxy.gateway import ModelGateway
 from piwork.resources import ResourceError, vm_budget
 from piwork.rpc import models as m
 from piwork.run import environment
 from piwork.run.digest import EventKind, EventSink, PiItem, RunEvent, digest
 from piwork.run.permissions import (
+    AllowAsker,
     Asker,
     PermissionBridge,
     allowed_domains,
@@ -103,6 +105,8 @@ class TaskSession:
         self._status_lock = asyncio.Lock()
         self._abort_inflight: asyncio.Future[Any] | None = None
         self._start_failure: str | None = None  # why start() failed: the task's stop message
+        self.previews: Previews | None = None
+        """The task's previews (guest ports opened in the browser): ``previews.list()``."""
 
     # ------------------------------------------------------------ state seen from outside
     @property
@@ -291,6 +295,7 @@ class TaskSession:
             state = await agent.wait_pi_ready()
         except Exception as exc:
             raise await self._vm_start_failed(agent, exc) from exc
+        self._start_previews(agent)
         self.timings["boot_to_pi_ready"] = time.monotonic() - t
         self.timings["start_to_pi_ready"] = time.monotonic() - self.t0
         self.timings.update({f"vm_{k}": v for k, v in agent.timings.items()})
@@ -300,6 +305,21 @@ class TaskSession:
             self.emit(EventKind.NOTICE, message=notice)
         self.emit(EventKind.READY, seconds=self.timings["start_to_pi_ready"],
                   session=state.session_file, messages=state.message_count)  # fmt: skip
+
+    def _start_previews(self, agent: Agent) -> None:
+        """Guest servers the person allows open on loopback URLs (piwork.preview)."""
+        mux = agent.preview_mux()
+        if mux is None or self.task is None:
+            return
+        self.previews = Previews(
+            self.task.id,
+            self.task.dir,
+            self.permissions.context,
+            self.permissions.decider.store,
+            self.permissions.decider.audit,
+            assume_yes=self.permissions.assume_yes or isinstance(self.asker, AllowAsker),
+        )
+        self.previews.start(mux, self.asker, lambda d: self.emit(EventKind.PREVIEW, **d))
 
     async def _before_model_call(self) -> None:
         """A ``.git`` the guest made last turn leaves the folder, then the turn is recorded."""
@@ -332,6 +352,9 @@ class TaskSession:
         if self.usage is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(self.usage.flush(), 10)
+        if self.previews is not None:
+            with contextlib.suppress(Exception):
+                await self.previews.close()  # before the VM goes: connections refused from now
         try:
             if self.agent is not None:
                 await self.agent.stop(graceful=graceful)
@@ -363,6 +386,8 @@ class TaskSession:
     # ------------------------------------------------------------ what pi says
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
         self.note("supervisor", msg)
+        if self.previews is not None:
+            self.previews.on_supervisor_message(msg)
         if msg.get("ev") == "exit" and self._stop is None and not self._closing:
             self.emit(EventKind.ERROR, message=f"pi exited unexpectedly: {msg}")
 
@@ -523,12 +548,16 @@ class TaskSession:
             raise RunError("nothing to pause: the agent is not running a prompt")
         await self.agent.pause()
         self._paused = True
+        if self.previews is not None:
+            self.previews.pause()
         await self.set_status(TaskStatus.PAUSED)
 
     async def resume_vm(self) -> None:
         assert self.agent is not None
         await self.agent.resume()
         self._paused = False
+        if self.previews is not None:
+            self.previews.resume()
         await self.set_status(TaskStatus.RUNNING)
 
 

@@ -15,12 +15,15 @@ Wire format (both directions), every integer big-endian::
     header  = type:u8  flags:u8 (0)  stream:u16  length:u32      (8 bytes)
     payload = <length> bytes, length <= MAX_PAYLOAD (64 KiB)
 
-    HELLO  0  stream 0, payload "PWMUX1" + 8-byte nonce. The host sends one
+    HELLO  0  stream 0, payload "PWMUX2" + 8-byte nonce. The host sends one
               on every new connection of the port; the guest resets every
               stream and echoes it. Before the echo the host discards what
-              it reads (bytes a previous connection left behind).
+              it reads (bytes a previous connection left behind). A guest of
+              another protocol version (an older "PWMUX1") never echoes it:
+              the host reports "no reply to HELLO" and the run does not start.
     OPEN   1  guest -> host: a new stream; payload 1 byte, the target
               (0 gateway, 1 egress). Never text: the guest cannot name a host.
+              Ids 1..0x7fff only.
     DATA   2  payload: stream bytes (at least 1).
     EOF    3  no more DATA from the sender on this stream (half-close).
     CLOSE  4  the stream is over both ways (abort or normal end). A side that
@@ -29,15 +32,23 @@ Wire format (both directions), every integer big-endian::
               An id is reused only after both CLOSEs.
     WINDOW 5  payload u32: the receiver has delivered that many more bytes;
               the sender may send that much more DATA on the stream.
+    CONNECT 6 host -> guest: a new stream opened from the host side (a
+              preview, piwork/preview); payload u16, the guest port. The guest
+              connects it to its own loopback (never a port below 1024) or
+              answers CLOSE. Ids 0x8000..0xffff only, so both sides can open
+              streams without ever picking the same id.
 
 Flow control: each side may have at most ``WINDOW`` (256 KiB) unacknowledged
-DATA bytes per stream in flight. Limits the host enforces on the guest:
-at most ``MAX_STREAMS`` (64) open streams (further OPENs get CLOSE); DATA
-past the window closes that stream; a frame that breaks the format (unknown
-type, oversized length, OPEN of a live id or bad target, window overflow)
-closes the whole port with the reason logged, and the guest has no network
-until the next run. Every buffer is bounded: per stream at most one window,
-the port's writer waits for QEMU to take its bytes before more are queued.
+DATA bytes per stream in flight, whichever side opened the stream. Limits the
+host enforces on the guest: at most ``MAX_STREAMS`` (64) open guest-opened
+streams (further OPENs get CLOSE) and at most ``MAX_STREAMS`` host-opened ones
+(further host connections are refused before a CONNECT is sent); DATA past
+the window closes that stream; a frame that breaks the format (unknown type,
+oversized length, OPEN of a live id, of a host id or of a bad target, a
+CONNECT from the guest, window overflow) closes the whole port with the
+reason logged, and the guest has no network until the next run. Every buffer
+is bounded: per stream at most one window, the port's writer waits for QEMU
+to take its bytes before more are queued.
 """
 
 from __future__ import annotations
@@ -60,7 +71,7 @@ HEADER = struct.Struct(">BBHI")
 MAX_PAYLOAD = 64 * 1024
 WINDOW = 256 * 1024
 MAX_STREAMS = 64
-MAGIC = b"PWMUX1"
+MAGIC = b"PWMUX2"
 NONCE_BYTES = 8
 HELLO_LEN = len(MAGIC) + NONCE_BYTES
 MAX_RESYNC_BYTES = 4 * 1024 * 1024
@@ -70,6 +81,10 @@ READ_CHUNK = 256 * 1024
 
 TARGET_GATEWAY = 0
 TARGET_EGRESS = 1
+TARGET_INBOUND = -1
+"""A host-opened stream's target: it carries a host connection into a guest port."""
+HOST_IDS = 0x8000
+"""Stream ids from here up are opened by the host (CONNECT), below by the guest (OPEN)."""
 
 
 class Frame(IntEnum):
@@ -79,6 +94,7 @@ class Frame(IntEnum):
     EOF = 3
     CLOSE = 4
     WINDOW = 5
+    CONNECT = 6
 
 
 class ProtocolError(errors.ProtocolError):
@@ -138,6 +154,13 @@ class _Stream:
     credit_event: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     pumping: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # set once torn down
+    answered: bool = False  # the guest sent DATA or EOF (for a host-opened stream: it connected)
+    refused_reply: bytes = b""  # host-opened: written to the client if the guest refuses
+
+    @property
+    def inbound(self) -> bool:
+        return self.target == TARGET_INBOUND
 
 
 @dataclass
@@ -147,6 +170,9 @@ class MuxStats:
     overruns: int = 0
     peak_streams: int = 0
     closed_reason: str | None = None
+    inbound_opened: int = 0
+    inbound_refused: int = 0
+    peak_inbound: int = 0
 
 
 class NetMux:
@@ -176,6 +202,9 @@ class NetMux:
         self._ready = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._next_inbound = HOST_IDS
+        self._thawed = asyncio.Event()  # cleared while host-opened streams are frozen
+        self._thawed.set()
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -193,8 +222,18 @@ class NetMux:
 
     @property
     def active_streams(self) -> int:
-        """Streams with a connection (or one being made) to a host target."""
+        """Open streams, both directions (each holds at most one host connection)."""
         return sum(1 for st in self._streams.values() if not st.closing)
+
+    @property
+    def outbound_streams(self) -> int:
+        """Guest-opened streams with a connection (or one being made) to a host target."""
+        return sum(1 for st in self._streams.values() if not st.closing and not st.inbound)
+
+    @property
+    def inbound_streams(self) -> int:
+        """Host-opened streams (previews) still open."""
+        return sum(1 for st in self._streams.values() if not st.closing and st.inbound)
 
     @property
     def ready(self) -> bool:
@@ -296,6 +335,8 @@ class NetMux:
     async def _dispatch(self, kind: Frame, sid: int, payload: bytes) -> None:
         if kind is Frame.HELLO:
             raise ProtocolError("a second HELLO from the guest")
+        if kind is Frame.CONNECT:
+            raise ProtocolError("CONNECT from the guest (only the host opens those)")
         if sid == 0:
             raise ProtocolError(f"{kind.name} on stream 0")
         st = self._streams.get(sid)
@@ -306,6 +347,10 @@ class NetMux:
             return  # a stream already forgotten (frames crossing our CLOSE): ignore
         if kind is Frame.CLOSE:
             if not st.closing:
+                if st.inbound and not st.answered and st.refused_reply and st.writer:
+                    # Nothing listens on that guest port (yet): say so instead of a bare close.
+                    with contextlib.suppress(OSError, RuntimeError):
+                        st.writer.write(st.refused_reply)
                 await self._send(encode(Frame.CLOSE, sid))
             self._forget(st)
             return
@@ -317,6 +362,7 @@ class NetMux:
             if payload or st.eof_in:
                 raise ProtocolError(f"bad EOF on stream {sid}")
             st.eof_in = True
+            st.answered = True
             if st.writer is not None:
                 with contextlib.suppress(OSError, RuntimeError):
                     st.writer.write_eof()
@@ -338,11 +384,13 @@ class NetMux:
         target = payload[0]
         if target not in (TARGET_GATEWAY, TARGET_EGRESS):
             raise ProtocolError(f"OPEN of unknown target {target}")
-        if len(self._streams) >= 4 * self.max_streams:
+        if sid >= HOST_IDS:
+            raise ProtocolError(f"OPEN of stream {sid}, a host-side id")
+        if sum(1 for s in self._streams.values() if not s.inbound) >= 4 * self.max_streams:
             # Closed streams the guest never answered: it is not following the protocol.
             raise ProtocolError(f"{len(self._streams)} streams held, most of them unanswered")
         port = self.targets.get(target)
-        if port is None or self.active_streams >= self.max_streams:
+        if port is None or self.outbound_streams >= self.max_streams:
             # Refused (this run has no such target, or the cap is reached): the id is
             # held until the guest's CLOSE answers ours, like any other close.
             self.stats.refused += 1
@@ -352,12 +400,13 @@ class NetMux:
         st = _Stream(sid, target)
         self._streams[sid] = st
         self.stats.opened += 1
-        self.stats.peak_streams = max(self.stats.peak_streams, self.active_streams)
+        self.stats.peak_streams = max(self.stats.peak_streams, self.outbound_streams)
         self._spawn(st, self._connect(st, port))
 
     async def _on_data(self, st: _Stream, payload: bytes) -> None:
         if not payload or st.eof_in:
             raise ProtocolError(f"bad DATA on stream {st.id}")
+        st.answered = True
         st.unacked += len(payload)
         if st.unacked > WINDOW:
             # The guest overran its window: this stream ends, the port goes on.
@@ -413,14 +462,20 @@ class NetMux:
         await self._upstream(st, reader)
 
     async def _upstream(self, st: _Stream, reader: asyncio.StreamReader) -> None:
-        """Target -> guest, within the guest's window."""
+        """Target (or, for a host-opened stream, the host client) -> guest, within the
+        guest's window."""
         try:
             while not st.closing:
+                if st.inbound and not self._thawed.is_set():
+                    await self._thawed.wait()  # frozen: the connection is kept, no data
+                    continue
                 if st.send_credit <= 0:
                     st.credit_event.clear()
                     await st.credit_event.wait()
                     continue
                 data = await reader.read(min(st.send_credit, MAX_PAYLOAD))
+                if st.inbound and not self._thawed.is_set():
+                    await self._thawed.wait()  # read just before the freeze: held, one chunk
                 if st.closing:
                     return
                 if not data:
@@ -447,6 +502,7 @@ class NetMux:
 
     def _drop(self, st: _Stream) -> None:
         st.closing = True
+        st.done.set()
         st.credit_event.set()
         st.pending.clear()
         if st.writer is not None:
@@ -460,3 +516,65 @@ class NetMux:
     def _forget(self, st: _Stream) -> None:
         self._drop(st)
         self._streams.pop(st.id, None)
+
+    # ------------------------------------------------------------ host-opened streams
+    async def open_inbound(
+        self,
+        port: int,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        first: bytes = b"",
+        *,
+        refused: bytes = b"",
+    ) -> asyncio.Event | None:
+        """Carry a host connection into guest ``port`` (a preview): CONNECT, then a
+        byte pipe both ways, bounded like a guest-opened stream.
+
+        ``first`` is what the caller already read from the connection (at most
+        one window); ``refused`` is written to it if the guest closes the stream
+        before sending anything (nothing listens on the port). Returns an event
+        set when the stream is over (``writer`` is closed by then), or None when
+        the stream cannot be opened (the port is not up, or ``max_streams``
+        host-opened streams are open); the caller still owns ``writer`` then.
+        """
+        if not 0 < port < 65536:
+            raise ValueError(f"bad guest port {port}")
+        if len(first) > WINDOW:
+            raise ValueError(f"{len(first)} bytes before the stream opens (max {WINDOW})")
+        if self._writer is None or not self.ready or self.inbound_streams >= self.max_streams:
+            self.stats.inbound_refused += 1
+            return None
+        held = sum(1 for s in self._streams.values() if s.inbound)
+        if held >= 4 * self.max_streams:
+            self.stats.inbound_refused += 1  # closed ones the guest has not answered yet
+            return None
+        sid = self._next_inbound
+        while sid in self._streams:
+            sid = HOST_IDS + (sid + 1 - HOST_IDS) % HOST_IDS
+        self._next_inbound = HOST_IDS + (sid + 1 - HOST_IDS) % HOST_IDS
+        st = _Stream(sid, TARGET_INBOUND, refused_reply=refused)
+        st.writer = writer
+        self._streams[sid] = st
+        self.stats.inbound_opened += 1
+        self.stats.peak_inbound = max(self.stats.peak_inbound, self.inbound_streams)
+        await self._send(encode(Frame.CONNECT, sid, struct.pack(">H", port)))
+        for i in range(0, len(first), MAX_PAYLOAD):
+            chunk = first[i : i + MAX_PAYLOAD]
+            st.send_credit -= len(chunk)
+            await self._send(encode(Frame.DATA, sid, chunk))
+        self._spawn(st, self._upstream(st, reader))
+        return st.done
+
+    async def close_inbound(self, done: asyncio.Event) -> None:
+        """End the host-opened stream whose ``open_inbound`` returned ``done``."""
+        for st in list(self._streams.values()):
+            if st.done is done:
+                await self._abort(st)
+
+    def freeze_inbound(self) -> None:
+        """Stop carrying host-client bytes into the guest (the task is paused);
+        connections stay open."""
+        self._thawed.clear()
+
+    def thaw_inbound(self) -> None:
+        self._thawed.set()

@@ -19,6 +19,7 @@ const crypto = require("node:crypto");
 const { spawn, spawnSync } = require("node:child_process");
 const netmux = require("./netmux.js");
 const serial = require("./port.js");
+const { PortWatcher, MIN_PORT } = require("./ports.js");
 
 const VERSION = 1;
 const PORT_NAME = "piwork.rpc";
@@ -143,6 +144,12 @@ class Outbox {
 }
 
 const outbox = new Outbox(RING_LIMIT_BYTES);
+
+// Ports something in the guest listens on, reported while pi runs (previews).
+const ports = new PortWatcher((list) => outbox.event({ ev: "ports", ports: list }), {
+  interval: Number(process.env.PIWORK_PORTS_INTERVAL_MS || 1000),
+  exclude: process.env.PIWORK_TRANSPORT === "tcp" ? [Number(process.env.PIWORK_PORT || 7000)] : [],
+});
 
 // ---------------------------------------------------------------- pi
 
@@ -317,15 +324,22 @@ function startPi(msg) {
     if (!reported) {
       reported = true;
       outbox.event({ ev: "error", message: `pi failed: ${err.message}` });
-      if (pi === child) pi = null;
+      if (pi === child) {
+        pi = null;
+        ports.stop();
+      }
     }
   });
   if (entry) outbox.event({ ev: "started", pid: child.pid, preloaded: entry.loaded });
   else child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid }));
+  ports.start();
   child.on("close", (code, signal) => {
     out.flush();
     errSplit.flush();
-    if (pi === child) pi = null;
+    if (pi === child) {
+      pi = null;
+      ports.stop();
+    }
     if (!reported) {
       reported = true;
       outbox.event({ ev: "exit", code, signal });
@@ -584,7 +598,10 @@ async function main() {
   outbox.event({ ev: "ready", bootId: BOOT_ID });
   if (!process.env.PIWORK_NO_PRELOAD) preload();
   if (!process.env.PIWORK_NO_NETMUX) {
-    netmux.run(log).catch((err) => log(`netmux: ${err.stack || err}`));
+    // A host-opened stream (a preview) connects to the guest's loopback, never to
+    // a port below 1024 (the supervisor's own listeners, system services).
+    const resolve = (port) => (port >= MIN_PORT ? { host: ports.hostFor(port), port } : null);
+    netmux.run(log, { resolve }).catch((err) => log(`netmux: ${err.stack || err}`));
   }
   const transport = process.env.PIWORK_TRANSPORT || "virtio";
   if (transport === "tcp") {

@@ -126,6 +126,9 @@ class DoubleAgent(PiDoor):
     def git_readonly_notice(self) -> str | None:
         return None
 
+    def preview_mux(self) -> None:
+        return None
+
     @property
     def git_scan_seconds(self) -> float | None:
         return None

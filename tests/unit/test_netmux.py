@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from piwork.vm.netmux import (
     HEADER,
+    HOST_IDS,
     MAX_PAYLOAD,
     MAX_STREAMS,
     WINDOW,
@@ -403,3 +404,145 @@ def test_garbage_never_crashes_the_host_and_leaves_nothing_open(junk: list[bytes
             await target.close()
 
     asyncio.run(scenario())
+
+
+# --------------------------------------------------------------------------- host-opened streams
+
+
+class Client:
+    """A host-side client connection (what a browser is to a preview), as a socket pair."""
+
+    @classmethod
+    async def make(cls) -> tuple[Client, asyncio.StreamReader, asyncio.StreamWriter]:
+        a, b = socket.socketpair()
+        mine_r, mine_w = await asyncio.open_unix_connection(sock=a)
+        their_r, their_w = await asyncio.open_unix_connection(sock=b)
+        return cls(mine_r, mine_w), their_r, their_w
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+
+async def test_a_host_opened_stream_carries_bytes_both_ways_and_ends_on_close(
+    echo: Target,
+) -> None:
+    async with mux_pair({0: echo.port}) as (mux, g, _serve):
+        client, r, w = await Client.make()
+        done = await mux.open_inbound(8000, r, w, b"GET / HTTP/1.1\r\n\r\n")
+        assert done is not None
+        kind, sid, payload = await g.next()
+        assert (kind, payload) == (Frame.CONNECT, struct.pack(">H", 8000))
+        assert sid >= HOST_IDS
+        assert await g.wait_for(Frame.DATA, sid) == (Frame.DATA, sid, b"GET / HTTP/1.1\r\n\r\n")
+        # Guest -> client, credited back as the client takes it.
+        g.send(Frame.DATA, sid, b"HTTP/1.1 200 OK\r\n\r\nhi")
+        assert await client.reader.readexactly(21) == b"HTTP/1.1 200 OK\r\n\r\nhi"
+        _, _, credit = await g.wait_for(Frame.WINDOW, sid)
+        assert struct.unpack(">I", credit)[0] == 21
+        # Client -> guest after the head (a WebSocket frame, say).
+        client.writer.write(b"\x81\x02hi")
+        assert (await g.wait_for(Frame.DATA, sid))[2] == b"\x81\x02hi"
+        assert mux.inbound_streams == 1 and mux.stats.peak_inbound == 1
+        # The guest ends it: the client's connection closes, the id is answered.
+        g.send(Frame.CLOSE, sid)
+        assert await client.reader.read() == b""
+        await g.wait_for(Frame.CLOSE, sid)
+        assert done.is_set() and mux.inbound_streams == 0
+
+
+async def test_host_opened_streams_are_capped_and_frozen_while_paused(echo: Target) -> None:
+    async with mux_pair({0: echo.port}) as (mux, g, _serve):
+        clients = []
+        events = []
+        for _ in range(MAX_STREAMS + 5):
+            client, r, w = await Client.make()
+            clients.append((client, w))
+            events.append(await mux.open_inbound(3000, r, w))
+        assert sum(e is not None for e in events) == MAX_STREAMS
+        assert mux.stats.inbound_refused == 5 and mux.inbound_streams == MAX_STREAMS
+        sids: set[int] = set()
+        while len(sids) < MAX_STREAMS:
+            kind, sid, _ = await g.next()
+            assert kind is Frame.CONNECT
+            sids.add(sid)
+        assert all(HOST_IDS <= s <= 0xFFFF for s in sids)
+        # Paused: a client's bytes stay on the host until the thaw.
+        mux.freeze_inbound()
+        first = min(sids)
+        idx = sorted(sids).index(first)
+        clients[idx][0].writer.write(b"while paused")
+        with pytest.raises(TimeoutError):
+            await g.wait_for(Frame.DATA, first, timeout=0.5)
+        mux.thaw_inbound()
+        assert (await g.wait_for(Frame.DATA, first))[2] == b"while paused"
+        # close_inbound ends one stream from the host side.
+        ev = events[idx]
+        assert ev is not None
+        await mux.close_inbound(ev)
+        await g.wait_for(Frame.CLOSE, first)
+        assert ev.is_set() and mux.inbound_streams == MAX_STREAMS - 1
+
+
+async def test_a_guest_overrunning_a_host_opened_stream_loses_only_that_stream(
+    echo: Target,
+) -> None:
+    async with mux_pair({0: echo.port}) as (mux, g, serve):
+        a, ra, wa = await Client.make()
+        b, rb, wb = await Client.make()
+        assert await mux.open_inbound(3000, ra, wa) is not None
+        assert await mux.open_inbound(3001, rb, wb) is not None
+        sid_a = (await g.next())[1]
+        sid_b = (await g.next())[1]
+        # Client a never reads: once its socket buffers are full the host stops
+        # crediting, and a guest that sends on regardless overruns the window.
+        for _ in range(64):
+            g.send(Frame.DATA, sid_a, b"x" * MAX_PAYLOAD)
+        await g.wait_for(Frame.CLOSE, sid_a)
+        assert mux.stats.overruns == 1 and not serve.done()
+        g.send(Frame.DATA, sid_b, b"fine")
+        assert await b.reader.readexactly(4) == b"fine"
+        del a
+
+
+async def test_a_guest_that_sends_connect_or_opens_a_host_id_is_cut_off(echo: Target) -> None:
+    for frame in (
+        encode(Frame.CONNECT, HOST_IDS, b"\x1f\x40"),
+        encode(Frame.OPEN, HOST_IDS, b"\x00"),
+    ):
+        async with mux_pair({0: echo.port}) as (mux, g, _serve):
+            g.send_raw(frame)
+            assert await g.closed_by_host()
+            assert mux.stats.closed_reason is not None
+            assert "CONNECT" in mux.stats.closed_reason or "host-side" in mux.stats.closed_reason
+
+
+async def test_no_host_opened_stream_before_the_guest_answers_hello(echo: Target) -> None:
+    async with mux_pair({0: echo.port}, handshake=False) as (mux, _g, _serve):
+        _client, r, w = await Client.make()
+        assert await mux.open_inbound(3000, r, w) is None
+        assert mux.stats.inbound_refused == 1
+
+
+async def test_a_refused_host_opened_stream_tells_the_client_and_a_served_one_does_not(
+    echo: Target,
+) -> None:
+    async with mux_pair({0: echo.port}) as (mux, g, _serve):
+        client, r, w = await Client.make()
+        assert await mux_open(mux, r, w) is not None
+        sid = (await g.next())[1]
+        g.send(Frame.CLOSE, sid)  # the guest could not connect: nothing listens
+        assert await client.reader.read() == b"NOTHING THERE"
+        # Once the guest has answered, its CLOSE is a plain close (no extra bytes).
+        client, r, w = await Client.make()
+        assert await mux_open(mux, r, w) is not None
+        sid = (await g.wait_for(Frame.CONNECT, sid + 1))[1]
+        g.send(Frame.DATA, sid, b"HTTP/1.1 200 OK")
+        g.send(Frame.CLOSE, sid)
+        assert await client.reader.read() == b"HTTP/1.1 200 OK"
+
+
+async def mux_open(
+    mux: NetMux, r: asyncio.StreamReader, w: asyncio.StreamWriter
+) -> asyncio.Event | None:
+    return await mux.open_inbound(3000, r, w, refused=b"NOTHING THERE")

@@ -147,3 +147,29 @@ async def test_a_question_cancelled_by_a_stop_gives_the_terminal_to_the_next(
         assert await asyncio.wait_for(second, 3) == "for the second"
     finally:
         console.close()
+
+
+async def test_a_preview_question_takes_its_turn_and_shows_what_each_answer_stores(
+    terminal: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    from piwork.policy.rules import TaskContext
+    from piwork.preview import PreviewChoice
+    from piwork.preview.policy import question_for
+
+    console = run_cmd.TerminalConsole()
+    asker = run_cmd.TerminalAsker(console)
+    q = question_for(8000, TaskContext(task_id="0123456789ab", working_folder=Path("/srv/x")))
+    console.start()
+    try:
+        answer = asyncio.create_task(asker.preview(q))
+        await asyncio.sleep(0.1)
+        os.write(terminal, b"maybe\n")  # not an answer: asked again
+        await asyncio.sleep(0.1)
+        os.write(terminal, b"a\n")
+        assert await asyncio.wait_for(answer, 3) is PreviewChoice.FOLDER
+    finally:
+        console.close()
+    err = capsys.readouterr().err
+    assert "port 8000" in err and "in tasks on /srv/x" in err and "in task 0123456789ab" in err

@@ -195,6 +195,9 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
         host = Host(_GuestAt(sock))  # type: ignore[arg-type]
         # Through the same door as TaskSession.start (big lines are recorded off the loop).
         session.attach_agent(host.agent)
+        # As before the door: no one answers the guest's dialogs here (the scenarios
+        # count and time lines; answering absurd dialogs would add traffic of its own).
+        host.rpc.set_ui_handler(None)
         delivered = 0
         done = asyncio.Event()
 

@@ -118,6 +118,9 @@ async def measure(scenario: str = "streamed", total: int = TOTAL) -> dict[str, A
         host = Host(_FakeGuestPath(sock))  # type: ignore[arg-type]
         # Through the same door as TaskSession.start (big lines are recorded off the loop).
         session.attach_agent(host.agent)
+        # As before the door: no one answers the guest's dialogs here (the scenarios
+        # count and time lines; answering absurd dialogs would add traffic of its own).
+        host.rpc.set_ui_handler(None)
         done = asyncio.Event()
         host.rpc.add_listener(lambda item: done.set() if isinstance(item, AgentEnd) else None)
 

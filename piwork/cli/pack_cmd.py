@@ -52,7 +52,7 @@ def _print_json(obj: Any) -> None:
 
 
 def _error(msg: str) -> int:
-    print(f"piwork pack: {msg}", file=sys.stderr)
+    print(f"piwork: {msg}", file=sys.stderr)  # one prefix for every error (piwork.cli.main)
     return 1
 
 

@@ -66,7 +66,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _error(msg: str) -> int:
-    print(f"piwork policy: {msg}", file=sys.stderr)
+    print(f"piwork: {msg}", file=sys.stderr)  # one prefix for every error (piwork.cli.main)
     return 1
 
 

@@ -91,7 +91,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _error(msg: str) -> int:
-    print(f"piwork tasks: {sanitize_block(msg, indent='  ')}", file=sys.stderr)
+    # one prefix for every error (piwork.cli.main); the message may quote guest text
+    print(f"piwork: {sanitize_block(msg, indent='  ')}", file=sys.stderr)
     return 1
 
 

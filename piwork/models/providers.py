@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from piwork.config import get_paths
 from piwork.errors import PersonError
+from piwork.vm.command import GATEWAY_GUEST_ADDR
 
 ApiType = Literal[
     "openai-completions", "openai-responses", "anthropic-messages", "google-generative-ai"
@@ -47,7 +48,7 @@ Google AI Studio; ``none``: nothing is added (local servers)."""
 GUEST_PLACEHOLDER_KEY = "piwork-gateway-placeholder"
 """The ``apiKey`` pi in the guest sends. Meaningless outside the gateway."""
 
-DEFAULT_GATEWAY_BASE = "http://10.0.2.100"
+DEFAULT_GATEWAY_BASE = f"http://{GATEWAY_GUEST_ADDR[0]}"  # defined once: piwork.vm.command
 """The gateway as the guest sees it: a netmux address on the guest's lo (guest-protocol.md)."""
 
 DEMO_PROVIDER = "piwork-demo"

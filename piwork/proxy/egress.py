@@ -37,14 +37,16 @@ from functools import cache
 from publicsuffixlist import PublicSuffixList
 
 from piwork.errors import UsageError
+from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR
 
 log = logging.getLogger(__name__)
 
 DomainPolicy = Callable[[str, int], Awaitable[bool]]
 """``(host, port) -> allowed?``; may take as long as the person takes to answer."""
 
-GUEST_PROXY_URL = "http://10.0.2.101:3128"
-GUEST_GATEWAY_HOST = "10.0.2.100"
+# Derived from the one definition of the guest's addresses (piwork.vm.command).
+GUEST_PROXY_URL = f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}"
+GUEST_GATEWAY_HOST = GATEWAY_GUEST_ADDR[0]
 
 _HEADER_LIMIT = 64 * 1024
 MAX_CONNECTIONS = 64

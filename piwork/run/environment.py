@@ -57,7 +57,8 @@ from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
 GUEST_GATEWAY_HOST = GATEWAY_GUEST_ADDR[0]
 """Where the guest reaches the model gateway (the netmux carries it to the host)."""
 GUEST_PROXY_URL = f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}"
-"""Where the guest reaches the egress proxy (without this run's token)."""
+"""Where the guest reaches the egress proxy (without this run's token). The addresses
+themselves are defined once, in piwork.vm.command (QEMU and the netmux need them)."""
 
 
 def guest_network_env(egress_token: str) -> dict[str, str]:

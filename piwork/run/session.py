@@ -231,8 +231,14 @@ class TaskSession:
 
     def add_item_listener(self, listener: Callable[[PiItem], None]) -> Callable[[], None]:
         """Also see every raw pi item (tests and benchmarks time them)."""
-        assert self.agent is not None
-        return self.agent.add_listener(listener)
+        return self._live("listen to pi").add_listener(listener)
+
+    def _live(self, what: str) -> Agent:
+        """The agent, or a RunError naming the state found (not started, or closed)."""
+        if self.agent is None:
+            state = "closed" if self._closing else "not started"
+            raise RunError(f"cannot {what}: the task's VM is {state}")
+        return self.agent
 
     async def start(self) -> None:
         self.permissions.allow_net = allowed_domains(self.req.allow_net)
@@ -417,8 +423,8 @@ class TaskSession:
     # ------------------------------------------------------------ controls
     async def run_prompt(self, text: str) -> Outcome:
         """Send ``text`` and wait until the agent is really finished (or stopped)."""
-        assert self.task is not None and self.agent is not None
-        agent = self.agent
+        agent = self._live("run a prompt")
+        assert self.task is not None  # an agent is attached only to an adopted task
         async with self._run_lock:
             if self._abort_inflight is not None:  # a stop pi had not confirmed yet
                 with contextlib.suppress(Exception):
@@ -530,31 +536,30 @@ class TaskSession:
         self._end_run(StopReason.CANCELLED, message)
 
     async def steer(self, text: str) -> None:
-        assert self.agent is not None
+        agent = self._live("steer")
         self.note("steer", {"message": text})
         self.emit(EventKind.PROMPT, message=text, mode="steer")
-        await self.agent.steer(text)
+        await agent.steer(text)
 
     async def follow_up(self, text: str) -> None:
-        assert self.agent is not None
+        agent = self._live("follow up")
         self.note("follow_up", {"message": text})
         self.emit(EventKind.PROMPT, message=text, mode="follow_up")
-        await self.agent.follow_up(text)
+        await agent.follow_up(text)
 
     async def pause_vm(self) -> None:
         """Freeze the whole guest (QMP stop): no CPU, no events, until resumed."""
-        assert self.agent is not None
+        agent = self._live("pause")
         if not self._run_lock.locked() or self._stop is not None:
             raise RunError("nothing to pause: the agent is not running a prompt")
-        await self.agent.pause()
+        await agent.pause()
         self._paused = True
         if self.previews is not None:
             self.previews.pause()
         await self.set_status(TaskStatus.PAUSED)
 
     async def resume_vm(self) -> None:
-        assert self.agent is not None
-        await self.agent.resume()
+        await self._live("resume").resume()
         self._paused = False
         if self.previews is not None:
             self.previews.resume()

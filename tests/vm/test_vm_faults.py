@@ -257,7 +257,7 @@ async def test_upstream_reset_and_hang_mid_stream_end_in_the_agents_retry(
     sees a broken stream either way and retries. Then QEMU is killed while a
     permission question is open: the run ends with the reason, nothing hangs."""
     monkeypatch.setattr(
-        "piwork.runner.ModelGateway",
+        "piwork.run.environment.ModelGateway",
         functools.partial(ModelGateway, read_timeout=UPSTREAM_READ_TIMEOUT),
     )
     events: list[RunEvent] = []

@@ -404,3 +404,27 @@ def test_scripted_flow_deletes_ignored_files_and_renames_over_a_recorded_one(
     assert (f / "data" / "rows.csv").read_text() == "1,2\n"
     assert (f / "report.md").read_text() == "# the person's report\n"
     assert (f / "draft.md").read_text() == "# the agent's draft\n"
+
+
+# --------------------------------------------------------------------------- names not UTF-8
+
+
+def test_names_that_are_not_utf8_are_recorded_noted_and_reported(make_run: Any) -> None:
+    """A name git and the file system take but JSON cannot (invalid UTF-8): the
+    checkpoint metadata, the runner's `changes` event and the review all survive."""
+    run: Run = make_run()
+    f = run.folder
+    run.start()
+    run.turn()
+    bad = os.fsdecode(b"bad\xff.txt")
+    (f / bad).write_text("x\n")
+    nested = f / os.fsdecode(b"repo\xfe")
+    nested.mkdir()
+    subprocess.run(["git", "init", "-q", str(nested)], check=True)
+    run.end()
+    orjson.dumps(run.events)  # the runner writes this event to the transcript
+    assert [fl["path"] for fl in run.events[0]["files"]] == ["bad\\xff.txt"]
+    assert any(n.startswith("repo\\xfe: a git repository") for n in notes_of(run))
+    assert changes(run.id, 1) == {bad: "added"}
+    undo(run.id, turn=1)
+    assert not (f / bad).exists() and nested.is_dir()

@@ -174,6 +174,28 @@ def test_undo_moves_unrecorded_files_aside_instead_of_deleting_them(make_run: An
     assert (aside / "notes" / "lib" / ".git" / "HEAD").is_file()
 
 
+def test_the_reviews_finding_7_as_written(make_run: Any) -> None:
+    """`notes` a file, `data/dataset.csv` ignored; the agent ignores `notes/`, deletes
+    `notes` and renames data/ to notes/. Undo used to delete dataset.csv."""
+    run: Run = make_run()
+    f = run.folder
+    (f / ".gitignore").write_text("data/\n")
+    (f / "notes").write_text("my notes\n")
+    (f / "data").mkdir()
+    (f / "data" / "dataset.csv").write_text("weeks,of,data\n")
+    run.start()
+    run.turn()
+    (f / ".gitignore").write_text("data/\nnotes/\n")
+    (f / "notes").unlink()
+    (f / "data").rename(f / "notes")
+    run.end()
+    result = undo(run.id)
+    assert (f / "notes").read_text() == "my notes\n"
+    assert (f / "data" / "dataset.csv").read_text() == "weeks,of,data\n"
+    assert (f / ".gitignore").read_text() == "data/\n"
+    assert result.moved_aside == []
+
+
 def test_undo_keeps_an_unrecorded_file_where_a_folder_is_restored(make_run: Any) -> None:
     """The other direction: the target needs a folder where an unrecorded file is."""
     with file_cap(1000):

@@ -441,9 +441,12 @@ class ShadowRepo:
         proc = self._proc("update-index", "-z", "--add", "--remove", "--stdin", stdin=_nul(paths))
         if proc.returncode == 0:
             return
+        if b"Unable to process path" not in proc.stderr:
+            # Not one path's fault (a stale index.lock, a full disk): a real failure.
+            err = proc.stderr.decode("utf-8", "replace").strip()
+            raise CheckpointError(f"git update-index failed in {self.git_dir}: {err}")
         if len(paths) == 1:
-            err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-            notes.add(paths[0], f"changed while it was recorded ({err[-1] if err else '?'})")
+            notes.add(paths[0], "changed while it was recorded (now a folder or unreadable)")
             self._proc("update-index", "-z", "--force-remove", "--stdin", stdin=_nul(paths))
             return
         half = len(paths) // 2

@@ -24,6 +24,7 @@ from piwork.checkpoints.shadow import (
     RawChange,
     ShadowRepo,
     compact,
+    display_path,
 )
 from piwork.config import Paths, get_paths
 from piwork.errors import PersonError
@@ -204,7 +205,9 @@ def summarise(changes: list[RawChange], limit: int = MAX_EVENT_FILES) -> dict[st
     counts = {"added": 0, "modified": 0, "deleted": 0, "type_changed": 0}
     for ch in changes:
         counts[ch.status] = counts.get(ch.status, 0) + 1
-    files = [{"path": ch.path, "status": ch.status} for ch in changes[:limit]]
+    # display_path: the event goes to the transcript as JSON, which cannot hold
+    # a name that is not UTF-8.
+    files = [{"path": display_path(ch.path), "status": ch.status} for ch in changes[:limit]]
     return {**counts, "files": files, "truncated": max(0, len(changes) - limit)}
 
 

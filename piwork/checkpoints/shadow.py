@@ -152,7 +152,7 @@ class _Notes:
             return
         self._paths.add(path)
         self.snap.skipped.append(path)
-        self.note(f"{path}: {why}")
+        self.note(f"{display_path(path)}: {why}")
 
     def note(self, text: str) -> None:
         if len(self.snap.notes) < MAX_NOTES - 1:
@@ -405,7 +405,7 @@ class ShadowRepo:
             snap.skipped.extend(over_count)
             notes.note(
                 f"{len(over_count)} new file(s) not recorded: over the {MAX_FILES}-file "
-                f"checkpoint limit (first: {over_count[0]})"
+                f"checkpoint limit (first: {display_path(over_count[0])})"
             )
         if to_remove:
             self.run("update-index", "-z", "--force-remove", "--stdin", stdin=_nul(to_remove))
@@ -443,9 +443,12 @@ class ShadowRepo:
         proc = self._proc("update-index", "-z", "--add", "--remove", "--stdin", stdin=_nul(paths))
         if proc.returncode == 0:
             return
+        if b"Unable to process path" not in proc.stderr:
+            # Not one path's fault (a stale index.lock, a full disk): a real failure.
+            err = proc.stderr.decode("utf-8", "replace").strip()
+            raise CheckpointError(f"git update-index failed in {self.git_dir}: {err}")
         if len(paths) == 1:
-            err = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-            notes.add(paths[0], f"changed while it was recorded ({err[-1] if err else '?'})")
+            notes.add(paths[0], "changed while it was recorded (now a folder or unreadable)")
             self._proc("update-index", "-z", "--force-remove", "--stdin", stdin=_nul(paths))
             return
         half = len(paths) // 2
@@ -780,6 +783,13 @@ class ShadowRepo:
                 with contextlib.suppress(OSError):
                     total += os.lstat(os.path.join(root, f)).st_blocks * 512
         return total
+
+
+def display_path(path: str) -> str:
+    """``path`` as text JSON can carry: bytes that are not UTF-8 (``os.fsdecode``
+    turned them into lone surrogates) become ``\\xff``. For notes and events only;
+    git is always given the exact name (``_nul``)."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
 def _nul(paths: Iterable[str]) -> bytes:

@@ -174,6 +174,28 @@ def test_undo_moves_unrecorded_files_aside_instead_of_deleting_them(make_run: An
     assert (aside / "notes" / "lib" / ".git" / "HEAD").is_file()
 
 
+def test_the_reviews_finding_7_as_written(make_run: Any) -> None:
+    """`notes` a file, `data/dataset.csv` ignored; the agent ignores `notes/`, deletes
+    `notes` and renames data/ to notes/. Undo used to delete dataset.csv."""
+    run: Run = make_run()
+    f = run.folder
+    (f / ".gitignore").write_text("data/\n")
+    (f / "notes").write_text("my notes\n")
+    (f / "data").mkdir()
+    (f / "data" / "dataset.csv").write_text("weeks,of,data\n")
+    run.start()
+    run.turn()
+    (f / ".gitignore").write_text("data/\nnotes/\n")
+    (f / "notes").unlink()
+    (f / "data").rename(f / "notes")
+    run.end()
+    result = undo(run.id)
+    assert (f / "notes").read_text() == "my notes\n"
+    assert (f / "data" / "dataset.csv").read_text() == "weeks,of,data\n"
+    assert (f / ".gitignore").read_text() == "data/\n"
+    assert result.moved_aside == []
+
+
 def test_undo_keeps_an_unrecorded_file_where_a_folder_is_restored(make_run: Any) -> None:
     """The other direction: the target needs a folder where an unrecorded file is."""
     with file_cap(1000):
@@ -404,3 +426,27 @@ def test_scripted_flow_deletes_ignored_files_and_renames_over_a_recorded_one(
     assert (f / "data" / "rows.csv").read_text() == "1,2\n"
     assert (f / "report.md").read_text() == "# the person's report\n"
     assert (f / "draft.md").read_text() == "# the agent's draft\n"
+
+
+# --------------------------------------------------------------------------- names not UTF-8
+
+
+def test_names_that_are_not_utf8_are_recorded_noted_and_reported(make_run: Any) -> None:
+    """A name git and the file system take but JSON cannot (invalid UTF-8): the
+    checkpoint metadata, the runner's `changes` event and the review all survive."""
+    run: Run = make_run()
+    f = run.folder
+    run.start()
+    run.turn()
+    bad = os.fsdecode(b"bad\xff.txt")
+    (f / bad).write_text("x\n")
+    nested = f / os.fsdecode(b"repo\xfe")
+    nested.mkdir()
+    subprocess.run(["git", "init", "-q", str(nested)], check=True)
+    run.end()
+    orjson.dumps(run.events)  # the runner writes this event to the transcript
+    assert [fl["path"] for fl in run.events[0]["files"]] == ["bad\\xff.txt"]
+    assert any(n.startswith("repo\\xfe: a git repository") for n in notes_of(run))
+    assert changes(run.id, 1) == {bad: "added"}
+    undo(run.id, turn=1)
+    assert not (f / bad).exists() and nested.is_dir()

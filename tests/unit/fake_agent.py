@@ -103,3 +103,20 @@ class FakeAgent:
     @property
     def qemu_pid(self) -> int | None:
         return None
+
+    # No VM, so no git guard and no netmux behind this agent.
+    def git_readonly_notice(self) -> str | None:
+        return None
+
+    @property
+    def git_scan_seconds(self) -> float | None:
+        return None
+
+    async def move_aside_new_git(self) -> list[Any]:
+        return []
+
+    def take_git_reports(self) -> tuple[list[Any], str | None]:
+        return [], None
+
+    def preview_mux(self) -> None:
+        return None

@@ -1,5 +1,9 @@
 """Checkpoints: every change the agent makes to the working folder can be seen and undone.
 
+Ignored files included; what the caps or git's own limits keep out of a
+checkpoint is noted and listed by ``piwork changes``, and undo never deletes it
+(see :mod:`piwork.checkpoints.shadow`).
+
 A per-task shadow git repository (``<task dir>/checkpoints``, outside every
 share the guest mounts) records the folder at task start, before each agent
 turn and at task end. Start here: :func:`list_checkpoints`,

@@ -2,8 +2,9 @@
 
 Both read the task's checkpoints (see :mod:`piwork.checkpoints`). ``changes``
 lists what the agent added, modified or deleted in the whole task or in one
-turn, with diffs; ``--json`` prints ``{"task", "turn", "checkpoints",
-"changes": [{"path", "status", "binary", "diff"}]}``. ``undo`` restores the
+turn, with diffs; ``--json`` prints ``{"task", "turn", "limits": {"maxFileBytes",
+"maxFiles"}, "checkpoints", "changes": [{"path", "status", "binary", "diff", "note"}]}``
+(``note``: why a file has no diff). ``undo`` restores the
 folder (or some files) and prints how to undo the undo.
 
 Everything printed that came from the folder (file names, diffs, notes, error
@@ -80,13 +81,21 @@ def _fail(cmd: str, exc: Exception) -> None:
     print(f"piwork {cmd}: {sanitize_block(exc, indent='  ')}", file=sys.stderr)
 
 
+def _max_file_bytes() -> int | None:
+    try:
+        return load_task_settings().checkpoint_max_file_bytes
+    except SettingsError:  # reported by the commands that need the setting
+        return None
+
+
 def _limits() -> str:
     """The recording caps, shown with every review (what is beyond them is in no checkpoint)."""
-    try:
-        cap = load_task_settings().checkpoint_max_file_bytes
-        size = f"files up to {cap / 1048576:.1f} MiB (tasks.checkpointMaxFileBytes)"
-    except SettingsError:  # reported by the commands that need the setting
-        size = "files up to the tasks.checkpointMaxFileBytes size"
+    cap = _max_file_bytes()
+    size = (
+        f"files up to {cap / 1048576:.1f} MiB (tasks.checkpointMaxFileBytes)"
+        if cap is not None
+        else "files up to the tasks.checkpointMaxFileBytes size"
+    )
     return (
         f"recorded: {size}, at most {MAX_FILES:,} files; ignored files too "
         "(no .gitignore applies); names git refuses and nested repositories are not"
@@ -105,6 +114,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
         out: dict[str, Any] = {
             "task": task_id,
             "turn": args.turn,
+            "limits": {"maxFileBytes": _max_file_bytes(), "maxFiles": MAX_FILES},
             "checkpoints": [
                 {
                     "id": c.id,
@@ -137,7 +147,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
     print(_limits())
     notes = dict.fromkeys(n for c in checkpoints for n in c.notes)
     if notes:
-        print("not recorded (no checkpoint holds these; undo leaves them alone):")
+        print("not recorded (in no checkpoint; undo never deletes them):")
         for n in notes:
             print(f"  {_one(n)}")
     scope = f"turn {args.turn}" if args.turn is not None else "the task"

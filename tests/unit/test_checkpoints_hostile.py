@@ -23,6 +23,7 @@ from piwork.checkpoints import MAX_FILES, list_checkpoints, repo_for, task_chang
 from piwork.checkpoints import shadow as shadow_mod
 from piwork.checkpoints.api import describe, turn_range
 from piwork.checkpoints.shadow import PATH_MAX, ShadowRepo, refused_prefix
+from piwork.cli.main import main
 from piwork.config import get_paths
 
 from . import test_checkpoints as base
@@ -448,5 +449,7 @@ def test_names_that_are_not_utf8_are_recorded_noted_and_reported(make_run: Any) 
     assert [fl["path"] for fl in run.events[0]["files"]] == ["bad\\xff.txt"]
     assert any(n.startswith("repo\\xfe: a git repository") for n in notes_of(run))
     assert changes(run.id, 1) == {bad: "added"}
+    assert main(["changes", run.id, "--json"]) == 0  # JSON output survives the name too
+    assert main(["changes", run.id]) == 0
     undo(run.id, turn=1)
     assert not (f / bad).exists() and nested.is_dir()

@@ -98,6 +98,7 @@ def test_changes_prints_no_raw_escape(evil_run: Run, capsys: pytest.CaptureFixtu
     assert code == 0, err
     assert_inert(out, err)
     assert out.isascii()
+    assert json.loads(out)["limits"]["maxFiles"] == 100_000
     paths = {c["path"] for c in json.loads(out)["changes"]}
     assert f"notes{OSC52}.txt" in paths  # --json is lossless, only escaped
 

@@ -616,6 +616,9 @@ describe("security review: commands that were reads and delete, overwrite or run
     "set -o keyword; ls",
     "x=-k; set $x; ls",
     "find * -print",
+    // a loop variable is an assignment: PATH=. runs ./ls
+    "for PATH in .; do ls; done",
+    "select PATH in .; do ls; done",
   ];
   for (const cmd of cases) {
     test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {
@@ -632,7 +635,7 @@ describe("security review: commands that were reads and delete, overwrite or run
     notAutoRead("find . -name *", dir);
   });
   test("the same shapes with known words stay reads", () => {
-    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF"]) {
+    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF", "for f in *.c; do echo \"$f\"; done", "echo \"${arr[@]}\" ${#arr[@]} ${a[0]}", "x[1]=2"]) {
       const r = bash(cmd);
       assert.deepEqual(actions(r), ["read"], `${cmd}: ${JSON.stringify(r.effects)}`);
     }

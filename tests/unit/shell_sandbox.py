@@ -56,7 +56,10 @@ FIXTURE: dict[str, str] = {
     "evil.awk": 'BEGIN { system("touch PWNED") }\n',
     "evil.sed": "1e touch PWNED\n",
     "list": "a.txt\nb.txt\n",
+    # a program planted in the folder: a command that puts `.` on PATH runs it
+    "ls": "#!/bin/sh\n: > PWNED\n",
 }
+EXECUTABLE = {"ls"}
 
 # Host tools linked into bash's PATH besides the read-only list.
 EXTRA_TOOLS = [
@@ -183,6 +186,8 @@ class Sandbox:
             p = self.scratch / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
+            if rel in EXECUTABLE:
+                p.chmod(0o755)
         if self.as_root:
             for dirpath, dirnames, filenames in os.walk(self.scratch):
                 os.chown(dirpath, NOBODY, NOBODY)

@@ -6,7 +6,7 @@ constructs where the classifier and a shell can disagree: read-only commands
 with options (the ones that take arguments included), quotes, unquoted
 expansions of variables holding hostile values (`1 -o a.txt`,
 `a[$(touch PWNED)]`, `-k`), prefix assignments, pipes, `;`/`&&`/`||`,
-subshells, `$( )`, backquotes, heredocs, CR, comments and wrappers
+subshells, loops, `$( )`, backquotes, heredocs, CR, comments and wrappers
 (timeout, env, nice, xargs). Each line the classifier calls an auto-allowed
 read is run under busybox ``sh -c`` and ``bash -c`` in a scratch folder and
 must change nothing there.
@@ -134,8 +134,16 @@ def simple_command(draw: st.DrawFn) -> str:
 
 
 @st.composite
+def loop(draw: st.DrawFn) -> str:
+    var = draw(st.sampled_from(["f", "x", "PATH", "IFS"]))
+    items = " ".join(draw(st.lists(word([]), min_size=1, max_size=2)))
+    kw = draw(st.sampled_from(["for", "for", "select"]))
+    return f"{kw} {var} in {items}; do {draw(simple_command())}; done"
+
+
+@st.composite
 def command_list(draw: st.DrawFn, depth: int = 0) -> str:
-    parts = [draw(simple_command())]
+    parts = [draw(st.one_of(simple_command(), simple_command(), loop()))]
     for _ in range(draw(st.integers(0, 2))):
         sep = draw(st.sampled_from([" | ", "; ", " && ", " || ", "\n"]))
         if depth < 1 and draw(st.booleans()):
@@ -206,6 +214,7 @@ def test_generated_reads_change_nothing_under_busybox_sh_and_bash(
     @example("ls\r#; touch PWNED")
     @example("x='a[$(touch PWNED)]'; echo $((x))")
     @example("set -k; env a=1 ls y=1")
+    @example("for PATH in .; do ls; done")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
         if verdict["needsDecision"]:

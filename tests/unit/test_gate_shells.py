@@ -100,6 +100,8 @@ ATTACKS: list[tuple[str, tuple[str, ...]]] = [
     ("x='a[$(touch PWNED)]'; test -v \"$x\"", ("bash",)),
     ("a=(1); x='a[$(touch PWNED)]'; unset \"$x\"", ("bash",)),
     ("sort -k {1,-o,a.txt} b.txt", ("bash",)),
+    # busybox runs its own applet for `ls` whatever PATH says
+    ("for PATH in .; do ls; done", ("bash",)),
 ]
 
 

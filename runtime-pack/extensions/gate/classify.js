@@ -520,8 +520,9 @@ class Lexer {
       if (!inQuotes) w.splitKnown = true;
       return;
     }
-    const name = /^(?:#?(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])?)$/;
-    const op = /^([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])(:?[-+?]|##?|%%?|(:?=))/.exec(inner);
+    // a name, a literal index or all elements ([@], [*]): nothing evaluated
+    const name = /^(?:#?(?:[A-Za-z_][A-Za-z0-9_]*(?:\[(?:[0-9]+|@|\*)\])?|[0-9]+|[@*#?$!-])?)$/;
+    const op = /^([A-Za-z_][A-Za-z0-9_]*(?:\[(?:[0-9]+|@|\*)\])?|[0-9]+|[@*#?$!-])(:?[-+?]|##?|%%?|(:?=))/.exec(inner);
     if (name.test(inner)) {
       // ${x}, ${#x}, ${1}, ${#}: a value
     } else if (op && op[3] !== undefined) {
@@ -955,7 +956,13 @@ function classifySimple(cmd, ctx, effects) {
     words.shift();
   }
   if (words.length === 0) return;
-  if (words[0].text === "for" || words[0].text === "select" || words[0].text === "case") return; // loop header; body is its own segment
+  if ((words[0].text === "for" || words[0].text === "select") && words[1]) {
+    // the loop assigns its variable: `for PATH in .; do ls; done` runs ./ls
+    const bad = words[1].dynamic ? "a loop over a computed variable name" : unsafeAssignment(`${words[1].text}=`);
+    if (bad) effects.push(effect("exec", { command: command0, reason: bad }));
+    return; // loop header; the body is its own segment
+  }
+  if (words[0].text === "case") return;
   if (words[0].text === "function") return;
 
   const name0 = words[0].dynamic ? null : path.basename(words[0].text);

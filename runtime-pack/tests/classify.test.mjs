@@ -619,6 +619,10 @@ describe("security review: commands that were reads and delete, overwrite or run
     // a loop variable is an assignment: PATH=. runs ./ls
     "for PATH in .; do ls; done",
     "select PATH in .; do ls; done",
+    // bash searches the current directory when PATH is unset
+    "unset PATH; ls",
+    "unset -v PATH; ls",
+    "env -u PATH ls",
   ];
   for (const cmd of cases) {
     test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {

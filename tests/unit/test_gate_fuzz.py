@@ -95,7 +95,7 @@ COMMANDS: dict[str, list[str]] = {
     "set": ["-e", "-k", "-o", "keyword", "pipefail", "--", "-x", "-u"],
     "declare": ["-i", "-a", "y=x", "y=1"],
     "export": ["y=1", "y=$x"],
-    "unset": ["y", "'a[$(touch PWNED)]'"],
+    "unset": ["y", "PATH", "-v", "'a[$(touch PWNED)]'"],
     "let": ["y=x", "y=1"],
     "xargs": ["-n", "1", "echo", "cat", "rm"],
     "tar": ["-cf", "o.tar", "-xf", "--to-command=touch\\ PWNED", "."],
@@ -215,6 +215,7 @@ def test_generated_reads_change_nothing_under_busybox_sh_and_bash(
     @example("x='a[$(touch PWNED)]'; echo $((x))")
     @example("set -k; env a=1 ls y=1")
     @example("for PATH in .; do ls; done")
+    @example("unset PATH; ls")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
         if verdict["needsDecision"]:

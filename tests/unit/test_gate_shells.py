@@ -102,6 +102,7 @@ ATTACKS: list[tuple[str, tuple[str, ...]]] = [
     ("sort -k {1,-o,a.txt} b.txt", ("bash",)),
     # busybox runs its own applet for `ls` whatever PATH says
     ("for PATH in .; do ls; done", ("bash",)),
+    ("unset PATH; ls", ("bash",)),
 ]
 
 

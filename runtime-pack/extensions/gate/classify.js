@@ -998,9 +998,15 @@ function classifySimple(cmd, ctx, effects) {
       return;
     }
     if (spec.assignments) {
-      for (const w of words.slice(1, words.length - inner.length)) {
-        const bad = /^[A-Za-z_][A-Za-z0-9_]*=/.test(w.text) ? unsafeAssignment(w.text) : null;
+      const own = words.slice(1, words.length - inner.length);
+      for (let k = 0; k < own.length; k++) {
+        const t = own[k].text;
+        const bad = /^[A-Za-z_][A-Za-z0-9_]*=/.test(t) ? unsafeAssignment(t) : null;
         if (bad) effects.push(effect("exec", { command, reason: bad }));
+        // `env -u PATH cmd`: the command is then looked up in a default path
+        const unset = t === "-u" || t === "--unset" ? own[k + 1]?.text : /^(?:-u|--unset=)(.+)$/.exec(t)?.[1];
+        const badUnset = unset === undefined ? null : unsafeAssignment(`${unset}=`);
+        if (badUnset) effects.push(effect("exec", { command, reason: badUnset.replace(/^sets /, "unsets ") }));
       }
     }
     if (inner.length === 0) return; // plain `env`, `time`: prints
@@ -1366,6 +1372,9 @@ function readOnlyBuiltinRisk(name, words, ctx) {
   if (name === "unset") {
     for (const w of args) {
       if (!literal(w) || !(/^-[fvn]$/.test(w.text) || /^[A-Za-z_][A-Za-z0-9_]*(?:\[(?:[0-9]+|@|\*)\])?$/.test(w.text))) return "unset of a computed name or subscript (bash evaluates subscripts as arithmetic)";
+      // `unset PATH; ls`: bash then searches the current directory
+      const bad = /^-/.test(w.text) ? null : unsafeAssignment(`${w.text.replace(/\[.*$/, "")}=`);
+      if (bad) return bad.replace(/^sets /, "unsets ");
     }
     return null;
   }

@@ -623,6 +623,12 @@ describe("security review: commands that were reads and delete, overwrite or run
     "unset PATH; ls",
     "unset -v PATH; ls",
     "env -u PATH ls",
+    // writing to /dev/fd/N or /dev/stdout reopens the file a redirect pointed it at
+    "echo x < a.txt > /dev/fd/0",
+    "exec 63<a.txt; echo pwned > /dev/fd/63",
+    "exec 1<a.txt; echo x > /dev/stdout",
+    "exec 2<a.txt; ls nothere 2>/dev/stderr",
+    "cat b.txt < a.txt >> /dev/fd/0",
   ];
   for (const cmd of cases) {
     test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {
@@ -639,7 +645,7 @@ describe("security review: commands that were reads and delete, overwrite or run
     notAutoRead("find . -name *", dir);
   });
   test("the same shapes with known words stay reads", () => {
-    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF", "for f in *.c; do echo \"$f\"; done", "echo \"${arr[@]}\" ${#arr[@]} ${a[0]}", "x[1]=2"]) {
+    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF", "for f in *.c; do echo \"$f\"; done", "echo \"${arr[@]}\" ${#arr[@]} ${a[0]}", "x[1]=2", "echo oops > /dev/stderr", "tr a b < a.txt 2>/dev/null"]) {
       const r = bash(cmd);
       assert.deepEqual(actions(r), ["read"], `${cmd}: ${JSON.stringify(r.effects)}`);
     }

@@ -6,10 +6,10 @@ constructs where the classifier and a shell can disagree: read-only commands
 with options (the ones that take arguments included), quotes, unquoted
 expansions of variables holding hostile values (`1 -o a.txt`,
 `a[$(touch PWNED)]`, `-k`), prefix assignments, pipes, `;`/`&&`/`||`,
-subshells, loops, `$( )`, backquotes, heredocs, CR, comments and wrappers
-(timeout, env, nice, xargs). Each line the classifier calls an auto-allowed
-read is run under busybox ``sh -c`` and ``bash -c`` in a scratch folder and
-must change nothing there.
+subshells, loops, redirections (to /dev/fd/N too), `$( )`, backquotes,
+heredocs, CR, comments and wrappers (timeout, env, nice, xargs). Each line
+the classifier calls an auto-allowed read is run under busybox ``sh -c`` and
+``bash -c`` in a scratch folder and must change nothing there.
 
 Safety (this executes generated commands on the host): the grammar's words
 only name files inside the scratch folder (relative names, no `..`, no
@@ -107,6 +107,8 @@ COMMANDS: dict[str, list[str]] = {
 COMMENTS = ["touch PWNED", ")", ")\ntouch PWNED"]
 HEREDOC_LINES = ["$x", "$(touch PWNED)", "${y[x]}", "a.txt"]
 CR_TAILS = ["", "\r#; touch PWNED", "\r\ntouch PWNED"]
+REDIRECTS = ["", "", "", " < a.txt", " 2>/dev/null", " > /dev/fd/0", " > /dev/fd/3", " >&2"]
+REDIRECTS += [" > /dev/stdout", " <<< $x", " < a.txt > /dev/stderr"]
 WRAPPERS = ["", "", "", "timeout 1 ", "env ", "nice ", "nohup ", "env a=1 ", "timeout -s TERM 1 "]
 
 
@@ -129,8 +131,9 @@ def word(draw: st.DrawFn, opts: list[str]) -> str:
 def simple_command(draw: st.DrawFn) -> str:
     name = draw(st.sampled_from(sorted(COMMANDS)))
     words = draw(st.lists(word(COMMANDS[name]), max_size=4))
-    prefix = draw(st.sampled_from(["", "", "", "a=1 ", "LC_ALL=C ", "y=$x "]))
-    return prefix + draw(st.sampled_from(WRAPPERS)) + " ".join([name, *words])
+    prefix = draw(st.sampled_from(["", "", "", "a=1 ", "LC_ALL=C ", "y=$x ", "exec 3<a.txt; "]))
+    redirect = draw(st.sampled_from(REDIRECTS))
+    return prefix + draw(st.sampled_from(WRAPPERS)) + " ".join([name, *words]) + redirect
 
 
 @st.composite
@@ -216,6 +219,7 @@ def test_generated_reads_change_nothing_under_busybox_sh_and_bash(
     @example("set -k; env a=1 ls y=1")
     @example("for PATH in .; do ls; done")
     @example("unset PATH; ls")
+    @example("echo x < a.txt > /dev/fd/0")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
         if verdict["needsDecision"]:

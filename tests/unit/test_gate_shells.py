@@ -103,6 +103,9 @@ ATTACKS: list[tuple[str, tuple[str, ...]]] = [
     # busybox runs its own applet for `ls` whatever PATH says
     ("for PATH in .; do ls; done", ("bash",)),
     ("unset PATH; ls", ("bash",)),
+    ("echo x < a.txt > /dev/fd/0", SHELLS),
+    ("exec 63<a.txt; echo pwned > /dev/fd/63", SHELLS),
+    ("exec 1<a.txt; echo x > /dev/stdout", SHELLS),
 ]
 
 

@@ -815,6 +815,9 @@ const GIT_DESTRUCTIVE = new Set(["clean", "rm"]);
 const GIT_GLOBAL_OPTS_WITH_ARG = new Set(["-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"]);
 const GIT_GLOBAL_FLAGS = new Set(["-C", "-P", "--no-pager", "--no-replace-objects", "--literal-pathspecs", "--glob-pathspecs", "--noglob-pathspecs", "--icase-pathspecs", "--no-optional-locks", "--no-lazy-fetch", "--bare", "--version", "--help"]);
 
+// /dev/stdout, /dev/fd/N...: paths that name a descriptor of the shell itself.
+const FD_PATHS = /^\/dev\/(?:std(?:in|out|err)|fd\/[0-9]+)$/;
+
 const DEV_PATHS = new Set(["/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/fd/0", "/dev/fd/1", "/dev/fd/2", "/dev/fd/63"]);
 
 // ---------------------------------------------------------------------------
@@ -936,7 +939,19 @@ function classifySimple(cmd, ctx, effects) {
     if (r.op === "<<" || r.op === "<<-" || r.herestring) continue;
     if (r.target && r.target.procsub) continue;
     const val = r.target ? wordValue(r.target, ctx) : null;
-    if (val !== null && DEV_PATHS.has(val)) continue;
+    if (val !== null && DEV_PATHS.has(val)) {
+      // Writing to /dev/fd/N or /dev/stdout *reopens* what that descriptor refers
+      // to: after `exec 3<a.txt` (or `< a.txt` on the same command) that is a.txt,
+      // opened for writing and truncated. Harmless only when nothing in the
+      // command line can have pointed a descriptor at a file.
+      const output = r.op !== "<";
+      if (output && ctx.fdRisk && FD_PATHS.test(val)) effects.push(effect("write", { raw: null, cwd: ctx.cwd, command: command0, reason: `writes to ${val}, which reopens the file a descriptor may have been pointed at by a redirect`, unknownTarget: true }));
+      continue;
+    }
+    if (r.op !== "<" && ctx.fdRisk && val !== null && /^\/dev\/stdin$/.test(val)) {
+      effects.push(effect("write", { raw: null, cwd: ctx.cwd, command: command0, reason: `writes to ${val}, which reopens the file a descriptor may have been pointed at by a redirect`, unknownTarget: true }));
+      continue;
+    }
     if (r.op === "<") effects.push(pathEffect("read", r.target, ctx, command0, "reads input from a file"));
     else if (r.op === "<>") effects.push(pathEffect("write", r.target, ctx, command0, "opens a file for writing"));
     else if (r.op === ">>" || r.op === "&>>") effects.push(pathEffect("write", r.target, ctx, command0, "appends to a file"));
@@ -2065,7 +2080,9 @@ export function classifyToolCall(toolName, input, { cwd, config }) {
     raw.push(effect("write", { raw: p, cwd, reason: toolName === "edit" ? "edits a file" : "writes a file", unknownTarget: p === null }));
   } else if (toolName === "bash") {
     command = typeof args.command === "string" ? args.command : "";
-    raw = classifyCommandEffects(command, { cwd, home: config.home, depth: 0 });
+    // a `<` redirect anywhere (not a heredoc's `<<`), or exec, can point a descriptor at a file
+    const fdRisk = /(^|[^<])<(?!<)|\bexec\b/.test(command);
+    raw = classifyCommandEffects(command, { cwd, home: config.home, depth: 0, fdRisk });
     if (raw.length === 0) raw.push(effect("read", { raw: ".", cwd, command, reason: "no side effects found" }));
   } else if (NO_EFFECT_TOOLS.has(toolName)) {
     // no effects: action "read", no decision needed

@@ -637,6 +637,16 @@ describe("security review: commands that were reads and delete, overwrite or run
       assert.equal(r.needsDecision, true);
     });
   }
+  test("a glob that could become options makes a write command ask", () => {
+    const dir = path.join(work, "cpglob");
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, "-t.."), "");
+    fs.writeFileSync(path.join(dir, "b.c"), "");
+    // cp * x with a file named -t.. copies into the parent folder
+    assert.equal(bash("cp * x", dir).action, "shell");
+    assert.equal(bash("touch $x", dir).action, "shell");
+    assert.equal(bash("cp *.c x", dir).action, "write");
+  });
   test("a file named like a find expression makes `find *` ask", () => {
     const dir = path.join(work, "findglob");
     fs.mkdirSync(dir, { recursive: true });

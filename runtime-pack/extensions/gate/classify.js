@@ -1104,6 +1104,14 @@ function classifySimple(cmd, ctx, effects) {
       effects.push(effect("exec", { command, reason: why }));
       return;
     }
+  } else if (FILE_CHANGERS.has(name)) {
+    // no option of these runs a program, but a word that becomes options can
+    // move the target: `cp * x` with a file named `-t..` copies into the parent
+    const split = firstSplit(words, ctx) ?? words.slice(1).find((w) => w.glob && mayBeOption(w, ctx));
+    if (split) {
+      effects.push(effect("exec", { command, reason: splitReason(name, split) }));
+      return;
+    }
   }
 
   // deletes
@@ -1801,6 +1809,10 @@ function classifyFind(words, ctx, effects, command) {
   void mutated;
   for (const r of roots) effects.push(pathEffect("read", r, ctx, command, "reads (find)"));
 }
+
+// Commands labelled `write` (auto-allowed in scope) that have no option that
+// runs a program (GNU and busybox). Deletes and moves always ask.
+const FILE_CHANGERS = new Set(["cp", "ln", "touch", "mkdir", "mkfifo", "mknod", "chmod", "chown", "chgrp", "chattr", "tee", "sponge", "csplit", "dd"]);
 
 /** Why a write command may do more than write files, or null. */
 function writeRisk(name, words, ctx) {

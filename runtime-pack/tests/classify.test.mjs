@@ -629,10 +629,15 @@ describe("security review: commands that were reads and delete, overwrite or run
     "exec 1<a.txt; echo x > /dev/stdout",
     "exec 2<a.txt; ls nothere 2>/dev/stderr",
     "cat b.txt < a.txt >> /dev/fd/0",
+    // a function body runs later, in another directory: `ls() { cat passwd; }; cd /etc; ls`
+    "ls() { cat passwd; }; cd /etc; ls",
+    "function ls { echo x > f; }; cd /etc; ls",
+    // pushd +N rotates to a directory the classifier does not track
+    "pushd /etc; pushd @WORK@; pushd +1; cat passwd",
   ];
   for (const cmd of cases) {
     test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {
-      const r = bash(cmd);
+      const r = bash(cmd.split("@WORK@").join(work));
       assert.ok(r.effects.some((e) => e.action !== "read"), `${JSON.stringify(cmd)}: ${JSON.stringify(r.effects)}`);
       assert.equal(r.needsDecision, true);
     });

@@ -338,7 +338,12 @@ class Lexer {
     }
     if (op === "(" || op === ")") {
       // `f() {` function definitions and `case` patterns: flush and keep going.
-      if (op === "(" && s[this.i] === ")") this.i++;
+      if (op === "(" && /^\s*\)/.test(s.slice(this.i))) {
+        // a function's body runs when its name is used, later, in another
+        // directory and with other arguments (`ls() { …; }; cd /elsewhere; ls`)
+        this.risky.push("defines a function: its body runs later, where this classifier cannot follow it");
+        this.i = s.indexOf(")", this.i) + 1;
+      }
       else if (op === "(") this.parenDepth++;
       else this.parenDepth--;
       this.flush();
@@ -978,7 +983,10 @@ function classifySimple(cmd, ctx, effects) {
     return; // loop header; the body is its own segment
   }
   if (words[0].text === "case") return;
-  if (words[0].text === "function") return;
+  if (words[0].text === "function" && !words[0].quoted) {
+    effects.push(effect("exec", { command: command0, reason: "defines a function: its body runs later, where this classifier cannot follow it" }));
+    return;
+  }
 
   const name0 = words[0].dynamic ? null : path.basename(words[0].text);
   const command = segmentText(words);
@@ -1086,7 +1094,10 @@ function classifySimple(cmd, ctx, effects) {
   // cd: update the virtual cwd
   if (name === "cd" || name === "pushd") {
     const target = positionals(words)[0];
-    if (!target) ctx.cwd = ctx.home;
+    // pushd with no directory, or +N/-N, rotates the stack: a directory this
+    // classifier may not know
+    if (name === "pushd" && (!target || words.slice(1).some((w) => /^[-+][0-9]+$/.test(w.text)))) ctx.cwd = null;
+    else if (!target) ctx.cwd = ctx.home;
     else {
       const v = wordValue(target, ctx);
       if (v === null || v === "-") ctx.cwd = null;

@@ -634,6 +634,9 @@ describe("security review: commands that were reads and delete, overwrite or run
     "function ls { echo x > f; }; cd /etc; ls",
     // pushd +N rotates to a directory the classifier does not track
     "pushd /etc; pushd @WORK@; pushd +1; cat passwd",
+    // eval's cd moves this shell; a wrapper's cd moves only its child
+    "eval cd /etc; cat passwd",
+    "cd /etc; nice cd @WORK@; echo x > f",
   ];
   for (const cmd of cases) {
     test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {

@@ -1009,7 +1009,7 @@ function classifySimple(cmd, ctx, effects) {
       if (ci >= 0 && words[ci + 1]) recurseString(words[ci + 1], ctx, effects, command);
       return;
     }
-    if (inner.length) classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    if (inner.length) classifyChild({ words: inner, redirects: [] }, ctx, effects);
     return;
   }
   if ((name === "command" || name === "type" || name === "hash") && words.slice(1).some((w) => w.text === "-v" || w.text === "-V")) return;
@@ -1037,7 +1037,7 @@ function classifySimple(cmd, ctx, effects) {
       // xargs rm: the targets come from stdin
       const innerCmd = { words: inner, redirects: [] };
       const sub = [];
-      classifySimple(innerCmd, ctx, sub);
+      classifyChild(innerCmd, ctx, sub);
       const innerName = path.basename(inner[0].text);
       const looksReadOnly = sub.every((e) => e.op === "read") && READ_ONLY.has(innerName) && !inner[0].text.includes("/");
       if (!looksReadOnly) {
@@ -1051,7 +1051,9 @@ function classifySimple(cmd, ctx, effects) {
       }
       return;
     }
-    classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    // `builtin cd`, `command cd` (and bash's `time` keyword) run in this shell
+    if (["builtin", "command", "time"].includes(name)) classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    else classifyChild({ words: inner, redirects: [] }, ctx, effects);
     return;
   }
 
@@ -1063,7 +1065,7 @@ function classifySimple(cmd, ctx, effects) {
         effects.push(effect("exec", { command, reason: "evaluates a computed string" }));
         return;
       }
-      recurseString({ text: rest.map((w) => w.text).join(" "), dynamic: false }, ctx, effects, command);
+      recurseString({ text: rest.map((w) => w.text).join(" "), dynamic: false }, ctx, effects, command, { sameShell: true });
       return;
     }
     const ci = words.findIndex((w, idx) => idx > 0 && !w.quoted && /^-[A-Za-z]*c[A-Za-z]*$/.test(w.text));
@@ -1745,7 +1747,18 @@ function unwrap(words, spec, ctx) {
   return words.slice(i);
 }
 
-function recurseString(w, ctx, effects, command) {
+/**
+ * Classify a command another program runs (a wrapper's, xargs', find -exec's):
+ * a `cd` there moves that child, not this shell, so the working directory
+ * this classifier tracks becomes unknown rather than wrong.
+ */
+function classifyChild(cmd, ctx, effects) {
+  const before = ctx.cwd;
+  classifySimple(cmd, ctx, effects);
+  if (ctx.cwd !== before) ctx.cwd = null;
+}
+
+function recurseString(w, ctx, effects, command, { sameShell = false } = {}) {
   if (w.dynamic) {
     effects.push(effect("exec", { command, reason: "runs a computed command string" }));
     return;
@@ -1754,8 +1767,11 @@ function recurseString(w, ctx, effects, command) {
     effects.push(effect("exec", { command, reason: "nesting too deep to inspect" }));
     return;
   }
-  const inner = classifyCommandEffects(w.text, { ...ctx, depth: ctx.depth + 1 });
+  const innerCtx = { ...ctx, depth: ctx.depth + 1 };
+  const inner = classifyCommandEffects(w.text, innerCtx);
   for (const e of inner) effects.push(e);
+  // eval runs in this shell: a cd inside it moves this shell too
+  if (sameShell) ctx.cwd = innerCtx.cwd;
 }
 
 function classifyFind(words, ctx, effects, command) {
@@ -1795,7 +1811,7 @@ function classifyFind(words, ctx, effects, command) {
       const end = expr.findIndex((w, k) => k > j && (w.text === ";" || w.text === "+" || w.text === "\\;"));
       const innerWords = expr.slice(j + 1, end < 0 ? expr.length : end).map((w) => (w.text === "{}" ? { ...w, text: "{}", dynamic: true } : w));
       const sub = [];
-      if (innerWords.length) classifySimple({ words: innerWords, redirects: [] }, ctx, sub);
+      if (innerWords.length) classifyChild({ words: innerWords, redirects: [] }, ctx, sub);
       for (const e of sub) {
         if (e.unknownTarget && (e.op === "delete" || e.op === "move" || e.op === "write")) {
           // `{}` is each found file: the roots are the real scope

@@ -637,6 +637,13 @@ describe("security review: commands that were reads and delete, overwrite or run
     // eval's cd moves this shell; a wrapper's cd moves only its child
     "eval cd /etc; cat passwd",
     "cd /etc; nice cd @WORK@; echo x > f",
+    // a subshell's or a pipeline's cd does not move this shell
+    "cd /etc; (cd @WORK@); echo x > f",
+    "cd /etc; (cd @WORK@); (echo x > f)",
+    "cd /etc && (cd @WORK@) && cat passwd",
+    "cd /etc; cd @WORK@ | true; echo x > f",
+    "cd /etc; { cd @WORK@; } | cat; echo x > f",
+    "(cd /etc; cat passwd)",
   ];
   for (const cmd of cases) {
     test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {
@@ -663,7 +670,7 @@ describe("security review: commands that were reads and delete, overwrite or run
     notAutoRead("find . -name *", dir);
   });
   test("the same shapes with known words stay reads", () => {
-    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF", "for f in *.c; do echo \"$f\"; done", "echo \"${arr[@]}\" ${#arr[@]} ${a[0]}", "x[1]=2", "echo oops > /dev/stderr", "tr a b < a.txt 2>/dev/null"]) {
+    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF", "for f in *.c; do echo \"$f\"; done", "echo \"${arr[@]}\" ${#arr[@]} ${a[0]}", "x[1]=2", "echo oops > /dev/stderr", "tr a b < a.txt 2>/dev/null", "(cd src && ls); cat a.txt", "(cd /etc); cat a.txt", "cd src && ls | head"]) {
       const r = bash(cmd);
       assert.deepEqual(actions(r), ["read"], `${cmd}: ${JSON.stringify(r.effects)}`);
     }

@@ -199,7 +199,7 @@ const OP_CHARS = new Set([";", "&", "|", "(", ")", "<", ">", "\n"]);
 export function parseShell(src) {
   const lx = new Lexer(src);
   lx.run();
-  return { commands: lx.commands, subs: lx.subs, unsure: lx.unsure, risky: lx.risky };
+  return { commands: lx.commands, subs: lx.subs, unsure: lx.unsure, risky: lx.risky, compoundChild: lx.compoundChild === true };
 }
 
 // `$( )` inside `$( )` deeper than this is not followed (ask).
@@ -218,6 +218,9 @@ class Lexer {
     this.nested = nested;
     this.level = level;
     this.parenDepth = 0;
+    // the subshells the current command is in (ids, outermost first)
+    this.frames = [];
+    this.nextFrame = 0;
     this.end = -1;
     this.commands = [];
     this.subs = [];
@@ -230,12 +233,26 @@ class Lexer {
     this.pendingRedirect = null;
   }
 
-  flush() {
+  flush(op = null) {
     if (this.pendingRedirect) {
       this.unsure.push(`redirect ${this.pendingRedirect.op} without a target`);
       this.pendingRedirect = null;
     }
-    if (this.cur.words.length || this.cur.redirects.length) this.commands.push(this.cur);
+    // Commands that run in a child shell: inside ( ), or in a pipeline or in
+    // the background. A `cd` there does not move this shell.
+    const child = op === "|" || op === "|&" || op === "&";
+    if (child) {
+      const first = this.cur.words[0];
+      // a compound command piped or sent to the background runs whole in a child
+      // (`{ cd x; } | cat`, `while …; done &`): where its cds run is not followed
+      if (this.lastOp === ")" || (first && !first.quoted && ["}", "done", "fi", "esac"].includes(first.text) && this.cur.words.length === 1)) this.compoundChild = true;
+    }
+    if (this.cur.words.length || this.cur.redirects.length) {
+      this.cur.child = child || this.pipedNext || this.sawCase;
+      this.cur.frames = [...this.frames];
+      this.commands.push(this.cur);
+      this.pipedNext = op === "|" || op === "|&";
+    }
     this.cur = { words: [], redirects: [] };
   }
 
@@ -332,25 +349,38 @@ class Lexer {
     }
     if (op === "(" && this.cur.words.length === 0 && !this.pendingRedirect) {
       // subshell: its commands are classified like any others
-      this.parenDepth++;
       this.flush();
+      this.parenDepth++;
+      this.frames.push(++this.nextFrame);
       return;
     }
     if (op === "(" || op === ")") {
       // `f() {` function definitions and `case` patterns: flush and keep going.
+      this.lastOp = op;
       if (op === "(" && /^\s*\)/.test(s.slice(this.i))) {
         // a function's body runs when its name is used, later, in another
         // directory and with other arguments (`ls() { …; }; cd /elsewhere; ls`)
         this.risky.push("defines a function: its body runs later, where this classifier cannot follow it");
         this.i = s.indexOf(")", this.i) + 1;
+        this.flush();
+        return;
       }
-      else if (op === "(") this.parenDepth++;
-      else this.parenDepth--;
+      if (op === "(") {
+        this.flush();
+        this.parenDepth++;
+        this.frames.push(++this.nextFrame);
+        return;
+      }
+      // the command before `)` is still inside the subshell
       this.flush();
+      this.parenDepth--;
+      this.frames.pop();
       return;
     }
     if ([";", "&", "&&", "||", "|", "|&", ";;"].includes(op)) {
-      this.flush();
+      if ((op === "|" || op === "|&" || op === "&") && !this.cur.words.length && this.lastOp === ")") this.compoundChild = true;
+      this.flush(op);
+      this.lastOp = op;
       return;
     }
     // redirect
@@ -608,6 +638,7 @@ class Lexer {
       }
     }
     if (this.nested && !w.quoted && w.text === "case") this.unsure.push("case inside $( )");
+    if (!w.quoted && w.text === "case") this.sawCase = true; // its `)` are patterns, not subshell ends
     return w;
   }
 
@@ -1089,6 +1120,13 @@ function classifySimple(cmd, ctx, effects) {
     return;
   }
 
+  if ((name === "cd" || name === "pushd" || name === "popd") && (cmd.child || ctx.compoundChild)) {
+    // in a pipeline or the background (or among case patterns): it moves that
+    // child (and what runs after it there), not this shell. Which commands
+    // share that child is not followed: the directory becomes unknown.
+    ctx.cwd = null;
+    return;
+  }
   if (name === "popd") {
     ctx.cwd = null; // back to a directory this classifier may not know
     return;
@@ -1980,7 +2018,29 @@ export function classifyCommandEffects(commandText, ctx) {
     }
     for (const e of classifyCommandEffects(sub, { ...ctx, depth: ctx.depth + 1 })) effects.push(e);
   }
-  for (const cmd of parsed.commands) classifySimple(cmd, ctx, effects);
+  if (parsed.compoundChild) ctx.compoundChild = true;
+  // A subshell's cd moves only that subshell: the directory is restored when
+  // the classifier leaves it (`(cd src && ls); cat a.txt` reads ./a.txt).
+  const frames = [];
+  const saved = [];
+  for (const cmd of parsed.commands) {
+    const f = cmd.frames ?? [];
+    let k = 0;
+    while (k < frames.length && k < f.length && frames[k] === f[k]) k++;
+    while (frames.length > k) {
+      frames.pop();
+      ctx.cwd = saved.pop();
+    }
+    while (frames.length < f.length) {
+      saved.push(ctx.cwd);
+      frames.push(f[frames.length]);
+    }
+    classifySimple(cmd, ctx, effects);
+  }
+  while (frames.length) {
+    frames.pop();
+    ctx.cwd = saved.pop();
+  }
   return effects;
 }
 

@@ -148,6 +148,9 @@ class Sandbox:
         self.home = base / "home"
         self.home.mkdir(exist_ok=True)
         self.scratch = base / "work"
+        # a folder beside the scope the runner may write: a command the gate
+        # judged in the scope that lands here shows up in the changes
+        self.outside = base / "outside"
         self.bin_busybox = self._link_dir(
             base / "bin-busybox",
             {name: self.busybox for name in self._applets()},
@@ -160,7 +163,12 @@ class Sandbox:
         tools["sh"] = self.bash
         self.bin_bash = self._link_dir(base / "bin-bash", tools)
         self.reset()
-        self.pristine = snapshot(self.scratch)
+        self.pristine = self._snapshot()
+
+    def _snapshot(self) -> Snapshot:
+        both = {f"work/{k}": v for k, v in snapshot(self.scratch).items()}
+        both.update({f"outside/{k}": v for k, v in snapshot(self.outside).items()})
+        return both
 
     def _applets(self) -> list[str]:
         out = subprocess.run(
@@ -179,9 +187,12 @@ class Sandbox:
 
     def reset(self) -> None:
         """A fresh scratch folder holding FIXTURE, owned by whoever runs the commands."""
-        if self.scratch.exists():
-            shutil.rmtree(self.scratch)
-        self.scratch.mkdir()
+        for d in (self.scratch, self.outside):
+            if d.exists():
+                shutil.rmtree(d)
+            d.mkdir()
+            if self.as_root:
+                os.chown(d, NOBODY, NOBODY)
         for rel, text in FIXTURE.items():
             p = self.scratch / rel
             p.parent.mkdir(parents=True, exist_ok=True)
@@ -241,10 +252,20 @@ class Sandbox:
             os.killpg(proc.pid, signal.SIGKILL)
             raw, _ = proc.communicate()
             code = None
-        changes = diff(self.pristine, snapshot(self.scratch))
+        changes = diff(self.pristine, self._snapshot())
         if changes:
             self.reset()
         return Outcome(shell, changes, code, raw[:2000].decode("utf-8", "replace"))
+
+
+def changed_paths(sandbox: Sandbox, outcome: Outcome) -> list[Path]:
+    """The absolute paths an outcome's changes name (``created work/x`` -> scratch/x)."""
+    out = []
+    for change in outcome.changes:
+        _, rel = change.split(" ", 1)
+        top, _, rest = rel.partition("/")
+        out.append((sandbox.scratch if top == "work" else sandbox.outside) / rest)
+    return out
 
 
 class Classifier:

@@ -645,6 +645,19 @@ describe("security review: commands that were reads and delete, overwrite or run
     "cd /etc; { cd @WORK@; } | cat; echo x > f",
     "(cd /etc; cat passwd)",
   ];
+  // a write after a command that may have made symbolic links on the way asks
+  for (const cmd of ["tar -xf cat.tar && echo x > link/f", "tar xf a.tar; echo x > link/f", "unzip a.zip; touch link/x", "cp -a sub/inlink newlink; echo > newlink/f", "git checkout x && echo x > f", "bash -c 'tar -xf a.tar'; echo x > link/f"]) {
+    test(`${JSON.stringify(cmd)}: the write after it asks`, () => {
+      const r = bash(cmd);
+      assert.ok(r.effects.some((e) => e.op === "write" && e.action === "outside-scope"), JSON.stringify(r.effects));
+    });
+  }
+  test("writes after commands that make no links are judged as usual", () => {
+    for (const cmd of ["tar -czf o.tgz src && echo x > f", "cp a.txt b.txt && cp b.txt c.txt", "mkdir -p build && cp a.txt build/", "git status && echo x > f"]) {
+      const r = bash(cmd);
+      assert.ok(!r.effects.some((e) => e.action === "outside-scope"), `${cmd}: ${JSON.stringify(r.effects)}`);
+    }
+  });
   for (const cmd of cases) {
     test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {
       const r = bash(cmd.split("@WORK@").join(work));

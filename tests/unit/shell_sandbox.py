@@ -37,6 +37,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,6 +200,13 @@ class Sandbox:
             p.write_text(text)
             if rel in EXECUTABLE:
                 p.chmod(0o755)
+        # an archive holding a link out of the folder: extracting it and writing
+        # through the link on the same line lands outside
+        with tarfile.open(self.scratch / "links.tar", "w") as tar:
+            member = tarfile.TarInfo("link")
+            member.type = tarfile.SYMTYPE
+            member.linkname = "../outside"
+            tar.addfile(member)
         if self.as_root:
             for dirpath, dirnames, filenames in os.walk(self.scratch):
                 os.chown(dirpath, NOBODY, NOBODY)

@@ -144,6 +144,8 @@ WRITES = [
     "tar -cf o.tar src",
     "sed -i s/a/b/ a.txt",
     "cp * d",
+    "tar -xf links.tar && echo x > link/f",
+    "tar xf links.tar; touch link/g",
 ]
 # Ways to move the shell, or to seem to: the gate must know where a write lands.
 CDS = [
@@ -266,6 +268,8 @@ def test_generated_reads_change_nothing_and_writes_only_what_they_name_in_both_s
     @example("for PATH in .; do ls; done")
     @example("unset PATH; ls")
     @example("echo x < a.txt > /dev/fd/0")
+    @example("tar -xf links.tar && echo x > link/f")
+    @example("cd ../outside; (cd ../work); echo x > out.txt")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
         if verdict["needsDecision"] and not verdict["autoAllowed"]:

@@ -896,6 +896,10 @@ export function shellQuote(s) {
 function pathEffect(op, w, ctx, command, reason) {
   // A word that names a path: resolve it later (needs ctx.cwd which may change).
   if (w == null) return effect(op, { raw: null, cwd: ctx.cwd, command, reason, unknownTarget: true });
+  if (op !== "read" && ctx.line?.linksMade) {
+    // `tar -xf t.tar && echo x > link/f`: the link did not exist when this was judged
+    return effect(op, { raw: w.text.replace(/[\u0000\u0001]/g, "$"), cwd: ctx.cwd, command, reason: `${reason}, after a command on this line that may have made symbolic links on the way`, unknownTarget: true });
+  }
   const v = wordValue(w, ctx);
   if (v === null) return effect(op, { raw: w.text.replace(/[\u0000\u0001]/g, "$"), cwd: ctx.cwd, command, reason, unknownTarget: true });
   if (w.glob) return effect(op, { raw: globBase(v), glob: v, cwd: ctx.cwd, command, reason });
@@ -962,10 +966,43 @@ function netEffects(words, command, reason, fallbackDomain) {
 }
 
 /**
+ * Can this command create a symbolic link whose target the classifier never
+ * sees: an archive's, a copied or moved relative link that now points
+ * elsewhere, a checkout's? A rough look at its words: an unusual spelling
+ * errs on the side of "yes".
+ */
+function makesLinks(words) {
+  const texts = words.filter((w) => !w.dynamic).map((w) => w.text);
+  const at = texts.findIndex((t) => ["tar", "bsdtar", "unzip", "cpio", "7z", "cp", "rsync", "git", "ln", "mv", "patch"].includes(path.basename(t)));
+  if (at < 0) return false;
+  const name = path.basename(texts[at]);
+  const rest = texts.slice(at + 1);
+  const short = (letters) => rest.some((t) => new RegExp(`^-[A-Za-z]*[${letters}]`).test(t) && !t.startsWith("--"));
+  if (name === "cp") return short("adPRrs") || rest.some((t) => /^--(archive|no-dereference|preserve|recursive|symbolic-link)/.test(t));
+  if (name === "rsync") return short("alr") || rest.some((t) => /^--(archive|links|recursive)/.test(t));
+  if (name === "tar" || name === "bsdtar") {
+    // option clusters: `-xzf`, or the first word in the old style (`xzf`)
+    const clusters = rest.filter((t, i) => (t.startsWith("-") && !t.startsWith("--")) || (i === 0 && /^[A-Za-z]+$/.test(t))).map((t) => t.replace(/^-/, ""));
+    const extracts = clusters.some((c) => c.includes("x")) || rest.some((t) => /^--(extract|get)$/.test(t));
+    const onlyReadsOrPacks = clusters.some((c) => /[ct]/.test(c)) || rest.some((t) => /^--(create|list)$/.test(t));
+    return extracts || !onlyReadsOrPacks;
+  }
+  if (name === "git") return !GIT_READ.has(rest.find((t) => !t.startsWith("-")) ?? "");
+  return true;
+}
+
+/**
  * Classify one simple command (already split by the lexer).
- * `ctx` = { cwd, home, depth } and is mutated by `cd`.
+ * `ctx` = { cwd, home, depth, line } and is mutated by `cd`; `ctx.line` is
+ * shared by everything on the tool call's command line.
  */
 function classifySimple(cmd, ctx, effects) {
+  classifySimpleCommand(cmd, ctx, effects);
+  // later writes on this line may go through a link this one made
+  if (ctx.line && makesLinks(cmd.words)) ctx.line.linksMade = true;
+}
+
+function classifySimpleCommand(cmd, ctx, effects) {
   // process substitutions were classified as their own commands
   let words = cmd.words.filter((w) => !w.procsub);
   const command0 = segmentText(cmd.words);
@@ -2181,7 +2218,7 @@ export function classifyToolCall(toolName, input, { cwd, config }) {
     command = typeof args.command === "string" ? args.command : "";
     // a `<` redirect anywhere (not a heredoc's `<<`), or exec, can point a descriptor at a file
     const fdRisk = /(^|[^<])<(?!<)|\bexec\b/.test(command);
-    raw = classifyCommandEffects(command, { cwd, home: config.home, depth: 0, fdRisk });
+    raw = classifyCommandEffects(command, { cwd, home: config.home, depth: 0, fdRisk, line: { linksMade: false } });
     if (raw.length === 0) raw.push(effect("read", { raw: ".", cwd, command, reason: "no side effects found" }));
   } else if (NO_EFFECT_TOOLS.has(toolName)) {
     // no effects: action "read", no decision needed

@@ -652,6 +652,13 @@ describe("security review: commands that were reads and delete, overwrite or run
       assert.ok(r.effects.some((e) => e.op === "write" && e.action === "outside-scope"), JSON.stringify(r.effects));
     });
   }
+  test("csplit's prefix names where it writes", () => {
+    for (const cmd of ["csplit -f ../elsewhere/x a.txt 1", "csplit --prefix=../elsewhere/x a.txt 1", "csplit -f../elsewhere/x a.txt 1", "csplit -b '/../../x%02d' a.txt 1"]) {
+      notAutoRead(cmd);
+      assert.notEqual(bash(cmd).action, "write", cmd);
+    }
+    assert.equal(bash("csplit -f part a.txt 1").action, "write");
+  });
   test("writes after commands that make no links are judged as usual", () => {
     for (const cmd of ["tar -czf o.tgz src && echo x > f", "cp a.txt b.txt && cp b.txt c.txt", "mkdir -p build && cp a.txt build/", "git status && echo x > f"]) {
       const r = bash(cmd);

@@ -66,7 +66,8 @@ EXECUTABLE = {"ls"}
 EXTRA_TOOLS = [
     *["sh", "bash", "find", "sed", "awk", "gawk", "mawk", "git", "xargs", "timeout", "env"],
     *["nice", "nohup", "stdbuf", "ionice", "setsid", "rm", "mv", "cp", "ln", "touch", "mkdir"],
-    *["rmdir", "tee", "chmod", "dd", "truncate", "tar", "gzip", "sleep", "kill"],
+    *["rmdir", "tee", "chmod", "dd", "truncate", "tar", "gzip", "sleep", "kill", "split"],
+    *["csplit", "install", "zip", "unzip", "patch", "sort", "uniq", "iconv"],
 ]
 
 

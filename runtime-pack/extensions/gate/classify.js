@@ -1280,6 +1280,17 @@ function classifySimpleCommand(cmd, ctx, effects) {
     }
     for (const t of pos) effects.push(pathEffect("write", t, ctx, command, name === "tee" ? "writes (tee)" : `modifies (${name})`));
     if ((name === "split" || name === "csplit") && pos.length === 0) effects.push(pathEffect("write", { text: ".", dynamic: false }, ctx, command, "writes pieces"));
+    if (name === "csplit") {
+      // csplit writes PREFIX00, PREFIX01...: the prefix names where (default: xx here)
+      for (let k = 1; k < words.length; k++) {
+        const t = words[k].text;
+        const m = /^(?:-f|--prefix=)(.+)$/.exec(t);
+        const prefix = m ? { ...words[k], text: m[1] } : t === "-f" || t === "--prefix" ? words[k + 1] : null;
+        if (prefix) effects.push(pathEffect("write", prefix, ctx, command, "csplit writes its pieces here"));
+        // a suffix format with a slash puts the pieces in another folder
+        if (/^(?:-b|--suffix-format)/.test(t) && /\//.test(t + (t === "-b" || t === "--suffix-format" ? (words[k + 1]?.text ?? "") : ""))) effects.push(effect("exec", { command, reason: "csplit with a suffix format naming a folder" }));
+      }
+    }
     return;
   }
   if (name === "dd") {

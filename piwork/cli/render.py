@@ -159,13 +159,18 @@ ALWAYS_LABELS = {
 
 
 def permission_prompt_text(request: PermissionRequest, *, color: bool = True) -> str:
-    """What the terminal shows before asking: the (sanitized) guest question, then
-    for each "Always" choice exactly the rule(s) it would store, derived by the host
-    (``request.proposals``, see ``Decider.proposed_rules``)."""
+    """What the terminal shows before asking: the host-validated targets as the
+    headline (``piwork.policy.prompt``), the command and the guest's own
+    (sanitized) question below it, then for each "Always" choice exactly the
+    rule(s) it would store, derived by the host (``request.proposals``, see
+    ``Decider.proposed_rules``)."""
     from piwork.policy.decider import describe_rules
+    from piwork.policy.prompt import command_line, guest_note, headline
 
     bold = ("\x1b[1m", "\x1b[0m") if color else ("", "")
-    lines = [f"\n{bold[0]}{sanitize(request.question)}{bold[1]}"]
+    lines = [f"\n{bold[0]}{headline(request)}{bold[1]}"]
+    extras = (command_line(request), guest_note(request))
+    lines += ["  " + extra.replace("\n", "\n    ") for extra in extras if extra]
     if request.proposals:
         for choice, label in ALWAYS_LABELS.items():
             rules = request.proposals.get(choice, ())

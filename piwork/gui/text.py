@@ -48,17 +48,10 @@ def rule_text(rules: Sequence[Rule]) -> str:
 
 
 def plain_request(request: PermissionRequest) -> str:
-    """What the agent wants, in plain words."""
-    verbs = {
-        "read": "read",
-        "write": "change or create",
-        "delete": "delete",
-        "move": "move or rename",
-        "shell": "run a command",
-        "network": "connect to the network",
-        "outside-scope": "touch something outside the working folder",
-        "connector": "use a connector",
-    }
-    verb = verbs.get(request.action.value, request.action.value)
-    what = sanitize(request.summary, limit=300, keep_newlines=False)
-    return f"The agent wants to {verb}: {what}"
+    """What the agent wants, in plain words: the host-validated targets first
+    (``piwork.policy.prompt.headline``: a forged request cannot put its own words
+    there), then the command it runs. The guest's question is shown separately."""
+    from piwork.policy.prompt import command_line, headline
+
+    lines = [headline(request), command_line(request)]
+    return sanitize("\n".join(line for line in lines if line), limit=900)

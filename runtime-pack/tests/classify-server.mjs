@@ -4,7 +4,7 @@
 //
 // argv: SCOPE_DIR [READONLY_DIR]. stdin: one JSON object per line,
 // {"command": "...", "cwd": "/abs"}; stdout: one JSON object per line,
-// {"action", "needsDecision", "reasons"}.
+// {"action", "needsDecision", "autoAllowed", "writes", "reasons"}.
 import readline from "node:readline";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -26,7 +26,14 @@ for await (const line of rl) {
   try {
     const req = JSON.parse(line);
     const r = C.classifyToolCall("bash", { command: req.command }, { cwd: req.cwd ?? scope, config });
-    out = { action: r.action, needsDecision: r.needsDecision, reasons: r.effects.filter((e) => e.action !== "read").map((e) => e.reason).slice(0, 3) };
+    out = {
+      action: r.action,
+      needsDecision: r.needsDecision,
+      // what the host's default rules let through without a question: reads, and writes in scope
+      autoAllowed: r.effects.every((e) => e.action === "read" || e.action === "write"),
+      writes: r.effects.filter((e) => e.action === "write").map((e) => e.path),
+      reasons: r.effects.filter((e) => e.action !== "read").map((e) => e.reason).slice(0, 3),
+    };
   } catch (err) {
     out = { error: String(err) };
   }

@@ -616,14 +616,72 @@ describe("security review: commands that were reads and delete, overwrite or run
     "set -o keyword; ls",
     "x=-k; set $x; ls",
     "find * -print",
+    // a loop variable is an assignment: PATH=. runs ./ls
+    "for PATH in .; do ls; done",
+    "select PATH in .; do ls; done",
+    // bash searches the current directory when PATH is unset
+    "unset PATH; ls",
+    "unset -v PATH; ls",
+    "env -u PATH ls",
+    // writing to /dev/fd/N or /dev/stdout reopens the file a redirect pointed it at
+    "echo x < a.txt > /dev/fd/0",
+    "exec 63<a.txt; echo pwned > /dev/fd/63",
+    "exec 1<a.txt; echo x > /dev/stdout",
+    "exec 2<a.txt; ls nothere 2>/dev/stderr",
+    "cat b.txt < a.txt >> /dev/fd/0",
+    // a function body runs later, in another directory: `ls() { cat passwd; }; cd /etc; ls`
+    "ls() { cat passwd; }; cd /etc; ls",
+    "function ls { echo x > f; }; cd /etc; ls",
+    // pushd +N rotates to a directory the classifier does not track
+    "pushd /etc; pushd @WORK@; pushd +1; cat passwd",
+    // eval's cd moves this shell; a wrapper's cd moves only its child
+    "eval cd /etc; cat passwd",
+    "cd /etc; nice cd @WORK@; echo x > f",
+    // a subshell's or a pipeline's cd does not move this shell
+    "cd /etc; (cd @WORK@); echo x > f",
+    "cd /etc; (cd @WORK@); (echo x > f)",
+    "cd /etc && (cd @WORK@) && cat passwd",
+    "cd /etc; cd @WORK@ | true; echo x > f",
+    "cd /etc; { cd @WORK@; } | cat; echo x > f",
+    "(cd /etc; cat passwd)",
   ];
+  // a write after a command that may have made symbolic links on the way asks
+  for (const cmd of ["tar -xf cat.tar && echo x > link/f", "tar xf a.tar; echo x > link/f", "unzip a.zip; touch link/x", "cp -a sub/inlink newlink; echo > newlink/f", "git checkout x && echo x > f", "bash -c 'tar -xf a.tar'; echo x > link/f"]) {
+    test(`${JSON.stringify(cmd)}: the write after it asks`, () => {
+      const r = bash(cmd);
+      assert.ok(r.effects.some((e) => e.op === "write" && e.action === "outside-scope"), JSON.stringify(r.effects));
+    });
+  }
+  test("csplit's prefix names where it writes", () => {
+    for (const cmd of ["csplit -f ../elsewhere/x a.txt 1", "csplit --prefix=../elsewhere/x a.txt 1", "csplit -f../elsewhere/x a.txt 1", "csplit -b '/../../x%02d' a.txt 1"]) {
+      notAutoRead(cmd);
+      assert.notEqual(bash(cmd).action, "write", cmd);
+    }
+    assert.equal(bash("csplit -f part a.txt 1").action, "write");
+  });
+  test("writes after commands that make no links are judged as usual", () => {
+    for (const cmd of ["tar -czf o.tgz src && echo x > f", "cp a.txt b.txt && cp b.txt c.txt", "mkdir -p build && cp a.txt build/", "git status && echo x > f"]) {
+      const r = bash(cmd);
+      assert.ok(!r.effects.some((e) => e.action === "outside-scope"), `${cmd}: ${JSON.stringify(r.effects)}`);
+    }
+  });
   for (const cmd of cases) {
     test(`${JSON.stringify(cmd)} is not an auto-allowed read`, () => {
-      const r = bash(cmd);
+      const r = bash(cmd.split("@WORK@").join(work));
       assert.ok(r.effects.some((e) => e.action !== "read"), `${JSON.stringify(cmd)}: ${JSON.stringify(r.effects)}`);
       assert.equal(r.needsDecision, true);
     });
   }
+  test("a glob that could become options makes a write command ask", () => {
+    const dir = path.join(work, "cpglob");
+    fs.mkdirSync(dir, { recursive: true });
+    fs.writeFileSync(path.join(dir, "-t.."), "");
+    fs.writeFileSync(path.join(dir, "b.c"), "");
+    // cp * x with a file named -t.. copies into the parent folder
+    assert.equal(bash("cp * x", dir).action, "shell");
+    assert.equal(bash("touch $x", dir).action, "shell");
+    assert.equal(bash("cp *.c x", dir).action, "write");
+  });
   test("a file named like a find expression makes `find *` ask", () => {
     const dir = path.join(work, "findglob");
     fs.mkdirSync(dir, { recursive: true });
@@ -632,7 +690,7 @@ describe("security review: commands that were reads and delete, overwrite or run
     notAutoRead("find . -name *", dir);
   });
   test("the same shapes with known words stay reads", () => {
-    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF"]) {
+    for (const cmd of ["sort -k 1 -t , b.txt", "uniq -f 1 a.txt", "find . -name 'a*'", "awk -v a=1 '{print}' a.txt", "timeout 5 ls", "echo $x $((1 + 2))", "echo ${x:-default} ${#x} \"${y}\"", "[[ -n $x ]]", "[ -f \"$f\" ]", "[ \"$a\" = \"$b\" ]", "set -e", "set -- a b", "unset x", "cat <<EOF\nplain $x\nEOF", "for f in *.c; do echo \"$f\"; done", "echo \"${arr[@]}\" ${#arr[@]} ${a[0]}", "x[1]=2", "echo oops > /dev/stderr", "tr a b < a.txt 2>/dev/null", "(cd src && ls); cat a.txt", "(cd /etc); cat a.txt", "cd src && ls | head"]) {
       const r = bash(cmd);
       assert.deepEqual(actions(r), ["read"], `${cmd}: ${JSON.stringify(r.effects)}`);
     }

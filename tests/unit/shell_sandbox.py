@@ -37,6 +37,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,13 +57,17 @@ FIXTURE: dict[str, str] = {
     "evil.awk": 'BEGIN { system("touch PWNED") }\n',
     "evil.sed": "1e touch PWNED\n",
     "list": "a.txt\nb.txt\n",
+    # a program planted in the folder: a command that puts `.` on PATH runs it
+    "ls": "#!/bin/sh\n: > PWNED\n",
 }
+EXECUTABLE = {"ls"}
 
 # Host tools linked into bash's PATH besides the read-only list.
 EXTRA_TOOLS = [
     *["sh", "bash", "find", "sed", "awk", "gawk", "mawk", "git", "xargs", "timeout", "env"],
     *["nice", "nohup", "stdbuf", "ionice", "setsid", "rm", "mv", "cp", "ln", "touch", "mkdir"],
-    *["rmdir", "tee", "chmod", "dd", "truncate", "tar", "gzip", "sleep", "kill"],
+    *["rmdir", "tee", "chmod", "dd", "truncate", "tar", "gzip", "sleep", "kill", "split"],
+    *["csplit", "install", "zip", "unzip", "patch", "sort", "uniq", "iconv"],
 ]
 
 
@@ -145,6 +150,9 @@ class Sandbox:
         self.home = base / "home"
         self.home.mkdir(exist_ok=True)
         self.scratch = base / "work"
+        # a folder beside the scope the runner may write: a command the gate
+        # judged in the scope that lands here shows up in the changes
+        self.outside = base / "outside"
         self.bin_busybox = self._link_dir(
             base / "bin-busybox",
             {name: self.busybox for name in self._applets()},
@@ -157,7 +165,12 @@ class Sandbox:
         tools["sh"] = self.bash
         self.bin_bash = self._link_dir(base / "bin-bash", tools)
         self.reset()
-        self.pristine = snapshot(self.scratch)
+        self.pristine = self._snapshot()
+
+    def _snapshot(self) -> Snapshot:
+        both = {f"work/{k}": v for k, v in snapshot(self.scratch).items()}
+        both.update({f"outside/{k}": v for k, v in snapshot(self.outside).items()})
+        return both
 
     def _applets(self) -> list[str]:
         out = subprocess.run(
@@ -176,13 +189,25 @@ class Sandbox:
 
     def reset(self) -> None:
         """A fresh scratch folder holding FIXTURE, owned by whoever runs the commands."""
-        if self.scratch.exists():
-            shutil.rmtree(self.scratch)
-        self.scratch.mkdir()
+        for d in (self.scratch, self.outside):
+            if d.exists():
+                shutil.rmtree(d)
+            d.mkdir()
+            if self.as_root:
+                os.chown(d, NOBODY, NOBODY)
         for rel, text in FIXTURE.items():
             p = self.scratch / rel
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text)
+            if rel in EXECUTABLE:
+                p.chmod(0o755)
+        # an archive holding a link out of the folder: extracting it and writing
+        # through the link on the same line lands outside
+        with tarfile.open(self.scratch / "links.tar", "w") as tar:
+            member = tarfile.TarInfo("link")
+            member.type = tarfile.SYMTYPE
+            member.linkname = "../outside"
+            tar.addfile(member)
         if self.as_root:
             for dirpath, dirnames, filenames in os.walk(self.scratch):
                 os.chown(dirpath, NOBODY, NOBODY)
@@ -236,10 +261,20 @@ class Sandbox:
             os.killpg(proc.pid, signal.SIGKILL)
             raw, _ = proc.communicate()
             code = None
-        changes = diff(self.pristine, snapshot(self.scratch))
+        changes = diff(self.pristine, self._snapshot())
         if changes:
             self.reset()
         return Outcome(shell, changes, code, raw[:2000].decode("utf-8", "replace"))
+
+
+def changed_paths(sandbox: Sandbox, outcome: Outcome) -> list[Path]:
+    """The absolute paths an outcome's changes name (``created work/x`` -> scratch/x)."""
+    out = []
+    for change in outcome.changes:
+        _, rel = change.split(" ", 1)
+        top, _, rest = rel.partition("/")
+        out.append((sandbox.scratch if top == "work" else sandbox.outside) / rest)
+    return out
 
 
 class Classifier:

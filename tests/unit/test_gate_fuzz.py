@@ -1,4 +1,5 @@
-"""Property test: whatever the gate calls read-only changes nothing under busybox sh and bash.
+"""Property test: what the gate lets run without a question does only what it says, under
+busybox sh and bash: a read changes nothing, a write in scope changes only the paths named.
 
 The review's holes (issue 17) were found by hand; others like them are
 likely. Hypothesis builds shell command lines from a grammar of the
@@ -6,10 +7,13 @@ constructs where the classifier and a shell can disagree: read-only commands
 with options (the ones that take arguments included), quotes, unquoted
 expansions of variables holding hostile values (`1 -o a.txt`,
 `a[$(touch PWNED)]`, `-k`), prefix assignments, pipes, `;`/`&&`/`||`,
-subshells, `$( )`, backquotes, heredocs, CR, comments and wrappers
-(timeout, env, nice, xargs). Each line the classifier calls an auto-allowed
-read is run under busybox ``sh -c`` and ``bash -c`` in a scratch folder and
-must change nothing there.
+subshells, loops, redirections (to /dev/fd/N too), `$( )`, backquotes,
+heredocs, CR, comments and wrappers (timeout, env, nice, xargs), and writes
+after ways of moving the shell (or seeming to: subshells, pipelines, eval,
+wrappers, pushd). Each line the classifier calls an auto-allowed read, or a
+write in scope (which the host's default rules allow), is run under busybox
+``sh -c`` and ``bash -c`` in a scratch folder beside a second folder: a read
+must change nothing, a write only the paths the gate named.
 
 Safety (this executes generated commands on the host): the grammar's words
 only name files inside the scratch folder (relative names, no `..`, no
@@ -17,7 +21,7 @@ absolute paths) and its hostile payloads only `touch`, `rm` or overwrite
 those files; every run is contained as tests/unit/shell_sandbox.py
 describes: as ``nobody`` through setpriv (when root), an empty environment,
 a PATH of symlinks to a fixed list of tools, HOME not writable, stdin empty,
-and the process group killed after a short timeout. Bounded: 200 examples.
+and the process group killed after a short timeout. Bounded: 300 examples.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.shell_sandbox import Classifier, Sandbox
+from tests.unit.shell_sandbox import Classifier, Sandbox, changed_paths
 
 FILES = ["a.txt", "b.txt", "src", "src/keep.c", "list", "'a.txt'", '"b.txt"', "*.txt", "src/*"]
 
@@ -95,7 +99,7 @@ COMMANDS: dict[str, list[str]] = {
     "set": ["-e", "-k", "-o", "keyword", "pipefail", "--", "-x", "-u"],
     "declare": ["-i", "-a", "y=x", "y=1"],
     "export": ["y=1", "y=$x"],
-    "unset": ["y", "'a[$(touch PWNED)]'"],
+    "unset": ["y", "PATH", "-v", "'a[$(touch PWNED)]'"],
     "let": ["y=x", "y=1"],
     "xargs": ["-n", "1", "echo", "cat", "rm"],
     "tar": ["-cf", "o.tar", "-xf", "--to-command=touch\\ PWNED", "."],
@@ -107,6 +111,8 @@ COMMANDS: dict[str, list[str]] = {
 COMMENTS = ["touch PWNED", ")", ")\ntouch PWNED"]
 HEREDOC_LINES = ["$x", "$(touch PWNED)", "${y[x]}", "a.txt"]
 CR_TAILS = ["", "\r#; touch PWNED", "\r\ntouch PWNED"]
+REDIRECTS = ["", "", "", " < a.txt", " 2>/dev/null", " > /dev/fd/0", " > /dev/fd/3", " >&2"]
+REDIRECTS += [" > /dev/stdout", " <<< $x", " < a.txt > /dev/stderr"]
 WRAPPERS = ["", "", "", "timeout 1 ", "env ", "nice ", "nohup ", "env a=1 ", "timeout -s TERM 1 "]
 
 
@@ -125,17 +131,60 @@ def word(draw: st.DrawFn, opts: list[str]) -> str:
     return draw(st.sampled_from(FILES))
 
 
+# Commands the gate labels `write`: auto-allowed by the host when in scope.
+WRITES = [
+    "echo x > out.txt",
+    "cat a.txt >> b.txt",
+    "cp a.txt c.txt",
+    "touch new.txt",
+    "mkdir -p d/e",
+    "sort -o s.txt a.txt",
+    "tee t.txt < a.txt",
+    "ln -s a.txt l",
+    "tar -cf o.tar src",
+    "sed -i s/a/b/ a.txt",
+    "cp * d",
+    "tar -xf links.tar && echo x > link/f",
+    "tar xf links.tar; touch link/g",
+]
+# Ways to move the shell, or to seem to: the gate must know where a write lands.
+CDS = [
+    "cd ../outside; ",
+    "(cd ../outside); ",
+    "cd ../outside | true; ",
+    "cd ../outside & ",
+    "cd src; ",
+    "(cd src && ls); ",
+    "cd ../outside; (cd ../work); ",
+    "cd ../outside; nice cd ../work; ",
+    "cd ../outside; eval cd ../work; ",
+    "pushd ../outside; pushd ../work; pushd +1; ",
+    "cd ../outside; { cd ../work; } | cat; ",
+]
+
+
 @st.composite
 def simple_command(draw: st.DrawFn) -> str:
+    if draw(st.integers(0, 5)) == 0:
+        return draw(st.sampled_from(CDS)) + draw(st.sampled_from(WRITES))
     name = draw(st.sampled_from(sorted(COMMANDS)))
     words = draw(st.lists(word(COMMANDS[name]), max_size=4))
-    prefix = draw(st.sampled_from(["", "", "", "a=1 ", "LC_ALL=C ", "y=$x "]))
-    return prefix + draw(st.sampled_from(WRAPPERS)) + " ".join([name, *words])
+    prefix = draw(st.sampled_from(["", "", "", "a=1 ", "LC_ALL=C ", "y=$x ", "exec 3<a.txt; "]))
+    redirect = draw(st.sampled_from(REDIRECTS))
+    return prefix + draw(st.sampled_from(WRAPPERS)) + " ".join([name, *words]) + redirect
+
+
+@st.composite
+def loop(draw: st.DrawFn) -> str:
+    var = draw(st.sampled_from(["f", "x", "PATH", "IFS"]))
+    items = " ".join(draw(st.lists(word([]), min_size=1, max_size=2)))
+    kw = draw(st.sampled_from(["for", "for", "select"]))
+    return f"{kw} {var} in {items}; do {draw(simple_command())}; done"
 
 
 @st.composite
 def command_list(draw: st.DrawFn, depth: int = 0) -> str:
-    parts = [draw(simple_command())]
+    parts = [draw(st.one_of(simple_command(), simple_command(), loop()))]
     for _ in range(draw(st.integers(0, 2))):
         sep = draw(st.sampled_from([" | ", "; ", " && ", " || ", "\n"]))
         if depth < 1 and draw(st.booleans()):
@@ -171,6 +220,15 @@ def command_line(draw: st.DrawFn) -> str:
     return body
 
 
+def covered(changed: Path, named: list[Path], scope: Path) -> bool:
+    """Is a change one of the writes the gate named: the path, something under it,
+    or a folder on the way to it inside the scope (``mkdir -p d/e`` makes ``d``)?"""
+    return any(
+        changed == w or w in changed.parents or (changed in w.parents and scope in changed.parents)
+        for w in named
+    )
+
+
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[Sandbox]:
     base = Path(tempfile.mkdtemp(prefix="piwork-gate-fuzz-"))
@@ -189,15 +247,16 @@ def classifier(sandbox: Sandbox) -> Iterator[Classifier]:
         c.close()
 
 
-def test_generated_reads_change_nothing_under_busybox_sh_and_bash(
+def test_generated_reads_change_nothing_and_writes_only_what_they_name_in_both_shells(
     sandbox: Sandbox, classifier: Classifier
 ) -> None:
     reads: list[str] = []
+    writes: list[str] = []
 
     # Lines a run of this test once found classified as reads that changed
     # files are pinned here as explicit examples.
     @settings(
-        max_examples=200,
+        max_examples=300,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
     )
@@ -206,19 +265,39 @@ def test_generated_reads_change_nothing_under_busybox_sh_and_bash(
     @example("ls\r#; touch PWNED")
     @example("x='a[$(touch PWNED)]'; echo $((x))")
     @example("set -k; env a=1 ls y=1")
+    @example("for PATH in .; do ls; done")
+    @example("unset PATH; ls")
+    @example("echo x < a.txt > /dev/fd/0")
+    @example("tar -xf links.tar && echo x > link/f")
+    @example("cd ../outside; (cd ../work); echo x > out.txt")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
-        if verdict["needsDecision"]:
-            return
-        reads.append(command)
+        if verdict["needsDecision"] and not verdict["autoAllowed"]:
+            return  # the person is asked
+        # reads change nothing; writes in scope (allowed by the host's default
+        # rules) change only the paths the gate named
+        listed = verdict["writes"]
+        assert isinstance(listed, list)
+        named = [Path(str(p)) for p in listed if p] if verdict["needsDecision"] else []
+        if not verdict["needsDecision"]:
+            reads.append(command)
+        else:
+            writes.append(command)
         for shell in ("busybox", "bash"):
             out = sandbox.run(shell, command, timeout=1.5)
-            assert not out.changes, (
-                f"{shell} changed {out.changes} running {command!r}, "
-                f"which the gate calls a read ({out.output[:300]!r})"
+            stray = [
+                p for p in changed_paths(sandbox, out) if not covered(p, named, sandbox.scratch)
+            ]
+            assert not stray, (
+                f"{shell} changed {stray} running {command!r}, which the gate judged "
+                f"{'a read' if not named else 'a write of ' + str(named)} ({out.output[:300]!r})"
             )
 
     prop()
-    print(f"{len(reads)} generated lines were classified as reads and ran under both shells")
-    # a grammar that never yields a read would test nothing
-    assert len(reads) >= 20, reads
+    print(
+        f"{len(reads)} generated lines were classified as reads and {len(writes)} as writes "
+        "in scope; all ran under both shells"
+    )
+    # a grammar that never yields a read (or an auto-allowed write) would test nothing
+    assert len(reads) >= 10, reads
+    assert len(writes) >= 2, writes

@@ -100,6 +100,12 @@ ATTACKS: list[tuple[str, tuple[str, ...]]] = [
     ("x='a[$(touch PWNED)]'; test -v \"$x\"", ("bash",)),
     ("a=(1); x='a[$(touch PWNED)]'; unset \"$x\"", ("bash",)),
     ("sort -k {1,-o,a.txt} b.txt", ("bash",)),
+    # busybox runs its own applet for `ls` whatever PATH says
+    ("for PATH in .; do ls; done", ("bash",)),
+    ("unset PATH; ls", ("bash",)),
+    ("echo x < a.txt > /dev/fd/0", SHELLS),
+    ("exec 63<a.txt; echo pwned > /dev/fd/63", SHELLS),
+    ("exec 1<a.txt; echo x > /dev/stdout", SHELLS),
 ]
 
 
@@ -117,3 +123,52 @@ def test_the_reviews_attacks_change_files_on_real_shells_and_the_classifier_asks
         classifier.close()
     assert verdict["needsDecision"] is True, verdict
     assert verdict["action"] != "read", verdict
+
+
+# Lines where a hand-written lexer and the shells can disagree about where a
+# quote, a substitution, a heredoc or a comment ends. Whatever the classifier
+# calls a read among them must change nothing; most of them do run
+# `touch PWNED` under the shells, and those must be asked about.
+LEXER_CORPUS = [
+    'echo "$(echo ")")"\ntouch PWNED',
+    "echo $(echo ')')\ntouch PWNED",
+    "cat <<E; echo $(echo\nE\ntouch PWNED\n)",
+    "echo `echo \\`touch PWNED\\``",
+    "echo ${x:-`touch PWNED`}",
+    'echo "${x:-"$(touch PWNED)"}"',
+    'cat <<"E"\n$(touch PWNED)\nE',
+    "cat <<\\E\n$(touch PWNED)\nE",
+    "cat <<E\n\\$(touch PWNED)\nE",
+    "cat <<E\n$(echo\nE\ntouch PWNED\n)\nE",
+    "echo $(( $(touch PWNED) ))",
+    "echo $((1)) $((2\n))",
+    "echo \\\ntouch PWNED",
+    "echo a\\\r\ntouch PWNED",
+    "echo ${x#*}}",
+    'echo "${x#"}"}"',
+    "x=$(\n#)\ntouch PWNED\n)",
+    "echo $(echo a; #)\ntouch PWNED\n)",
+    "echo $(# )\ntouch PWNED\n)",
+    "echo $'\\'' ; touch PWNED ; '\\''",
+    "echo a#b; echo a #; touch PWNED",
+    "echo 'a\r'#; touch PWNED",
+    "cat <<-E\n\tE\ntouch PWNED\nE",
+    "cat <<E\nE \ntouch PWNED\nE",
+]
+
+
+def test_lines_where_lexers_disagree_are_reads_only_if_the_shells_change_nothing(
+    sandbox: Sandbox,
+) -> None:
+    classifier = Classifier(sandbox.scratch)
+    ran_code = 0
+    try:
+        for command in LEXER_CORPUS:
+            verdict = classifier.classify(command, sandbox.scratch)
+            changed = {shell: sandbox.run(shell, command).changes for shell in SHELLS}
+            if any(changed.values()):
+                ran_code += 1
+                assert verdict["needsDecision"], (command, changed, verdict)
+    finally:
+        classifier.close()
+    assert ran_code >= 10, "the corpus should hold lines that do run code"

@@ -199,7 +199,7 @@ const OP_CHARS = new Set([";", "&", "|", "(", ")", "<", ">", "\n"]);
 export function parseShell(src) {
   const lx = new Lexer(src);
   lx.run();
-  return { commands: lx.commands, subs: lx.subs, unsure: lx.unsure, risky: lx.risky };
+  return { commands: lx.commands, subs: lx.subs, unsure: lx.unsure, risky: lx.risky, compoundChild: lx.compoundChild === true };
 }
 
 // `$( )` inside `$( )` deeper than this is not followed (ask).
@@ -218,6 +218,9 @@ class Lexer {
     this.nested = nested;
     this.level = level;
     this.parenDepth = 0;
+    // the subshells the current command is in (ids, outermost first)
+    this.frames = [];
+    this.nextFrame = 0;
     this.end = -1;
     this.commands = [];
     this.subs = [];
@@ -230,12 +233,26 @@ class Lexer {
     this.pendingRedirect = null;
   }
 
-  flush() {
+  flush(op = null) {
     if (this.pendingRedirect) {
       this.unsure.push(`redirect ${this.pendingRedirect.op} without a target`);
       this.pendingRedirect = null;
     }
-    if (this.cur.words.length || this.cur.redirects.length) this.commands.push(this.cur);
+    // Commands that run in a child shell: inside ( ), or in a pipeline or in
+    // the background. A `cd` there does not move this shell.
+    const child = op === "|" || op === "|&" || op === "&";
+    if (child) {
+      const first = this.cur.words[0];
+      // a compound command piped or sent to the background runs whole in a child
+      // (`{ cd x; } | cat`, `while …; done &`): where its cds run is not followed
+      if (this.lastOp === ")" || (first && !first.quoted && ["}", "done", "fi", "esac"].includes(first.text) && this.cur.words.length === 1)) this.compoundChild = true;
+    }
+    if (this.cur.words.length || this.cur.redirects.length) {
+      this.cur.child = child || this.pipedNext || this.sawCase;
+      this.cur.frames = [...this.frames];
+      this.commands.push(this.cur);
+      this.pipedNext = op === "|" || op === "|&";
+    }
     this.cur = { words: [], redirects: [] };
   }
 
@@ -332,20 +349,38 @@ class Lexer {
     }
     if (op === "(" && this.cur.words.length === 0 && !this.pendingRedirect) {
       // subshell: its commands are classified like any others
-      this.parenDepth++;
       this.flush();
+      this.parenDepth++;
+      this.frames.push(++this.nextFrame);
       return;
     }
     if (op === "(" || op === ")") {
       // `f() {` function definitions and `case` patterns: flush and keep going.
-      if (op === "(" && s[this.i] === ")") this.i++;
-      else if (op === "(") this.parenDepth++;
-      else this.parenDepth--;
+      this.lastOp = op;
+      if (op === "(" && /^\s*\)/.test(s.slice(this.i))) {
+        // a function's body runs when its name is used, later, in another
+        // directory and with other arguments (`ls() { …; }; cd /elsewhere; ls`)
+        this.risky.push("defines a function: its body runs later, where this classifier cannot follow it");
+        this.i = s.indexOf(")", this.i) + 1;
+        this.flush();
+        return;
+      }
+      if (op === "(") {
+        this.flush();
+        this.parenDepth++;
+        this.frames.push(++this.nextFrame);
+        return;
+      }
+      // the command before `)` is still inside the subshell
       this.flush();
+      this.parenDepth--;
+      this.frames.pop();
       return;
     }
     if ([";", "&", "&&", "||", "|", "|&", ";;"].includes(op)) {
-      this.flush();
+      if ((op === "|" || op === "|&" || op === "&") && !this.cur.words.length && this.lastOp === ")") this.compoundChild = true;
+      this.flush(op);
+      this.lastOp = op;
       return;
     }
     // redirect
@@ -520,8 +555,9 @@ class Lexer {
       if (!inQuotes) w.splitKnown = true;
       return;
     }
-    const name = /^(?:#?(?:[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])?)$/;
-    const op = /^([A-Za-z_][A-Za-z0-9_]*|[0-9]+|[@*#?$!-])(:?[-+?]|##?|%%?|(:?=))/.exec(inner);
+    // a name, a literal index or all elements ([@], [*]): nothing evaluated
+    const name = /^(?:#?(?:[A-Za-z_][A-Za-z0-9_]*(?:\[(?:[0-9]+|@|\*)\])?|[0-9]+|[@*#?$!-])?)$/;
+    const op = /^([A-Za-z_][A-Za-z0-9_]*(?:\[(?:[0-9]+|@|\*)\])?|[0-9]+|[@*#?$!-])(:?[-+?]|##?|%%?|(:?=))/.exec(inner);
     if (name.test(inner)) {
       // ${x}, ${#x}, ${1}, ${#}: a value
     } else if (op && op[3] !== undefined) {
@@ -602,6 +638,7 @@ class Lexer {
       }
     }
     if (this.nested && !w.quoted && w.text === "case") this.unsure.push("case inside $( )");
+    if (!w.quoted && w.text === "case") this.sawCase = true; // its `)` are patterns, not subshell ends
     return w;
   }
 
@@ -814,6 +851,9 @@ const GIT_DESTRUCTIVE = new Set(["clean", "rm"]);
 const GIT_GLOBAL_OPTS_WITH_ARG = new Set(["-C", "-c", "--git-dir", "--work-tree", "--namespace", "--exec-path", "--config-env"]);
 const GIT_GLOBAL_FLAGS = new Set(["-C", "-P", "--no-pager", "--no-replace-objects", "--literal-pathspecs", "--glob-pathspecs", "--noglob-pathspecs", "--icase-pathspecs", "--no-optional-locks", "--no-lazy-fetch", "--bare", "--version", "--help"]);
 
+// /dev/stdout, /dev/fd/N...: paths that name a descriptor of the shell itself.
+const FD_PATHS = /^\/dev\/(?:std(?:in|out|err)|fd\/[0-9]+)$/;
+
 const DEV_PATHS = new Set(["/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/zero", "/dev/random", "/dev/urandom", "/dev/fd/0", "/dev/fd/1", "/dev/fd/2", "/dev/fd/63"]);
 
 // ---------------------------------------------------------------------------
@@ -856,6 +896,10 @@ export function shellQuote(s) {
 function pathEffect(op, w, ctx, command, reason) {
   // A word that names a path: resolve it later (needs ctx.cwd which may change).
   if (w == null) return effect(op, { raw: null, cwd: ctx.cwd, command, reason, unknownTarget: true });
+  if (op !== "read" && ctx.line?.linksMade) {
+    // `tar -xf t.tar && echo x > link/f`: the link did not exist when this was judged
+    return effect(op, { raw: w.text.replace(/[\u0000\u0001]/g, "$"), cwd: ctx.cwd, command, reason: `${reason}, after a command on this line that may have made symbolic links on the way`, unknownTarget: true });
+  }
   const v = wordValue(w, ctx);
   if (v === null) return effect(op, { raw: w.text.replace(/[\u0000\u0001]/g, "$"), cwd: ctx.cwd, command, reason, unknownTarget: true });
   if (w.glob) return effect(op, { raw: globBase(v), glob: v, cwd: ctx.cwd, command, reason });
@@ -922,10 +966,43 @@ function netEffects(words, command, reason, fallbackDomain) {
 }
 
 /**
+ * Can this command create a symbolic link whose target the classifier never
+ * sees: an archive's, a copied or moved relative link that now points
+ * elsewhere, a checkout's? A rough look at its words: an unusual spelling
+ * errs on the side of "yes".
+ */
+function makesLinks(words) {
+  const texts = words.filter((w) => !w.dynamic).map((w) => w.text);
+  const at = texts.findIndex((t) => ["tar", "bsdtar", "unzip", "cpio", "7z", "cp", "rsync", "git", "ln", "mv", "patch"].includes(path.basename(t)));
+  if (at < 0) return false;
+  const name = path.basename(texts[at]);
+  const rest = texts.slice(at + 1);
+  const short = (letters) => rest.some((t) => new RegExp(`^-[A-Za-z]*[${letters}]`).test(t) && !t.startsWith("--"));
+  if (name === "cp") return short("adPRrs") || rest.some((t) => /^--(archive|no-dereference|preserve|recursive|symbolic-link)/.test(t));
+  if (name === "rsync") return short("alr") || rest.some((t) => /^--(archive|links|recursive)/.test(t));
+  if (name === "tar" || name === "bsdtar") {
+    // option clusters: `-xzf`, or the first word in the old style (`xzf`)
+    const clusters = rest.filter((t, i) => (t.startsWith("-") && !t.startsWith("--")) || (i === 0 && /^[A-Za-z]+$/.test(t))).map((t) => t.replace(/^-/, ""));
+    const extracts = clusters.some((c) => c.includes("x")) || rest.some((t) => /^--(extract|get)$/.test(t));
+    const onlyReadsOrPacks = clusters.some((c) => /[ct]/.test(c)) || rest.some((t) => /^--(create|list)$/.test(t));
+    return extracts || !onlyReadsOrPacks;
+  }
+  if (name === "git") return !GIT_READ.has(rest.find((t) => !t.startsWith("-")) ?? "");
+  return true;
+}
+
+/**
  * Classify one simple command (already split by the lexer).
- * `ctx` = { cwd, home, depth } and is mutated by `cd`.
+ * `ctx` = { cwd, home, depth, line } and is mutated by `cd`; `ctx.line` is
+ * shared by everything on the tool call's command line.
  */
 function classifySimple(cmd, ctx, effects) {
+  classifySimpleCommand(cmd, ctx, effects);
+  // later writes on this line may go through a link this one made
+  if (ctx.line && makesLinks(cmd.words)) ctx.line.linksMade = true;
+}
+
+function classifySimpleCommand(cmd, ctx, effects) {
   // process substitutions were classified as their own commands
   let words = cmd.words.filter((w) => !w.procsub);
   const command0 = segmentText(cmd.words);
@@ -935,7 +1012,19 @@ function classifySimple(cmd, ctx, effects) {
     if (r.op === "<<" || r.op === "<<-" || r.herestring) continue;
     if (r.target && r.target.procsub) continue;
     const val = r.target ? wordValue(r.target, ctx) : null;
-    if (val !== null && DEV_PATHS.has(val)) continue;
+    if (val !== null && DEV_PATHS.has(val)) {
+      // Writing to /dev/fd/N or /dev/stdout *reopens* what that descriptor refers
+      // to: after `exec 3<a.txt` (or `< a.txt` on the same command) that is a.txt,
+      // opened for writing and truncated. Harmless only when nothing in the
+      // command line can have pointed a descriptor at a file.
+      const output = r.op !== "<";
+      if (output && ctx.fdRisk && FD_PATHS.test(val)) effects.push(effect("write", { raw: null, cwd: ctx.cwd, command: command0, reason: `writes to ${val}, which reopens the file a descriptor may have been pointed at by a redirect`, unknownTarget: true }));
+      continue;
+    }
+    if (r.op !== "<" && ctx.fdRisk && val !== null && /^\/dev\/stdin$/.test(val)) {
+      effects.push(effect("write", { raw: null, cwd: ctx.cwd, command: command0, reason: `writes to ${val}, which reopens the file a descriptor may have been pointed at by a redirect`, unknownTarget: true }));
+      continue;
+    }
     if (r.op === "<") effects.push(pathEffect("read", r.target, ctx, command0, "reads input from a file"));
     else if (r.op === "<>") effects.push(pathEffect("write", r.target, ctx, command0, "opens a file for writing"));
     else if (r.op === ">>" || r.op === "&>>") effects.push(pathEffect("write", r.target, ctx, command0, "appends to a file"));
@@ -955,8 +1044,17 @@ function classifySimple(cmd, ctx, effects) {
     words.shift();
   }
   if (words.length === 0) return;
-  if (words[0].text === "for" || words[0].text === "select" || words[0].text === "case") return; // loop header; body is its own segment
-  if (words[0].text === "function") return;
+  if ((words[0].text === "for" || words[0].text === "select") && words[1]) {
+    // the loop assigns its variable: `for PATH in .; do ls; done` runs ./ls
+    const bad = words[1].dynamic ? "a loop over a computed variable name" : unsafeAssignment(`${words[1].text}=`);
+    if (bad) effects.push(effect("exec", { command: command0, reason: bad }));
+    return; // loop header; the body is its own segment
+  }
+  if (words[0].text === "case") return;
+  if (words[0].text === "function" && !words[0].quoted) {
+    effects.push(effect("exec", { command: command0, reason: "defines a function: its body runs later, where this classifier cannot follow it" }));
+    return;
+  }
 
   const name0 = words[0].dynamic ? null : path.basename(words[0].text);
   const command = segmentText(words);
@@ -979,7 +1077,7 @@ function classifySimple(cmd, ctx, effects) {
       if (ci >= 0 && words[ci + 1]) recurseString(words[ci + 1], ctx, effects, command);
       return;
     }
-    if (inner.length) classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    if (inner.length) classifyChild({ words: inner, redirects: [] }, ctx, effects);
     return;
   }
   if ((name === "command" || name === "type" || name === "hash") && words.slice(1).some((w) => w.text === "-v" || w.text === "-V")) return;
@@ -991,9 +1089,15 @@ function classifySimple(cmd, ctx, effects) {
       return;
     }
     if (spec.assignments) {
-      for (const w of words.slice(1, words.length - inner.length)) {
-        const bad = /^[A-Za-z_][A-Za-z0-9_]*=/.test(w.text) ? unsafeAssignment(w.text) : null;
+      const own = words.slice(1, words.length - inner.length);
+      for (let k = 0; k < own.length; k++) {
+        const t = own[k].text;
+        const bad = /^[A-Za-z_][A-Za-z0-9_]*=/.test(t) ? unsafeAssignment(t) : null;
         if (bad) effects.push(effect("exec", { command, reason: bad }));
+        // `env -u PATH cmd`: the command is then looked up in a default path
+        const unset = t === "-u" || t === "--unset" ? own[k + 1]?.text : /^(?:-u|--unset=)(.+)$/.exec(t)?.[1];
+        const badUnset = unset === undefined ? null : unsafeAssignment(`${unset}=`);
+        if (badUnset) effects.push(effect("exec", { command, reason: badUnset.replace(/^sets /, "unsets ") }));
       }
     }
     if (inner.length === 0) return; // plain `env`, `time`: prints
@@ -1001,7 +1105,7 @@ function classifySimple(cmd, ctx, effects) {
       // xargs rm: the targets come from stdin
       const innerCmd = { words: inner, redirects: [] };
       const sub = [];
-      classifySimple(innerCmd, ctx, sub);
+      classifyChild(innerCmd, ctx, sub);
       const innerName = path.basename(inner[0].text);
       const looksReadOnly = sub.every((e) => e.op === "read") && READ_ONLY.has(innerName) && !inner[0].text.includes("/");
       if (!looksReadOnly) {
@@ -1015,7 +1119,9 @@ function classifySimple(cmd, ctx, effects) {
       }
       return;
     }
-    classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    // `builtin cd`, `command cd` (and bash's `time` keyword) run in this shell
+    if (["builtin", "command", "time"].includes(name)) classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    else classifyChild({ words: inner, redirects: [] }, ctx, effects);
     return;
   }
 
@@ -1027,7 +1133,7 @@ function classifySimple(cmd, ctx, effects) {
         effects.push(effect("exec", { command, reason: "evaluates a computed string" }));
         return;
       }
-      recurseString({ text: rest.map((w) => w.text).join(" "), dynamic: false }, ctx, effects, command);
+      recurseString({ text: rest.map((w) => w.text).join(" "), dynamic: false }, ctx, effects, command, { sameShell: true });
       return;
     }
     const ci = words.findIndex((w, idx) => idx > 0 && !w.quoted && /^-[A-Za-z]*c[A-Za-z]*$/.test(w.text));
@@ -1051,6 +1157,13 @@ function classifySimple(cmd, ctx, effects) {
     return;
   }
 
+  if ((name === "cd" || name === "pushd" || name === "popd") && (cmd.child || ctx.compoundChild)) {
+    // in a pipeline or the background (or among case patterns): it moves that
+    // child (and what runs after it there), not this shell. Which commands
+    // share that child is not followed: the directory becomes unknown.
+    ctx.cwd = null;
+    return;
+  }
   if (name === "popd") {
     ctx.cwd = null; // back to a directory this classifier may not know
     return;
@@ -1058,7 +1171,10 @@ function classifySimple(cmd, ctx, effects) {
   // cd: update the virtual cwd
   if (name === "cd" || name === "pushd") {
     const target = positionals(words)[0];
-    if (!target) ctx.cwd = ctx.home;
+    // pushd with no directory, or +N/-N, rotates the stack: a directory this
+    // classifier may not know
+    if (name === "pushd" && (!target || words.slice(1).some((w) => /^[-+][0-9]+$/.test(w.text)))) ctx.cwd = null;
+    else if (!target) ctx.cwd = ctx.home;
     else {
       const v = wordValue(target, ctx);
       if (v === null || v === "-") ctx.cwd = null;
@@ -1074,6 +1190,14 @@ function classifySimple(cmd, ctx, effects) {
     const why = writeRisk(name, words, ctx);
     if (why) {
       effects.push(effect("exec", { command, reason: why }));
+      return;
+    }
+  } else if (FILE_CHANGERS.has(name)) {
+    // no option of these runs a program, but a word that becomes options can
+    // move the target: `cp * x` with a file named `-t..` copies into the parent
+    const split = firstSplit(words, ctx) ?? words.slice(1).find((w) => w.glob && mayBeOption(w, ctx));
+    if (split) {
+      effects.push(effect("exec", { command, reason: splitReason(name, split) }));
       return;
     }
   }
@@ -1156,6 +1280,17 @@ function classifySimple(cmd, ctx, effects) {
     }
     for (const t of pos) effects.push(pathEffect("write", t, ctx, command, name === "tee" ? "writes (tee)" : `modifies (${name})`));
     if ((name === "split" || name === "csplit") && pos.length === 0) effects.push(pathEffect("write", { text: ".", dynamic: false }, ctx, command, "writes pieces"));
+    if (name === "csplit") {
+      // csplit writes PREFIX00, PREFIX01...: the prefix names where (default: xx here)
+      for (let k = 1; k < words.length; k++) {
+        const t = words[k].text;
+        const m = /^(?:-f|--prefix=)(.+)$/.exec(t);
+        const prefix = m ? { ...words[k], text: m[1] } : t === "-f" || t === "--prefix" ? words[k + 1] : null;
+        if (prefix) effects.push(pathEffect("write", prefix, ctx, command, "csplit writes its pieces here"));
+        // a suffix format with a slash puts the pieces in another folder
+        if (/^(?:-b|--suffix-format)/.test(t) && /\//.test(t + (t === "-b" || t === "--suffix-format" ? (words[k + 1]?.text ?? "") : ""))) effects.push(effect("exec", { command, reason: "csplit with a suffix format naming a folder" }));
+      }
+    }
     return;
   }
   if (name === "dd") {
@@ -1359,6 +1494,9 @@ function readOnlyBuiltinRisk(name, words, ctx) {
   if (name === "unset") {
     for (const w of args) {
       if (!literal(w) || !(/^-[fvn]$/.test(w.text) || /^[A-Za-z_][A-Za-z0-9_]*(?:\[(?:[0-9]+|@|\*)\])?$/.test(w.text))) return "unset of a computed name or subscript (bash evaluates subscripts as arithmetic)";
+      // `unset PATH; ls`: bash then searches the current directory
+      const bad = /^-/.test(w.text) ? null : unsafeAssignment(`${w.text.replace(/\[.*$/, "")}=`);
+      if (bad) return bad.replace(/^sets /, "unsets ");
     }
     return null;
   }
@@ -1695,7 +1833,18 @@ function unwrap(words, spec, ctx) {
   return words.slice(i);
 }
 
-function recurseString(w, ctx, effects, command) {
+/**
+ * Classify a command another program runs (a wrapper's, xargs', find -exec's):
+ * a `cd` there moves that child, not this shell, so the working directory
+ * this classifier tracks becomes unknown rather than wrong.
+ */
+function classifyChild(cmd, ctx, effects) {
+  const before = ctx.cwd;
+  classifySimple(cmd, ctx, effects);
+  if (ctx.cwd !== before) ctx.cwd = null;
+}
+
+function recurseString(w, ctx, effects, command, { sameShell = false } = {}) {
   if (w.dynamic) {
     effects.push(effect("exec", { command, reason: "runs a computed command string" }));
     return;
@@ -1704,8 +1853,11 @@ function recurseString(w, ctx, effects, command) {
     effects.push(effect("exec", { command, reason: "nesting too deep to inspect" }));
     return;
   }
-  const inner = classifyCommandEffects(w.text, { ...ctx, depth: ctx.depth + 1 });
+  const innerCtx = { ...ctx, depth: ctx.depth + 1 };
+  const inner = classifyCommandEffects(w.text, innerCtx);
   for (const e of inner) effects.push(e);
+  // eval runs in this shell: a cd inside it moves this shell too
+  if (sameShell) ctx.cwd = innerCtx.cwd;
 }
 
 function classifyFind(words, ctx, effects, command) {
@@ -1745,7 +1897,7 @@ function classifyFind(words, ctx, effects, command) {
       const end = expr.findIndex((w, k) => k > j && (w.text === ";" || w.text === "+" || w.text === "\\;"));
       const innerWords = expr.slice(j + 1, end < 0 ? expr.length : end).map((w) => (w.text === "{}" ? { ...w, text: "{}", dynamic: true } : w));
       const sub = [];
-      if (innerWords.length) classifySimple({ words: innerWords, redirects: [] }, ctx, sub);
+      if (innerWords.length) classifyChild({ words: innerWords, redirects: [] }, ctx, sub);
       for (const e of sub) {
         if (e.unknownTarget && (e.op === "delete" || e.op === "move" || e.op === "write")) {
           // `{}` is each found file: the roots are the real scope
@@ -1770,6 +1922,10 @@ function classifyFind(words, ctx, effects, command) {
   void mutated;
   for (const r of roots) effects.push(pathEffect("read", r, ctx, command, "reads (find)"));
 }
+
+// Commands labelled `write` (auto-allowed in scope) that have no option that
+// runs a program (GNU and busybox). Deletes and moves always ask.
+const FILE_CHANGERS = new Set(["cp", "ln", "touch", "mkdir", "mkfifo", "mknod", "chmod", "chown", "chgrp", "chattr", "tee", "sponge", "csplit", "dd"]);
 
 /** Why a write command may do more than write files, or null. */
 function writeRisk(name, words, ctx) {
@@ -1910,7 +2066,29 @@ export function classifyCommandEffects(commandText, ctx) {
     }
     for (const e of classifyCommandEffects(sub, { ...ctx, depth: ctx.depth + 1 })) effects.push(e);
   }
-  for (const cmd of parsed.commands) classifySimple(cmd, ctx, effects);
+  if (parsed.compoundChild) ctx.compoundChild = true;
+  // A subshell's cd moves only that subshell: the directory is restored when
+  // the classifier leaves it (`(cd src && ls); cat a.txt` reads ./a.txt).
+  const frames = [];
+  const saved = [];
+  for (const cmd of parsed.commands) {
+    const f = cmd.frames ?? [];
+    let k = 0;
+    while (k < frames.length && k < f.length && frames[k] === f[k]) k++;
+    while (frames.length > k) {
+      frames.pop();
+      ctx.cwd = saved.pop();
+    }
+    while (frames.length < f.length) {
+      saved.push(ctx.cwd);
+      frames.push(f[frames.length]);
+    }
+    classifySimple(cmd, ctx, effects);
+  }
+  while (frames.length) {
+    frames.pop();
+    ctx.cwd = saved.pop();
+  }
   return effects;
 }
 
@@ -2049,7 +2227,9 @@ export function classifyToolCall(toolName, input, { cwd, config }) {
     raw.push(effect("write", { raw: p, cwd, reason: toolName === "edit" ? "edits a file" : "writes a file", unknownTarget: p === null }));
   } else if (toolName === "bash") {
     command = typeof args.command === "string" ? args.command : "";
-    raw = classifyCommandEffects(command, { cwd, home: config.home, depth: 0 });
+    // a `<` redirect anywhere (not a heredoc's `<<`), or exec, can point a descriptor at a file
+    const fdRisk = /(^|[^<])<(?!<)|\bexec\b/.test(command);
+    raw = classifyCommandEffects(command, { cwd, home: config.home, depth: 0, fdRisk, line: { linksMade: false } });
     if (raw.length === 0) raw.push(effect("read", { raw: ".", cwd, command, reason: "no side effects found" }));
   } else if (NO_EFFECT_TOOLS.has(toolName)) {
     // no effects: action "read", no decision needed

@@ -1,4 +1,4 @@
-"""Start the app: QApplication + qasync loop (see controller.py for why qasync)."""
+"""Start the app: QApplication + the event loop of ``piwork.gui.loop`` (see there for why)."""
 
 from __future__ import annotations
 
@@ -62,12 +62,15 @@ def make_app(argv: list[str] | None = None) -> QApplication:
 
 
 def main(*, force_setup: bool = False) -> int:
-    import qasync
-
+    from piwork.gui.loop import LeakingQtError, new_loop
     from piwork.gui.window import MainWindow
 
     app = make_app()
-    loop = qasync.QEventLoop(app)
+    try:
+        loop = new_loop(app)
+    except LeakingQtError as exc:
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 2
     asyncio.set_event_loop(loop)
     paths = get_paths()
     quit_event = asyncio.Event()
@@ -96,6 +99,8 @@ def main(*, force_setup: bool = False) -> int:
         win.show()
         await quit_event.wait()
 
-    with loop:
+    try:
         loop.run_until_complete(run())
+    finally:
+        loop.close()
     return 0

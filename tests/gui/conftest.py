@@ -29,10 +29,10 @@ def gui_paths(tmp_path: Path) -> Paths:
 
 @pytest.fixture
 def qloop(qapp: object) -> Iterator[asyncio.AbstractEventLoop]:
-    """A qasync loop on pytest-qt's QApplication, as the app runs (one thread)."""
-    import qasync
+    """The app's own loop (``piwork.gui.loop.new_loop``) on pytest-qt's QApplication."""
+    from piwork.gui.loop import new_loop
 
-    loop = qasync.QEventLoop(qapp)
+    loop = new_loop(qapp)  # type: ignore[arg-type]
     asyncio.set_event_loop(loop)
     yield loop
     pending = [t for t in asyncio.all_tasks(loop) if not t.done()]

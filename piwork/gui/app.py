@@ -62,17 +62,26 @@ def make_app(argv: list[str] | None = None) -> QApplication:
 
 
 def main(*, force_setup: bool = False) -> int:
+    from piwork.gui.instance import AlreadyRunning, claim
     from piwork.gui.loop import LeakingQtError, new_loop
     from piwork.gui.window import MainWindow
 
     app = make_app()
+    paths = get_paths()
+    try:
+        instance = claim(paths)
+    except AlreadyRunning as exc:
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 1
+    if instance is None:
+        print("piwork is already running: its window was brought to the front.", flush=True)
+        return 0
     try:
         loop = new_loop(app)
     except LeakingQtError as exc:
         print(f"piwork: {exc}", file=sys.stderr)
         return 2
     asyncio.set_event_loop(loop)
-    paths = get_paths()
     quit_event = asyncio.Event()
     app.aboutToQuit.connect(quit_event.set)
 
@@ -89,6 +98,7 @@ def main(*, force_setup: bool = False) -> int:
             setup.finished.connect(lambda _r: done.set())
             await done.wait()
         win = MainWindow(paths=paths)
+        instance.raise_requested.connect(win.show_from_tray)
         timing = os.environ.get("PIWORK_GUI_TIMING")
         if timing:
             # Measuring start-up: print when the window's first frame is painted
@@ -102,5 +112,6 @@ def main(*, force_setup: bool = False) -> int:
     try:
         loop.run_until_complete(run())
     finally:
+        instance.close()
         loop.close()
     return 0

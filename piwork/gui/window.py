@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from piwork.config import Paths, get_paths
+from piwork.gui.appstate import NEW, AppState, Crash
 from piwork.gui.context import ContextPanel
 from piwork.gui.controller import (
     PendingPermission,
@@ -154,7 +155,10 @@ class Conversation(QScrollArea):
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, *, paths: Paths | None = None, prefs: Prefs | None = None) -> None:
+    def __init__(
+        self, *, paths: Paths | None = None, prefs: Prefs | None = None, tray: bool | None = None
+    ) -> None:
+        """``tray``: whether the desktop has a system tray (None: ask Qt; tests choose)."""
         super().__init__()
         self.paths = paths or get_paths()
         self.prefs = prefs or Prefs.load(self.paths)
@@ -163,15 +167,24 @@ class MainWindow(QMainWindow):
         self.pool = Pool(
             self.prefs.max_tasks, paths=self.paths, keep_warm=self.prefs.keep_warm_seconds
         )
-        self.pool.on_change = self._refresh_rail
+        self.pool.on_change = self._pool_changed
         self.extra_run_args: dict[str, Any] = {}
         self.tasks: list[TaskController] = []
         self.conversations: dict[int, Conversation] = {}
         self._spin = 0
         self._quitting = False
+        self.state = AppState(self.paths)
+        self.crash: Crash | None = self.state.previous_crash()
+        self._draft_key: str | None = None  # no draft is shown yet
+        self._draft_timer = QTimer(self)
+        self._draft_timer.setSingleShot(True)
+        self._draft_timer.setInterval(400)
+        self._draft_timer.timeout.connect(self._save_draft)
         self._build()
         self._load_tasks()
-        self._tray_setup()
+        self._tray_setup(available=tray)
+        self._offer_after_crash()
+        self._mark_running()
         self._timer = QTimer(self)
         self._timer.setInterval(120)
         self._timer.timeout.connect(self._tick)
@@ -211,6 +224,8 @@ class MainWindow(QMainWindow):
         self.header.setObjectName("taskHeader")
         self.header.setContentsMargins(12, 6, 12, 0)
         cl.addWidget(self.header)
+        self.crash_host = QVBoxLayout()
+        cl.addLayout(self.crash_host)
         self.stack = QStackedWidget()
         self.empty = QLabel(
             "Start a task: describe it below, pick a folder and a model, press Enter.\n"
@@ -242,6 +257,7 @@ class MainWindow(QMainWindow):
         self.composer = Composer()
         self.composer.send.connect(self._send_text)
         self.composer.queue_follow_up.connect(self._queue_text)
+        self.composer.textChanged.connect(self._draft_timer.start)
         row.addWidget(self.composer, 1)
         self.send_btn = QPushButton("Send")
         self.send_btn.setMinimumWidth(80)
@@ -288,6 +304,9 @@ class MainWindow(QMainWindow):
     def _load_tasks(self) -> None:
         store = TaskStore(self.paths.tasks)
         try:
+            # Tasks whose owner died (this app's crash, a killed CLI) read "interrupted",
+            # not "running"; a task another live process owns is left as it is (flock).
+            self.interrupted = store.mark_interrupted()
             for t in store.list():
                 r = t.record
                 if t.id in self.prefs.archived:
@@ -309,6 +328,8 @@ class MainWindow(QMainWindow):
             store.close()
         if self.tasks:
             self.rail.setCurrentRow(0)
+        else:
+            self._switch_draft(NEW)
 
     def _add(self, ctl: TaskController, *, history: bool = False) -> None:
         conv = Conversation()
@@ -337,6 +358,7 @@ class MainWindow(QMainWindow):
     def new_task(self) -> None:
         self.rail.clearSelection()
         self.rail.setCurrentRow(-1)
+        self._switch_draft(NEW)
         self.stack.setCurrentWidget(self.empty)
         self.new_folder = None
         self.folder_lbl.setText("no folder")
@@ -350,8 +372,98 @@ class MainWindow(QMainWindow):
     def select(self, ctl: TaskController) -> None:
         self.select_index(self.tasks.index(ctl))
 
+    # ------------------------------------------------------------ drafts and crashes
+    def _draft_key_for(self, ctl: TaskController | None) -> str | None:
+        if ctl is None:
+            return NEW
+        return ctl.task_id  # None while a new task has no id yet: nothing to key it by
+
+    def _save_draft(self) -> None:
+        """Durable on return (fsync + rename): typed text survives the app dying."""
+        self._draft_timer.stop()
+        if self._draft_key is not None:
+            try:
+                self.state.save_draft(self._draft_key, self.composer.toPlainText())
+            except OSError as exc:  # a full disk must not take the window down
+                self.header.setToolTip(f"could not save the draft: {exc}")
+
+    def _switch_draft(self, key: str | None) -> None:
+        """Keep the text typed for the task being left; show the one typed for ``key``."""
+        if key == self._draft_key:
+            return
+        self._save_draft()
+        self._draft_key = key
+        self.composer.blockSignals(True)
+        self.composer.setPlainText(self.state.draft(key) if key is not None else "")
+        self.composer.blockSignals(False)
+
+    def _live_ids(self) -> list[str]:
+        return [c.task_id for c in self.tasks if c.task_id and (c.live or c.status == "queued")]
+
+    def _mark_running(self) -> None:
+        if self._quitting:
+            return
+        with contextlib.suppress(OSError):  # only the next start's crash notice needs it
+            self.state.mark_running(self._live_ids())
+
+    def _offer_after_crash(self) -> None:
+        """The last run died: say so, and offer back the tasks it had running."""
+        self.crash_banner: QFrame | None = None
+        lost = [
+            c
+            for c in self.tasks
+            if c.task_id
+            and (c.task_id in self.interrupted or (self.crash and c.task_id in self.crash.live))
+        ]
+        if self.crash is None and not lost:
+            return
+        box = QFrame()
+        box.setObjectName("crashBanner")
+        lay = QHBoxLayout(box)
+        if lost:
+            names = ", ".join(f"“{sanitize(c.title, limit=50)}”" for c in lost[:3])
+            more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+            msg = (
+                "piwork closed unexpectedly last time. "
+                f"Interrupted: {names}{more}. Nothing you typed was lost."
+            )
+        else:
+            msg = "piwork closed unexpectedly last time. Nothing you typed was lost."
+        text = QLabel(msg)
+        text.setWordWrap(True)
+        lay.addWidget(text, 1)
+        if lost:
+            again = QPushButton("Continue it" if len(lost) == 1 else "Continue the first")
+            again.clicked.connect(lambda _=False, c=lost[0]: self.continue_interrupted(c))
+            lay.addWidget(again)
+            self.crash_continue = again
+        dismiss = QPushButton("Dismiss")
+        dismiss.clicked.connect(self._dismiss_crash)
+        lay.addWidget(dismiss)
+        self.crash_host.addWidget(box)
+        self.crash_banner = box
+        if lost:
+            self.select(lost[0])
+
+    def _dismiss_crash(self) -> None:
+        if self.crash_banner is not None:
+            self._clear(self.crash_host)
+            self.crash_banner = None
+
+    def continue_interrupted(self, ctl: TaskController) -> None:
+        """Resume a task the crash cut off, in a new VM, from its saved session."""
+        self._dismiss_crash()
+        self.select(ctl)
+        if not ctl.live:
+            ctl.submit(
+                "piwork stopped unexpectedly while you were working on this task. "
+                "Check where you got to and continue.",
+                self.run_options(None),
+            )
+
     def _select_row(self, row: int) -> None:
         ctl = self.current()
+        self._switch_draft(self._draft_key_for(ctl))
         if ctl is None:
             self.stack.setCurrentWidget(self.empty)
             self.context.show_task(None, None, None)
@@ -576,7 +688,12 @@ class MainWindow(QMainWindow):
             self.context.on_changes_event(d, task_id=ctl.task_id)
 
     def _notify(self, ctl: TaskController, what: str) -> None:
-        if self.isActiveWindow() or self.tray is None:
+        if self.isActiveWindow():
+            return
+        if self.tray is None:
+            # No tray to speak from: ask the task bar to draw attention to the window.
+            QApplication.alert(self)
+            self.notifications.append(what)
             return
         self.tray.showMessage(
             "piwork",
@@ -756,13 +873,19 @@ class MainWindow(QMainWindow):
         self._fill_models()
 
     # ------------------------------------------------------------ tray and quit
-    def _tray_setup(self) -> None:
+    def _tray_setup(self, *, available: bool | None = None) -> None:
+        """A tray icon where the desktop has a tray (stock GNOME has none: then closing
+        the window asks instead of hiding it somewhere the person cannot reach)."""
         self.notifications: list[str] = []
         self.tray: QSystemTrayIcon | None = None
-        self.tray = QSystemTrayIcon(QIcon(str(ICON)), self)
-        # Closing the window keeps running tasks in the tray: hiding the last window
-        # must not end the event loop (quit goes through request_quit).
+        # Hiding the last window must not end the event loop: quitting goes through
+        # request_quit (or _quit_if_idle), which powers the VMs off first.
         QApplication.setQuitOnLastWindowClosed(False)
+        if available is None:
+            available = QSystemTrayIcon.isSystemTrayAvailable()
+        if not available:
+            return
+        self.tray = QSystemTrayIcon(QIcon(str(ICON)), self)
         menu = QMenu()
         self.show_action = QAction("Show piwork", menu)
         self.show_action.triggered.connect(self.show_from_tray)
@@ -777,29 +900,78 @@ class MainWindow(QMainWindow):
         self.tray.show()
 
     def show_from_tray(self) -> None:
+        """Also what a second launch of the app does (piwork.gui.instance)."""
+        if self.isMinimized():
+            self.showNormal()
         self.show()
         self.raise_()
         self.activateWindow()
+
+    def _busy_tasks(self) -> list[TaskController]:
+        """Tasks that would be cut off by quitting: working, waiting for the person, or
+        queued. A finished task whose VM is only kept warm is not one of them."""
+        return [c for c in self.tasks if c.busy or c.status == "queued" or c.permissions]
 
     def closeEvent(self, e: QCloseEvent) -> None:
         if self._quitting:
             e.accept()
             return
-        if any(c.live for c in self.tasks):
+        busy = self._busy_tasks()
+        if not busy:
+            # Nothing is being worked on: closing the window quits (warm VMs power off).
             e.ignore()
-            self.hide()
-            if self.tray is not None:
-                self.tray.showMessage(
-                    "piwork",
-                    "Tasks keep running here. Quit from this menu.",
-                    QSystemTrayIcon.MessageIcon.Information,
-                    5000,
-                )
+            spawn(self.quit_cleanly())
             return
-        e.accept()
-        self._quitting = True
-        self.context.stop_watching()
-        QApplication.quit()
+        e.ignore()
+        if self.tray is not None:
+            self.hide()
+            self.tray.showMessage(
+                "piwork",
+                "Tasks keep running here. Quit from this menu.",
+                QSystemTrayIcon.MessageIcon.Information,
+                5000,
+            )
+            return
+        self._ask_close(busy)
+
+    def _ask_close(self, busy: list[TaskController]) -> None:
+        """No tray to hide in: minimise (tasks keep running, the window stays in the
+        task bar) or stop them and quit."""
+        box = QMessageBox(self)
+        box.setWindowTitle("Tasks are still running")
+        n = len(busy)
+        box.setText(
+            ("A task is" if n == 1 else f"{n} tasks are")
+            + " still running. Keep working in the background, or stop and quit? "
+            "Stopped tasks can be continued later."
+        )
+        keep = box.addButton("Minimise", QMessageBox.ButtonRole.AcceptRole)
+        stop = box.addButton("Stop and quit", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton("Cancel", QMessageBox.ButtonRole.RejectRole)
+        box.setDefaultButton(keep)
+        self.close_box = box
+
+        def answered(_r: int) -> None:
+            if box.clickedButton() is keep:
+                self.showMinimized()
+            elif box.clickedButton() is stop:
+                spawn(self.quit_cleanly())
+
+        box.finished.connect(answered)
+        box.open()
+
+    def _pool_changed(self) -> None:
+        self._refresh_rail()
+        self._mark_running()
+        self._quit_if_idle()
+
+    def _quit_if_idle(self) -> None:
+        """Hidden in the tray with nothing left running: the process should not linger."""
+        if self._quitting or self.isVisible():
+            return
+        if any(c.live or c.status == "queued" for c in self.tasks):
+            return
+        spawn(self.quit_cleanly())
 
     def request_quit(self, *, confirmed: bool = False) -> None:
         live = [c for c in self.tasks if c.live or c.status == "queued"]
@@ -818,7 +990,9 @@ class MainWindow(QMainWindow):
 
     async def quit_cleanly(self, *, exit_app: bool = True) -> None:
         self._quitting = True
+        self._save_draft()
         await asyncio.gather(*(c.shut_down() for c in self.tasks), return_exceptions=True)
+        self.state.clean_exit()
         self.context.stop_watching()
         if self.tray is not None:
             self.tray.hide()

@@ -124,7 +124,7 @@ def test_the_window_drives_real_tasks(
         server = ScriptedModelServer(router(scripts), model_id="scripted")
         async with server:
             prefs = Prefs(max_tasks=2, keep_warm_seconds=600)
-            win = MainWindow(paths=gui_paths, prefs=prefs)
+            win = MainWindow(paths=gui_paths, prefs=prefs, tray=True)  # a desktop with a tray
             win.extra_run_args = {"extra_providers": (scripted_provider(server),)}
             qtbot.addWidget(win)
             await shown(win)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,6 @@ from piwork.gui.context import ContextPanel
 from piwork.gui.controller import (
     PendingPermission,
     PendingQuestion,
-    Pool,
     RunOptions,
     TaskController,
     spawn,
@@ -54,6 +54,7 @@ from piwork.gui.widgets import (
     ToolRow,
 )
 from piwork.policy import Choice, needs_confirmation
+from piwork.run.pool import Pool
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
 
@@ -78,6 +79,24 @@ STYLE = """
 #questionBar { background: #e8f5e9; border: 1px solid #a5d6a7; border-radius: 8px; }
 #usage { color: #444; }
 """
+
+
+def composer_hint(ctl: TaskController | None) -> str:
+    """What Enter does now, for the selected task's state (the composer's placeholder)."""
+    if ctl is None:
+        return "Describe a new task… · Enter starts it · Shift+Enter new line"
+    if ctl.status == "queued":
+        return "Queued: it starts when a running task ends · Esc takes it off the queue"
+    if ctl.busy and ctl.session is None:
+        return "The agent is starting… type now; Enter sends once it is ready"
+    if ctl.paused:
+        return "Paused · press Continue, then Enter talks to the agent"
+    if ctl.busy:
+        return (
+            "Enter steers the agent now · Alt+Enter queues a follow-up for after this turn "
+            "· Shift+Enter new line"
+        )
+    return "Enter continues this task with a new message · Shift+Enter new line"
 
 
 class Conversation(QScrollArea):
@@ -252,6 +271,13 @@ class MainWindow(QMainWindow):
         self.pause_btn = QPushButton("Pause")
         self.pause_btn.clicked.connect(self._pause_clicked)
         bar.addWidget(self.pause_btn)
+        self.end_btn = QPushButton("End task")
+        self.end_btn.setToolTip(
+            "The task is done and its VM is kept on for a follow-up: power it off now "
+            "(you can still continue the task later)"
+        )
+        self.end_btn.clicked.connect(self._end_clicked)
+        bar.addWidget(self.end_btn)
         cl.addLayout(bar)
         row = QHBoxLayout()
         self.composer = Composer()
@@ -267,6 +293,7 @@ class MainWindow(QMainWindow):
         split.addWidget(centre)
         # Context
         self.context = ContextPanel(self.paths)
+        self.context.release_vm = self._release_vm
         split.addWidget(self.context)
         split.setSizes([240, 620, 320])
         split.setStretchFactor(1, 1)
@@ -322,7 +349,7 @@ class MainWindow(QMainWindow):
                 )
                 ctl.tokens = r.usage.total_tokens
                 ctl.cost = r.usage.cost_usd
-                ctl.elapsed = r.wall_seconds()
+                ctl.elapsed_before = r.wall_seconds()
                 self._add(ctl, history=True)
         finally:
             store.close()
@@ -467,23 +494,30 @@ class MainWindow(QMainWindow):
         if ctl is None:
             self.stack.setCurrentWidget(self.empty)
             self.context.show_task(None, None, None)
-            self.context.set_running(False)
         else:
             self.stack.setCurrentWidget(self.conversation(ctl))
             outputs = self.paths.tasks / ctl.task_id / "outputs" if ctl.task_id else None
-            self.context.show_task(ctl.task_id, ctl.folder, outputs, running=ctl.live)
-            self.context.set_usage(ctl.tokens, ctl.cost, ctl.elapsed)
+            self.context.show_task(
+                ctl.task_id, ctl.folder, outputs, running=ctl.busy, warm=ctl.warm
+            )
         self._show_sheets()
-        self._update_composer()
+        self.redraw()
 
     def _refresh_rail(self) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Draw every view from the tasks' state: the rail, and the header, usage, pause
+        and end buttons, composer and context panel of the selected task. Called on every
+        change of any task and on every selection change, never left to a timer, so no
+        view can show another task's state or a stale one."""
         sel = self.current()
         for i, ctl in enumerate(self.tasks):
             item = self.rail.item(i)
             if item is None:
                 continue
             label = ctl.label
-            spin = SPINNER[self._spin % len(SPINNER)] + " " if ctl.busy else ""
+            spin = SPINNER[self._spin % len(SPINNER)] + " " if ctl.busy and not ctl.paused else ""
             badge = ""
             if (ctl.permissions or ctl.question) and ctl is not sel:
                 n = len(ctl.permissions) + (1 if ctl.question else 0)
@@ -492,22 +526,36 @@ class MainWindow(QMainWindow):
             item.setText(
                 f"{sanitize(ctl.title, limit=60, keep_newlines=False)}{badge}\n{spin}{label}{when}"
             )
-            item.setToolTip(f"{ctl.task_id or 'not started'} — Ctrl+{i + 1}" if i < 9 else "")
+            item.setToolTip(f"Ctrl+{i + 1}" if i < 9 else "")
         if sel is not None:
+            if self._draft_key is None and sel.task_id:
+                self._draft_key = sel.task_id  # the new task got its id: key its draft
             self.header.setText(
-                f"<b>{sanitize(sel.title, limit=120)}</b> — {sel.label}"
-                + (f" · {sel.model}" if sel.model else "")
+                f"<b>{html.escape(sanitize(sel.title, limit=120))}</b> — {html.escape(sel.label)}"
             )
+            self.header.setToolTip(f"model: {sel.model}" if sel.model else "")
             self.context.set_usage(sel.tokens, sel.cost, sel.elapsed)
-            self.context.set_running(sel.live)
+            self.context.set_running(sel.busy, warm=sel.warm)
         else:
             self.header.setText("New task")
+            self.header.setToolTip("")
+            self.context.set_usage(None, None, None)
         self._update_composer()
 
     def _tick(self) -> None:
+        """Animation only: the rail's spinner and the selected task's running clock."""
         if any(c.busy for c in self.tasks):
             self._spin += 1
-            self._refresh_rail()
+            for i, ctl in enumerate(self.tasks):
+                item = self.rail.item(i)
+                if item is not None and ctl.busy and not ctl.paused:
+                    lines = item.text().split("\n", 1)
+                    if len(lines) == 2 and lines[1][:1] in SPINNER:
+                        glyph = SPINNER[self._spin % len(SPINNER)]
+                        item.setText(f"{lines[0]}\n{glyph}{lines[1][1:]}")
+            sel = self.current()
+            if sel is not None and sel.busy:
+                self.context.set_usage(sel.tokens, sel.cost, sel.elapsed)
 
     # ------------------------------------------------------------ composer
     def _update_composer(self) -> None:
@@ -526,19 +574,20 @@ class MainWindow(QMainWindow):
             self.folder_lbl.setText(str(ctl.folder) if ctl.folder else "no folder")
         elif self.new_folder is None:
             self.folder_lbl.setText("no folder")
-        self.pause_btn.setVisible(running)
-        if ctl is not None and ctl.status == "paused":
-            self.pause_btn.setText("Continue")
-        else:
-            self.pause_btn.setText("Pause")
-        if ctl is None:
-            self.composer.setPlaceholderText("Describe a new task… (Enter sends)")
-        elif running:
-            self.composer.setPlaceholderText(
-                "Enter steers the running task · Alt+Enter queues a follow-up"
-            )
-        else:
-            self.composer.setPlaceholderText("Continue this task with a new message… (Enter)")
+        self.pause_btn.setVisible(running and ctl is not None and ctl.session is not None)
+        self.pause_btn.setText("Continue" if ctl is not None and ctl.paused else "Pause")
+        self.end_btn.setVisible(ctl is not None and ctl.warm)
+        self.composer.setPlaceholderText(composer_hint(ctl))
+
+    async def _release_vm(self, task_id: str) -> None:
+        ctl = next((c for c in self.tasks if c.task_id == task_id), None)
+        if ctl is not None and ctl.live and not ctl.busy:
+            await ctl.end()
+
+    def _end_clicked(self) -> None:
+        ctl = self.current()
+        if ctl is not None and ctl.live:
+            spawn(ctl.end())
 
     def _pick_folder(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "Working folder for the new task")
@@ -584,6 +633,10 @@ class MainWindow(QMainWindow):
                     "the agent is still starting: send again once it is ready"
                 )
                 return
+            if ctl.paused:  # a frozen VM cannot take a message: keep the text
+                self.composer.setPlainText(text)
+                self.conversation(ctl).notice("the task is paused: press Continue first")
+                return
             spawn(ctl.steer(text))
             return
         ctl.submit(text, self.run_options(None))
@@ -606,7 +659,7 @@ class MainWindow(QMainWindow):
         ctl = self.current()
         if ctl is None:
             return
-        if ctl.status == "paused":
+        if ctl.paused:
             spawn(ctl.resume_vm())
         else:
             spawn(ctl.pause())
@@ -675,7 +728,9 @@ class MainWindow(QMainWindow):
             outputs = self.paths.tasks / ctl.task_id / "outputs"
             self.context.watch(ctl.task_id, ctl.folder, outputs)
             if self.current() is ctl:
-                self.context.show_task(ctl.task_id, ctl.folder, outputs, running=ctl.live)
+                self.context.show_task(
+                    ctl.task_id, ctl.folder, outputs, running=ctl.busy, warm=ctl.warm
+                )
         elif k is EventKind.DONE:
             conv.text_end()
             msg = d.get("message")
@@ -796,6 +851,8 @@ class MainWindow(QMainWindow):
         if ctl is None:
             return
         menu = QMenu(self)
+        if ctl.live and not ctl.busy:
+            menu.addAction("End task", lambda: spawn(ctl.end()))
         menu.addAction("Rename…", lambda: self.rename(ctl))
         menu.addAction("Archive", lambda: self.archive(ctl))
         menu.addAction("Delete…", lambda: self.delete(ctl))
@@ -828,17 +885,27 @@ class MainWindow(QMainWindow):
         self._refresh_rail()
 
     def archive(self, ctl: TaskController) -> None:
-        if ctl.live:
+        if ctl.busy:
             QMessageBox.information(self, "piwork", "Stop the task before archiving it.")
+            return
+        if ctl.live:  # done, VM kept warm: power it off, then archive
+            spawn(self._after_end(ctl, lambda: self.archive(ctl)))
             return
         if ctl.task_id:
             self.prefs.archived.add(ctl.task_id)
             self.prefs.save(self.paths)
         self._remove(ctl)
 
+    async def _after_end(self, ctl: TaskController, then: Any) -> None:
+        await ctl.end()
+        then()
+
     def delete(self, ctl: TaskController, *, confirmed: bool = False) -> None:
-        if ctl.live:
+        if ctl.busy:
             QMessageBox.information(self, "piwork", "Stop the task before deleting it.")
+            return
+        if ctl.live:
+            spawn(self._after_end(ctl, lambda: self.delete(ctl, confirmed=confirmed)))
             return
         if not confirmed:
             ans = QMessageBox.question(

@@ -888,7 +888,8 @@ class TaskSession:
             answer = await self.asker.permission(perm)
         finally:
             if self._stop_reason is None and self.task is not None:
-                await self._set_status(TaskStatus.RUNNING)
+                # Answered while the VM is frozen: it stays paused until resumed.
+                await self._set_status(TaskStatus.PAUSED if self._paused else TaskStatus.RUNNING)
         if answer is None:
             by = DecidedBy.ASSUME_YES if self.req.assume_yes else DecidedBy.NO_TERMINAL
             answer = Choice.ALLOW_ONCE if self.req.assume_yes else Choice.DENY
@@ -921,7 +922,8 @@ class TaskSession:
             answer = await self.asker.question(req.method, title, message, options)
         finally:
             if self._stop_reason is None and self.task is not None:
-                await self._set_status(TaskStatus.RUNNING)
+                # Answered while the VM is frozen: it stays paused until resumed.
+                await self._set_status(TaskStatus.PAUSED if self._paused else TaskStatus.RUNNING)
         self._note("question", {"method": req.method, "title": title, "answer": answer})
         if answer is None:
             return m.ui_cancelled(req.id)

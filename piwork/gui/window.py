@@ -192,6 +192,7 @@ class MainWindow(QMainWindow):
         self.conversations: dict[int, Conversation] = {}
         self._spin = 0
         self._quitting = False
+        self._in_tray = False  # closed to the tray: quit by itself once nothing is live
         self.state = AppState(self.paths)
         self.crash: Crash | None = self.state.previous_crash()
         self._draft_key: str | None = None  # no draft is shown yet
@@ -931,12 +932,18 @@ class MainWindow(QMainWindow):
         from piwork.gui.settings import SettingsDialog
 
         dlg = SettingsDialog(self.paths, self.prefs, self)
+        dlg.applied.connect(self._settings_applied)
         dlg.finished.connect(lambda _r: self._settings_closed())
         self.settings_dialog = dlg
         dlg.open()
 
+    def _settings_applied(self) -> None:
+        """A limit changed in Settings: used now, by tasks already running too."""
+        self.pool.keep_warm = self.prefs.keep_warm_seconds
+        self.pool.set_limit(self.prefs.max_tasks)
+
     def _settings_closed(self) -> None:
-        self.pool.limit = self.prefs.max_tasks
+        self._settings_applied()
         self._fill_models()
 
     # ------------------------------------------------------------ tray and quit
@@ -968,6 +975,7 @@ class MainWindow(QMainWindow):
 
     def show_from_tray(self) -> None:
         """Also what a second launch of the app does (piwork.gui.instance)."""
+        self._in_tray = False
         if self.isMinimized():
             self.showNormal()
         self.show()
@@ -992,6 +1000,7 @@ class MainWindow(QMainWindow):
         e.ignore()
         if self.tray is not None:
             self.hide()
+            self._in_tray = True
             self.tray.showMessage(
                 "piwork",
                 "Tasks keep running here. Quit from this menu.",
@@ -1034,7 +1043,7 @@ class MainWindow(QMainWindow):
 
     def _quit_if_idle(self) -> None:
         """Hidden in the tray with nothing left running: the process should not linger."""
-        if self._quitting or self.isVisible():
+        if self._quitting or not self._in_tray or self.isVisible():
             return
         if any(c.live or c.status == "queued" for c in self.tasks):
             return

@@ -49,7 +49,6 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
-    QTextBrowser,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
@@ -69,7 +68,7 @@ from piwork.checkpoints import (
 )
 from piwork.config import Paths, get_paths
 from piwork.gui.text import sanitize
-from piwork.gui.widgets import file_kind
+from piwork.gui.widgets import InertBrowser, file_kind, set_inert_markdown
 from piwork.tasks.store import TaskStoreError
 
 log = logging.getLogger(__name__)
@@ -269,8 +268,7 @@ class ContextPanel(QWidget):
         self.preview_title.setObjectName("previewTitle")
         lay.addWidget(self.preview_title)
         self.preview = QStackedWidget()
-        self.preview_text = QTextBrowser()
-        self.preview_text.setOpenLinks(False)
+        self.preview_text = InertBrowser()  # previews guest files: loads nothing
         self.preview_image = QLabel()
         self.preview_image.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.preview_table = QTableWidget()
@@ -514,7 +512,7 @@ class ContextPanel(QWidget):
             self.preview_table.resizeColumnsToContents()
             self.preview.setCurrentWidget(self.preview_table)
         elif kind == "markdown":
-            self.preview_text.setMarkdown(text)
+            set_inert_markdown(self.preview_text.document(), text)
             self.preview.setCurrentWidget(self.preview_text)
         else:  # text, and HTML shown as source (never rendered: it came from the agent)
             self.preview_text.setPlainText(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import re
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from piwork.gui.controller import (
 from piwork.gui.history import load_history
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.text import always_rules, plain_request, rule_text, sanitize
+from piwork.gui.welcome import DEMO_PROMPT, WelcomePage, demo_folder
 from piwork.gui.widgets import (
     Composer,
     MessageView,
@@ -53,6 +55,7 @@ from piwork.gui.widgets import (
     QuestionBar,
     ToolRow,
 )
+from piwork.models.defaults import DEMO
 from piwork.policy import Choice, needs_confirmation
 from piwork.run.pool import Pool
 from piwork.runner import EventKind, RunEvent
@@ -78,7 +81,80 @@ STYLE = """
 #sheetRule { font-family: "DejaVu Sans Mono"; background: #fffdf5; padding: 4px; }
 #questionBar { background: #e8f5e9; border: 1px solid #a5d6a7; border-radius: 8px; }
 #usage { color: #444; }
+#welcomeTitle { font-size: 13pt; font-weight: bold; }
+#welcomeStep { background: #f7f9fc; border: 1px solid #e3e7ee; border-radius: 8px; }
+#welcomeStepTitle { font-weight: bold; }
+#welcomeHint { color: #777; }
 """
+
+
+# Where the guest sees the person's folders (piwork.agent): shown as the person knows them.
+_GUEST_DIRS = (("/mnt/work/", ""), ("/mnt/work", "."), ("/mnt/outputs/", "outputs/"))
+_GUEST_DIR_RE = re.compile(r"/mnt/(?:work|outputs)(?:/|\b)")
+
+
+def person_paths(text: str) -> str:
+    """Guest paths as paths relative to the person's folder ("/mnt/work/a.txt" -> "a.txt",
+    the task's outputs as "outputs/...")."""
+
+    def swap(m: re.Match[str]) -> str:
+        hit = m.group(0)
+        for guest, shown in _GUEST_DIRS:
+            if hit == guest or (hit.rstrip("/") == guest and not guest.endswith("/")):
+                return shown
+        return hit
+
+    return _GUEST_DIR_RE.sub(swap, text)
+
+
+def permission_line(d: dict[str, Any]) -> str | None:
+    """A permission decision in words (None for the ask itself: the sheet shows it)."""
+    dec = str(d.get("decision") or "")
+    if dec == "ask":
+        return None
+    what = person_paths(str(d.get("target") or d.get("action") or "the request"))
+    tool, action = str(d.get("tool") or ""), str(d.get("action") or "")
+    for word in (tool, action):  # "write a.txt" -> "a.txt": the verb comes from the line
+        if word and what.startswith(word + " "):
+            what = what[len(word) + 1 :]
+    verb = {
+        "read": "read",
+        "write": "change",
+        "delete": "delete",
+        "move": "move",
+        "outside-scope": "reach outside the folder:",
+        "network": "reach",
+        "shell": "run",
+        "connector": "use",
+    }.get(action, action)
+    by = str(d.get("by") or "")
+    allowed = dec not in ("Deny", "deny", "cancelled")
+    if dec == "cancelled" or by == "cancelled":
+        return f"Question withdrawn (the task stopped): {verb} {what}"
+    if by == "rule":
+        rule = d.get("rule") or ", ".join(d.get("rules") or [])
+        head = "Allowed by your rules" if allowed else "Denied by your rules"
+        return f"{head}: {verb} {what}" + (f" ({rule})" if rule else "")
+    if by == "no-terminal":
+        return f"Denied (nobody was there to ask): {verb} {what}"
+    if by == "assume-yes":
+        return f"Allowed (--yes): {verb} {what}"
+    if not allowed:
+        return f"You denied: {verb} {what}"
+    how = {
+        "Always allow in this folder": " (always, in this folder)",
+        "Always allow everywhere": " (always, everywhere)",
+    }.get(dec, "")
+    return f"You allowed{how}: {verb} {what}"
+
+
+_TECHNICAL = ("accelerator:", "pack:", "restored in", "cold boot", "using the offline demo model")
+
+
+def technical_notice(message: str) -> bool:
+    """Start-up details a person does not need in the conversation (kept in the boot
+    row's tooltip): the accelerator, pack progress, warm/cold boot."""
+    return message.startswith(_TECHNICAL)
 
 
 def composer_hint(ctl: TaskController | None) -> str:
@@ -114,6 +190,8 @@ class Conversation(QScrollArea):
         self.setWidget(inner)
         self.current: MessageView | None = None
         self.tools: dict[str, ToolRow] = {}
+        self.boot_row: NoticeRow | None = None
+        self.boot_details: list[str] = []
         self.verticalScrollBar().rangeChanged.connect(self._stick)
         self._follow = True
 
@@ -128,6 +206,7 @@ class Conversation(QScrollArea):
     def user(self, text: str, mode: str | None = None) -> None:
         who = {"steer": "you (steer)", "follow_up": "you (queued follow-up)"}.get(mode or "", "you")
         self.current = None
+        self.boot_row, self.boot_details = None, []  # the next start gets its own row
         self.add(MessageView(who if who != "you" else "you", text, markdown=False))
 
     def text(self, delta: str) -> None:
@@ -145,9 +224,21 @@ class Conversation(QScrollArea):
         if self.current is not None:
             self.current.flush()
         self.current = None
-        row = ToolRow(call_id, name, arg)
+        row = ToolRow(call_id, name, person_paths(arg))
         self.tools[call_id] = row
         self.add(row)
+
+    def boot(self, line: str, detail: str | None = None) -> None:
+        """Start-up progress in one row that updates (stages and the accelerator are
+        in its tooltip, not a row each)."""
+        if self.boot_row is None:
+            self.boot_row = NoticeRow(line, "boot")
+            self.add(self.boot_row)
+        else:
+            self.boot_row.setText(line)
+        if detail:
+            self.boot_details.append(detail)
+            self.boot_row.setToolTip("\n".join(self.boot_details[-30:]))
 
     def tool_end(self, call_id: str, name: str, ok: bool, text: str) -> None:
         row = self.tools.get(call_id)
@@ -234,7 +325,7 @@ class MainWindow(QMainWindow):
         self.settings_btn = QPushButton("Settings")
         self.settings_btn.clicked.connect(self.open_settings)
         ll.addWidget(self.settings_btn)
-        left.setMinimumWidth(220)
+        left.setMinimumWidth(180)
         split.addWidget(left)
         # Centre
         centre = QWidget()
@@ -247,11 +338,9 @@ class MainWindow(QMainWindow):
         self.crash_host = QVBoxLayout()
         cl.addLayout(self.crash_host)
         self.stack = QStackedWidget()
-        self.empty = QLabel(
-            "Start a task: describe it below, pick a folder and a model, press Enter.\n"
-            "Ctrl+N new task · Ctrl+1..9 switch · Esc stop"
-        )
-        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty = WelcomePage(self.paths)
+        self.empty.run_demo.connect(self.start_demo)
+        self.empty.open_settings.connect(self.open_settings)
         self.stack.addWidget(self.empty)
         cl.addWidget(self.stack, 1)
         self.sheet_host = QVBoxLayout()
@@ -296,7 +385,8 @@ class MainWindow(QMainWindow):
         self.context = ContextPanel(self.paths)
         self.context.release_vm = self._release_vm
         split.addWidget(self.context)
-        split.setSizes([240, 620, 320])
+        # At 1280 px the diff gets ~500 px: about 70 columns of a diff line, readable.
+        split.setSizes([200, 560, 520])
         split.setStretchFactor(1, 1)
         self.setCentralWidget(split)
         self.new_folder: Path | None = None
@@ -585,6 +675,19 @@ class MainWindow(QMainWindow):
         if ctl is not None and ctl.live and not ctl.busy:
             await ctl.end()
 
+    def start_demo(self) -> TaskController:
+        """The first-run demo: the offline demo model on a folder piwork made for it."""
+        self.new_task()
+        self.new_folder = demo_folder(self.paths)
+        self.folder_lbl.setText(str(self.new_folder))
+        i = self.model_pick.findData(DEMO)
+        if i >= 0:
+            self.model_pick.setCurrentIndex(i)
+        self._send_text(DEMO_PROMPT)
+        ctl = self.current()
+        assert ctl is not None
+        return ctl
+
     def _end_clicked(self) -> None:
         ctl = self.current()
         if ctl is not None and ctl.live:
@@ -696,8 +799,8 @@ class MainWindow(QMainWindow):
             conv.text(str(d.get("delta", "")))
         elif k is EventKind.TEXT_END:
             conv.text_end()
-            if d.get("error"):
-                conv.notice(f"model error: {d['error']}", "error")
+            if d.get("error") and not ctl.stopping:  # pi's "aborted" after a Stop is no error
+                conv.notice(f"The model reported an error: {d['error']}", "error")
         elif k is EventKind.TOOL_START:
             conv.tool_start(str(d.get("id")), str(d.get("name")), str(d.get("arg") or ""))
         elif k is EventKind.TOOL_END:
@@ -705,25 +808,26 @@ class MainWindow(QMainWindow):
                 str(d.get("id")), str(d.get("name")), bool(d.get("ok")), str(d.get("text") or "")
             )
         elif k is EventKind.BOOT:
-            conv.notice(
-                f"booting the VM: {d.get('stage')} ({float(d.get('seconds') or 0):.1f}s)", "boot"
+            secs = float(d.get("seconds") or 0)
+            conv.boot(
+                f"Starting the task's VM… {secs:.0f} s",
+                f"{d.get('stage')}: {secs:.1f} s",
             )
         elif k is EventKind.READY:
-            conv.notice(f"agent ready after {float(d.get('seconds') or 0):.1f}s", "boot")
+            conv.boot(f"The agent is ready ({float(d.get('seconds') or 0):.0f} s to start)")
         elif k is EventKind.NOTICE:
-            conv.notice(str(d.get("message", "")))
+            msg = str(d.get("message", ""))
+            if technical_notice(msg):
+                conv.boot(conv.boot_row.text() if conv.boot_row else "Starting…", msg)
+            else:
+                conv.notice(msg)
         elif k is EventKind.ERROR:
             conv.notice(str(d.get("message", "")), "error")
         elif k is EventKind.PERMISSION:
-            dec = d.get("decision")
-            if dec != "ask":
-                rule = d.get("rule") or ", ".join(d.get("rules") or [])
-                conv.notice(
-                    f"permission {d.get('action')} {d.get('target')}: {dec}"
-                    + (f" by {d.get('by')}" if d.get("by") else "")
-                    + (f" — rule {rule}" if rule else "")
-                )
-            if dec == "cancelled":
+            line = permission_line(d)
+            if line is not None:
+                conv.notice(line)
+            if d.get("decision") == "cancelled":
                 self._show_sheets()
         elif k is EventKind.TASK and ctl.task_id:
             outputs = self.paths.tasks / ctl.task_id / "outputs"
@@ -734,11 +838,16 @@ class MainWindow(QMainWindow):
                 )
         elif k is EventKind.DONE:
             conv.text_end()
-            msg = d.get("message")
+            done_msg: Any = d.get("message")
+            if ctl.stopping or d.get("reason") == "cancelled":
+                done_msg = None  # "stopped by the person" is what the label already says
+            turns = int(d.get("turns") or 0)
             conv.notice(
-                f"— {ctl.label}"
-                + (f": {msg}" if msg else "")
-                + f" · {d.get('tokens', 0)} tokens, {d.get('turns', 0)} turns —"
+                f"— {ctl.label.capitalize()}"
+                + (f": {sanitize(str(done_msg), limit=300)}" if done_msg else "")
+                + f" · {int(d.get('tokens') or 0):,} tokens, {turns} turn"
+                + ("" if turns == 1 else "s")
+                + " —"
             )
         elif k is EventKind.CHANGES and ctl.task_id:  # a turn ended: its files and counts
             self.context.on_changes_event(d, task_id=ctl.task_id)
@@ -795,8 +904,8 @@ class MainWindow(QMainWindow):
             req = p.request
             folder = ctl.folder
             sheet = PermissionSheet(
-                plain_request(req),
-                sanitize(req.question, limit=600),
+                person_paths(plain_request(req)),
+                person_paths(sanitize(req.question, limit=600)),
                 str(folder) if folder else None,
                 always_rules(req, Choice.ALWAYS_FOLDER),
                 always_rules(req, Choice.ALWAYS_EVERYWHERE),
@@ -945,6 +1054,7 @@ class MainWindow(QMainWindow):
     def _settings_closed(self) -> None:
         self._settings_applied()
         self._fill_models()
+        self.empty.refresh()  # key status on the welcome page
 
     # ------------------------------------------------------------ tray and quit
     def _tray_setup(self, *, available: bool | None = None) -> None:

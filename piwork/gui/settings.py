@@ -344,11 +344,16 @@ class SettingsDialog(QDialog):
             from piwork.tasks.settings import load_task_settings
 
             lim = load_task_settings(self.paths.settings_file).default_limits
+
+            def shown(v: object, unit: str = "") -> str:
+                return "no limit" if v is None else f"{v}{unit}"
+
             form.addRow(
                 "Task limits (settings.json)",
                 QLabel(
-                    f"turns {lim.max_turns}, wall time {lim.max_wall_time_seconds}s, "
-                    f"tokens {lim.max_tokens}, cost {lim.max_cost_usd}"
+                    f"turns {shown(lim.max_turns)}, time {shown(lim.max_wall_time_seconds, ' s')}, "
+                    f"tokens {shown(lim.max_tokens)}, cost "
+                    + ("no limit" if lim.max_cost_usd is None else f"${lim.max_cost_usd}")
                 ),
             )
         except Exception as exc:

@@ -26,9 +26,15 @@ DEMO_FILES = {
 }
 
 
-def demo_folder(paths: Paths) -> Path:
-    """A folder of piwork's own for the demo (never one of the person's)."""
-    folder = paths.data / "demo-folder"
+def demo_folder(base: Path | None = None) -> Path:
+    """A folder made for the demo (never one of the person's own): ``piwork-demo`` in
+    their Documents. Not under piwork's data: a working folder there is refused (it
+    would expose every task's transcript to the agent)."""
+    if base is None:
+        import platformdirs
+
+        base = Path(platformdirs.user_documents_dir()) / "piwork-demo"
+    folder = base
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in DEMO_FILES.items():
         if not (folder / name).exists():

@@ -279,6 +279,7 @@ class MainWindow(QMainWindow):
         )
         self.pool.on_change = self._pool_changed
         self.extra_run_args: dict[str, Any] = {}
+        self.demo_base: Path | None = None  # where the demo's folder goes (None: Documents)
         self.tasks: list[TaskController] = []
         self.conversations: dict[int, Conversation] = {}
         self._spin = 0
@@ -678,7 +679,7 @@ class MainWindow(QMainWindow):
     def start_demo(self) -> TaskController:
         """The first-run demo: the offline demo model on a folder piwork made for it."""
         self.new_task()
-        self.new_folder = demo_folder(self.paths)
+        self.new_folder = demo_folder(self.demo_base)
         self.folder_lbl.setText(str(self.new_folder))
         i = self.model_pick.findData(DEMO)
         if i >= 0:

@@ -102,8 +102,12 @@ class Pool:
             remaining = since + self.keep_warm - loop.time()
             if remaining <= 0:
                 raise TimeoutError
-            with contextlib.suppress(TimeoutError):
+            try:
                 text = await asyncio.wait_for(inbox.get(), timeout=min(remaining, 1.0))
-                if text == CLOSE:
-                    raise TimeoutError
-                return text
+            except TimeoutError:
+                continue  # look at the queue and the (maybe changed) keep-warm again
+            if text == CLOSE:
+                # Outside the try: a CLOSE must end the wait, not be taken for a tick
+                # (it was, and "End task" waited 60 s and then cancelled the task).
+                raise TimeoutError
+            return text

@@ -231,6 +231,7 @@ class ContextPanel(QWidget):
         lay.addWidget(self.folder_label)
         self.open_btn = QPushButton("Open in file manager")
         self.open_btn.clicked.connect(self._open_folder)
+        self.open_btn.setEnabled(False)  # until a task with a folder is shown
         lay.addWidget(self.open_btn)
         self.tabs = QTabWidget()
         self.tabs.setObjectName("contextTabs")

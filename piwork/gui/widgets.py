@@ -369,6 +369,7 @@ class PermissionSheet(QFrame):
             d.setObjectName("sheetDetail")
             lay.addWidget(d)
         lay.addWidget(plain_label(f"Working folder: {folder or '(none)'}"))
+        # Verbatim: the exact rule "Always" stores (guest paths included) is the promise.
         self.rule_label = plain_label(self._rule_text(folder_rules, everywhere_rules))
         self.rule_label.setObjectName("sheetRule")
         self.rule_label.setWordWrap(True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
-import re
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +54,7 @@ from piwork.gui.widgets import (
     QuestionBar,
     ToolRow,
 )
+from piwork.gui.words import permission_line, person_paths
 from piwork.models.defaults import DEMO
 from piwork.policy import Choice, needs_confirmation
 from piwork.run.pool import Pool
@@ -86,66 +86,6 @@ STYLE = """
 #welcomeStepTitle { font-weight: bold; }
 #welcomeHint { color: #777; }
 """
-
-
-# Where the guest sees the person's folders (piwork.agent): shown as the person knows them.
-_GUEST_DIRS = (("/mnt/work/", ""), ("/mnt/work", "."), ("/mnt/outputs/", "outputs/"))
-_GUEST_DIR_RE = re.compile(r"/mnt/(?:work|outputs)(?:/|\b)")
-
-
-def person_paths(text: str) -> str:
-    """Guest paths as paths relative to the person's folder ("/mnt/work/a.txt" -> "a.txt",
-    the task's outputs as "outputs/...")."""
-
-    def swap(m: re.Match[str]) -> str:
-        hit = m.group(0)
-        for guest, shown in _GUEST_DIRS:
-            if hit == guest or (hit.rstrip("/") == guest and not guest.endswith("/")):
-                return shown
-        return hit
-
-    return _GUEST_DIR_RE.sub(swap, text)
-
-
-def permission_line(d: dict[str, Any]) -> str | None:
-    """A permission decision in words (None for the ask itself: the sheet shows it)."""
-    dec = str(d.get("decision") or "")
-    if dec == "ask":
-        return None
-    what = person_paths(str(d.get("target") or d.get("action") or "the request"))
-    tool, action = str(d.get("tool") or ""), str(d.get("action") or "")
-    for word in (tool, action):  # "write a.txt" -> "a.txt": the verb comes from the line
-        if word and what.startswith(word + " "):
-            what = what[len(word) + 1 :]
-    verb = {
-        "read": "read",
-        "write": "change",
-        "delete": "delete",
-        "move": "move",
-        "outside-scope": "reach outside the folder:",
-        "network": "reach",
-        "shell": "run",
-        "connector": "use",
-    }.get(action, action)
-    by = str(d.get("by") or "")
-    allowed = dec not in ("Deny", "deny", "cancelled")
-    if dec == "cancelled" or by == "cancelled":
-        return f"Question withdrawn (the task stopped): {verb} {what}"
-    if by == "rule":
-        rule = d.get("rule") or ", ".join(d.get("rules") or [])
-        head = "Allowed by your rules" if allowed else "Denied by your rules"
-        return f"{head}: {verb} {what}" + (f" ({rule})" if rule else "")
-    if by == "no-terminal":
-        return f"Denied (nobody was there to ask): {verb} {what}"
-    if by == "assume-yes":
-        return f"Allowed (--yes): {verb} {what}"
-    if not allowed:
-        return f"You denied: {verb} {what}"
-    how = {
-        "Always allow in this folder": " (always, in this folder)",
-        "Always allow everywhere": " (always, everywhere)",
-    }.get(dec, "")
-    return f"You allowed{how}: {verb} {what}"
 
 
 _TECHNICAL = ("accelerator:", "pack:", "restored in", "cold boot", "using the offline demo model")

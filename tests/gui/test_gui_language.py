@@ -9,7 +9,8 @@ from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
 from piwork.gui.prefs import Prefs
-from piwork.gui.window import composer_hint, permission_line, person_paths, technical_notice
+from piwork.gui.window import composer_hint, technical_notice
+from piwork.gui.words import permission_line, person_paths
 from piwork.run.pool import Pool
 from piwork.runner import EventKind, RunEvent
 
@@ -33,7 +34,7 @@ def test_permission_lines_say_who_decided_without_echoes() -> None:
         {"action": "shell", "tool": "bash", "target": "make test", "decision": "Allow once",
          "by": "rule", "rule": "allow shell make (global)"}
     )  # fmt: skip
-    assert ruled == "Allowed by your rules: run make test (allow shell make (global))"
+    assert ruled == "Allowed by the rules: make test (shell)"
     denied = permission_line({**base, "decision": "Deny", "by": "no-terminal"})
     assert denied == "Denied (nobody was there to ask): change notes.txt"
 

@@ -179,3 +179,36 @@ def test_a_draft_follows_its_task_and_is_forgotten_when_sent(
     win.composer.clear()
     win._save_draft()
     assert AppState(gui_paths).draft(t1.id) == ""
+
+
+def test_hidden_in_the_tray_the_app_quits_by_itself_once_nothing_runs(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    from piwork.gui.controller import TaskController
+    from piwork.gui.window import MainWindow
+
+    win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=True)
+    qtbot.addWidget(win)
+    quits: list[bool] = []
+
+    async def quit_cleanly(*, exit_app: bool = True) -> None:
+        quits.append(exit_app)
+
+    win.quit_cleanly = quit_cleanly  # type: ignore[method-assign]
+    ctl = TaskController(win.pool, title="busy", status="running")
+    win._add(ctl)
+
+    async def scenario() -> None:
+        job: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ctl._job = job  # type: ignore[assignment]
+        win.pool.track(ctl)
+        await shown(win)
+        win.close()  # a task runs: into the tray, not quit
+        assert not win.isVisible() and quits == []
+        job.set_result(None)
+        ctl.status, ctl.reason = "stopped", "completed"
+        win.pool.released(ctl)  # the task's VM powered off
+        await until(lambda: quits, 10, "the app quits by itself")
+
+    qloop.run_until_complete(scenario())
+    assert quits == [True]

@@ -250,6 +250,12 @@ class TaskController(QObject):
         """Send a message: to the warm session, or start (resume) one, or queue it."""
         if self.live and self.session is not None and not self.busy:
             self._inbox.put_nowait(prompt)
+            # Busy from now on, not from the runner's first status event: a close or a
+            # quit in between must not take the task for an idle warm VM.
+            self.status, self.reason = "starting", None
+            self.stopping = False
+            self._clock_for("starting")
+            self.changed.emit()
             return
         if self.live:
             raise RuntimeError("the task is running: steer or queue a follow-up instead")

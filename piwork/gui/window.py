@@ -759,6 +759,8 @@ class MainWindow(QMainWindow):
         elif k is EventKind.NOTICE:
             msg = str(d.get("message", ""))
             if technical_notice(msg):
+                if msg.startswith("using the offline demo model"):
+                    msg = "model: the offline demo (scripted, not a real LLM)"  # no CLI flags
                 conv.boot(conv.boot_row.text() if conv.boot_row else "Starting…", msg)
             else:
                 conv.notice(msg)

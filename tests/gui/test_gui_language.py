@@ -93,3 +93,20 @@ def test_boot_stages_fold_into_one_row_and_a_stop_is_no_model_error(
     texts = [r.text() for r in conv.findChildren(NoticeRow)]
     assert not any("aborted" in t or "error" in t for t in texts), texts
     assert texts[-1] == "— Stopped by you · 10 tokens, 0 turns —"
+
+
+def test_the_setup_screen_keeps_cpu_flags_in_a_tooltip(qtbot: QtBot, gui_paths: Paths) -> None:
+    from piwork.doctor import Check
+    from piwork.gui.setup_screen import SetupScreen
+
+    accel = Check(
+        "accelerator",
+        True,
+        "tcg: /dev/kvm exists but the CPU advertises no vmx/svm (nested KVM)",
+        warning=True,
+    )
+    screen = SetupScreen(gui_paths, checks=lambda _p: [accel])
+    qtbot.addWidget(screen)
+    item = screen.list.item(0)
+    assert "vmx/svm" not in item.text() and "software emulation" in item.text()
+    assert "vmx/svm" in item.toolTip()

@@ -99,6 +99,9 @@ def main(*, force_setup: bool = False) -> int:
             await done.wait()
         win = MainWindow(paths=paths)
         instance.raise_requested.connect(win.show_from_tray)
+        # A quit that does not go through the window (logout, a signal Qt turns into a
+        # quit) is still a clean exit: keep the draft, say "no crash" to the next start.
+        app.aboutToQuit.connect(win.on_app_quit)
         timing = os.environ.get("PIWORK_GUI_TIMING")
         if timing:
             # Measuring start-up: print when the window's first frame is painted

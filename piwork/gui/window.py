@@ -1117,6 +1117,11 @@ class MainWindow(QMainWindow):
                 return
         spawn(self.quit_cleanly())
 
+    def on_app_quit(self) -> None:
+        self._save_draft()
+        with contextlib.suppress(OSError):
+            self.state.clean_exit()
+
     async def quit_cleanly(self, *, exit_app: bool = True) -> None:
         self._quitting = True
         self._save_draft()

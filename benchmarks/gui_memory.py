@@ -102,15 +102,16 @@ def main() -> int:
     home = tempfile.mkdtemp(prefix="piwork-gui-bench-")
     os.environ["PIWORK_HOME"] = home
     os.environ.setdefault("PIWORK_PACK_CACHE", str(Path.home() / ".cache" / "piwork"))
-    import qasync
-
     from piwork.gui.app import make_app
+    from piwork.gui.loop import new_loop
 
     app = make_app(["piwork"])
-    loop = qasync.QEventLoop(app)
+    loop = new_loop(app)
     asyncio.set_event_loop(loop)
-    with loop:
+    try:
         result = loop.run_until_complete(measure())
+    finally:
+        loop.close()
     result["platform"] = app.platformName()
     print(json.dumps(result))
     return 0

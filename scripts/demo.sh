@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command for a newcomer: install everything, build the runtime pack, and
 # run a real pi agent in a QEMU VM on a small folder with the offline demo
-# model. The agent writes PIWORK_DEMO.md into ./demo-folder on this machine.
+# model. The agent drafts PIWORK_DEMO.md and asks to move it into ./demo-folder:
+# at a terminal you answer; with no terminal the ask is denied and the folder
+# stays as it was. The last lines say which happened.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -13,4 +15,8 @@ mkdir -p demo-folder
 .venv/bin/piwork run "Look at this folder and write a short summary of it." \
     --folder demo-folder --model demo "$@"
 echo
-echo "The agent wrote: $(pwd)/demo-folder/PIWORK_DEMO.md"
+if [ -f demo-folder/PIWORK_DEMO.md ]; then
+    echo "The agent wrote: $(pwd)/demo-folder/PIWORK_DEMO.md (undo it: piwork undo)"
+else
+    echo "demo-folder is unchanged: the move into it was not allowed, so the agent did not write PIWORK_DEMO.md."
+fi

@@ -1,4 +1,4 @@
-"""Start the app: QApplication + qasync loop (see controller.py for why qasync)."""
+"""Start the app: QApplication + the event loop of ``piwork.gui.loop`` (see there for why)."""
 
 from __future__ import annotations
 
@@ -62,14 +62,26 @@ def make_app(argv: list[str] | None = None) -> QApplication:
 
 
 def main(*, force_setup: bool = False) -> int:
-    import qasync
-
+    from piwork.gui.instance import AlreadyRunning, claim
+    from piwork.gui.loop import LeakingQtError, new_loop
     from piwork.gui.window import MainWindow
 
     app = make_app()
-    loop = qasync.QEventLoop(app)
-    asyncio.set_event_loop(loop)
     paths = get_paths()
+    try:
+        instance = claim(paths)
+    except AlreadyRunning as exc:
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 1
+    if instance is None:
+        print("piwork is already running: its window was brought to the front.", flush=True)
+        return 0
+    try:
+        loop = new_loop(app)
+    except LeakingQtError as exc:
+        print(f"piwork: {exc}", file=sys.stderr)
+        return 2
+    asyncio.set_event_loop(loop)
     quit_event = asyncio.Event()
     app.aboutToQuit.connect(quit_event.set)
 
@@ -86,6 +98,10 @@ def main(*, force_setup: bool = False) -> int:
             setup.finished.connect(lambda _r: done.set())
             await done.wait()
         win = MainWindow(paths=paths)
+        instance.raise_requested.connect(win.show_from_tray)
+        # A quit that does not go through the window (logout, a signal Qt turns into a
+        # quit) is still a clean exit: keep the draft, say "no crash" to the next start.
+        app.aboutToQuit.connect(win.on_app_quit)
         timing = os.environ.get("PIWORK_GUI_TIMING")
         if timing:
             # Measuring start-up: print when the window's first frame is painted
@@ -96,6 +112,9 @@ def main(*, force_setup: bool = False) -> int:
         win.show()
         await quit_event.wait()
 
-    with loop:
+    try:
         loop.run_until_complete(run())
+    finally:
+        instance.close()
+        loop.close()
     return 0

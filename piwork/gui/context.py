@@ -22,7 +22,7 @@ import csv
 import io
 import logging
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +49,6 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
-    QTextBrowser,
     QTreeWidget,
     QTreeWidgetItem,
     QVBoxLayout,
@@ -69,7 +68,7 @@ from piwork.checkpoints import (
 )
 from piwork.config import Paths, get_paths
 from piwork.gui.text import sanitize
-from piwork.gui.widgets import file_kind
+from piwork.gui.widgets import InertBrowser, file_kind, set_inert_markdown
 from piwork.tasks.store import TaskStoreError
 
 log = logging.getLogger(__name__)
@@ -78,10 +77,7 @@ MAX_FILES = 500
 MAX_TURNS = 50  # newest turns listed (older ones: `piwork changes TASK --turn N`)
 MAX_DIFF_LINES = 1500  # lines of diff shown at once; the rest is summarised
 MARK = {"added": "A", "modified": "M", "deleted": "D", "type_changed": "T"}
-RUNNING_TIP = (
-    "The task's VM is running, and undo is refused while it runs (as `piwork undo` is). "
-    "Stop the task, or wait until its VM powers off, then undo."
-)
+RUNNING_TIP = "The agent is working on this task: stop it (or wait until it is done), then undo."
 
 
 @dataclass(frozen=True)
@@ -235,6 +231,7 @@ class ContextPanel(QWidget):
         lay.addWidget(self.folder_label)
         self.open_btn = QPushButton("Open in file manager")
         self.open_btn.clicked.connect(self._open_folder)
+        self.open_btn.setEnabled(False)  # until a task with a folder is shown
         lay.addWidget(self.open_btn)
         self.tabs = QTabWidget()
         self.tabs.setObjectName("contextTabs")
@@ -272,8 +269,7 @@ class ContextPanel(QWidget):
         self.preview_title.setObjectName("previewTitle")
         lay.addWidget(self.preview_title)
         self.preview = QStackedWidget()
-        self.preview_text = QTextBrowser()
-        self.preview_text.setOpenLinks(False)
+        self.preview_text = InertBrowser()  # previews guest files: loads nothing
         self.preview_image = QLabel()
         self.preview_image.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.preview_table = QTableWidget()
@@ -303,6 +299,10 @@ class ContextPanel(QWidget):
         self.turn_changes: list[TurnChanges] = []
         self.undone: tuple[int, str] | None = None  # from the shown task's checkpoints
         self._running = False
+        self._warm = False
+        # Set by the window: powers a warm task's VM off (undo needs the folder quiet;
+        # a VM that is on could write during the undo).
+        self.release_vm: Callable[[str], Awaitable[None]] | None = None
         self._gen = 0  # bumped when another task is shown: late results are dropped
         self._again = False
         self._note: str | None = None  # the last outcome to show (an error, a refusal)
@@ -319,11 +319,14 @@ class ContextPanel(QWidget):
         outputs: Path | None,
         *,
         running: bool = False,
+        warm: bool = False,
     ) -> None:
         """Show ``task_id``'s folder and the changes recorded for it (watched while it runs);
-        ``running``: its VM runs (undo is refused then)."""
+        ``running``: the agent works on it (undo is refused then); ``warm``: it is done
+        and its VM is only kept on for a follow-up (undo powers it off first)."""
         self.task_id, self.root, self.outputs = task_id, folder, outputs
         self._running = running
+        self._warm = warm
         self.changed = self._changes.setdefault(task_id or "", {})
         self.files.clear()
         for rel, status in self.changed.items():
@@ -337,7 +340,16 @@ class ContextPanel(QWidget):
         self._note = None
         self.turn_changes, self.undone = [], None
         self.turns.clear()
+        # Nothing of the task shown before may stay: its diff, preview or their title.
+        self._preview_gen += 1
         self.diff_view.clear()
+        self.preview_text.clear()
+        self.preview_image.clear()
+        self.preview_table.clear()
+        self.preview_table.setRowCount(0)
+        self.preview_table.setColumnCount(0)
+        self.preview_title.setText("Preview")
+        self.preview.setCurrentWidget(self.preview_text)
         if self._job is not None:
             # A late result is dropped (the generation changed); an undo still finishes
             # and is recorded (see _undo_done), the new task's turns load after it.
@@ -415,9 +427,18 @@ class ContextPanel(QWidget):
         it.setToolTip(status)
         self.files.addItem(it)
 
-    def set_usage(self, tokens: int, cost: float, elapsed: float) -> None:
-        m, s = divmod(int(elapsed), 60)
-        self.usage.setText(f"Tokens {tokens:,}   Cost ${cost:.4f}   Elapsed {m}:{s:02d}")
+    def set_usage(self, tokens: int | None, cost: float | None, elapsed: float | None) -> None:
+        """The shown task's figures; all None for no task (nothing carried over)."""
+        if tokens is None or elapsed is None:
+            self.usage.setText("")
+            return
+        h, rest = divmod(int(elapsed), 3600)
+        m, s = divmod(rest, 60)
+        clock = f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+        # A cost is shown only when the model has prices (the demo and local models
+        # have none: "$0.0000" would read as a measured zero).
+        money = f"   Cost ${cost:.4f}" if cost else ""
+        self.usage.setText(f"Tokens {tokens:,}{money}   Time {clock}")
 
     # ------------------------------------------------------------ preview
     def _resolve(self, rel: str) -> tuple[Path, str] | None:
@@ -492,7 +513,7 @@ class ContextPanel(QWidget):
             self.preview_table.resizeColumnsToContents()
             self.preview.setCurrentWidget(self.preview_table)
         elif kind == "markdown":
-            self.preview_text.setMarkdown(text)
+            set_inert_markdown(self.preview_text.document(), text)
             self.preview.setCurrentWidget(self.preview_text)
         else:  # text, and HTML shown as source (never rendered: it came from the agent)
             self.preview_text.setPlainText(text)
@@ -513,8 +534,10 @@ class ContextPanel(QWidget):
         if task_id == self.task_id:
             self.refresh_checkpoints()
 
-    def set_running(self, running: bool) -> None:
-        """Whether the shown task's VM runs (``piwork undo`` refuses then: so do the buttons)."""
+    def set_running(self, running: bool, *, warm: bool = False) -> None:
+        """Whether the agent works on the shown task (undo is refused then), or the task
+        is done with its VM kept warm (undo powers the VM off first)."""
+        self._warm = warm
         if running != self._running:
             was, self._running = self._running, running
             if was and not running:
@@ -525,7 +548,12 @@ class ContextPanel(QWidget):
     def loading(self) -> bool:
         return self._job is not None and not self._job.done()
 
-    def _run_off_thread(self, work: Callable[[], object], done: Callable[[object], None]) -> None:
+    def _run_off_thread(
+        self,
+        work: Callable[[], object],
+        done: Callable[[object], None],
+        before: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         """``work()`` in a worker thread (never on the window's thread), then ``done(result)``
         back on the Qt thread (an exception is passed as the result). One job at a time:
         the buttons are disabled while one runs, and a refresh asked for meanwhile runs
@@ -533,6 +561,8 @@ class ContextPanel(QWidget):
 
         async def job() -> None:
             try:
+                if before is not None:
+                    await before()
                 result: object = await asyncio.to_thread(work)
             except Exception as exc:  # shown in the panel: what blocks it and what to do
                 result = exc
@@ -575,6 +605,11 @@ class ContextPanel(QWidget):
             return
         assert isinstance(result, TaskTurns)
         self._note = None
+        # "Files changed" is filled from the checkpoints too, so it is not empty after
+        # a restart (the live watcher only sees changes while the app runs).
+        for tc in result.turns:
+            for f in tc.files:
+                self.note_change(f.path, f.status, task_id=self.task_id)
         keep = self._selected()
         self.turn_changes, self.undone = result.turns, result.undone
         turns = result.turns
@@ -682,8 +717,25 @@ class ContextPanel(QWidget):
         def work() -> UndoResult:
             return undo(task_id, turn=turn, force=force, paths=paths)
 
-        self._run_off_thread(work, lambda r: self._undo_done(r, task_id, turn, f"undo turn {turn}"))
-        self.checkpoints.setText(f"Undoing turn {turn}…")
+        self._run_off_thread(
+            work,
+            lambda r: self._undo_done(r, task_id, turn, f"undo turn {turn}"),
+            self._release_first(task_id),
+        )
+        self.checkpoints.setText(
+            f"Powering the task's VM off, then undoing turn {turn}…"
+            if self._warm
+            else f"Undoing turn {turn}…"
+        )
+
+    def _release_first(self, task_id: str) -> Callable[[], Awaitable[None]] | None:
+        """A done task's warm VM is powered off before an undo: the guest must not write
+        into the folder while it is being put back (``piwork undo`` refuses a live task
+        for the same reason). A follow-up boots a new VM."""
+        release = self.release_vm
+        if not self._warm or release is None:
+            return None
+        return lambda: release(task_id)
 
     def undo_undo(self, *, force: bool = False) -> None:
         """Go back to the checkpoint taken just before the undo (``piwork undo --to``)."""
@@ -696,7 +748,9 @@ class ContextPanel(QWidget):
             return undo(task_id, to=before, force=force, paths=paths)
 
         self._run_off_thread(
-            work, lambda r: self._undo_done(r, task_id, None, f"bring back turn {turn}")
+            work,
+            lambda r: self._undo_done(r, task_id, None, f"bring back turn {turn}"),
+            self._release_first(task_id),
         )
         self.checkpoints.setText(f"Bringing back turn {turn}…")
 

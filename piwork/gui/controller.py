@@ -1,11 +1,9 @@
 """Tasks as the window sees them: one ``TaskController`` per task, a ``Pool`` for the limit.
 
 Async model: the whole app runs on ONE thread under ``qasync`` — asyncio's
-selector loop driven by Qt's event loop. We chose it over PySide6's QtAsyncio
-because QtAsyncio cannot run subprocesses, sockets or ``add_reader``, all of
-which the runner needs (QEMU, QMP, virtio-serial, the model gateway); and over
-a separate asyncio thread because then every runner event and every Asker
-answer would have to cross threads. Under qasync the runner's event sink and
+selector loop driven by Qt's event loop (``piwork.gui.loop`` says why, and which
+PySide6 build it needs). The pool, queue and keep-warm rules are Qt-free, in
+``piwork.run.pool``. Under qasync the runner's event sink and
 the Asker run on the Qt thread, so they touch widgets and emit signals
 directly, and nothing in the window ever blocks on QEMU, sockets or disk: the
 runner awaits them.
@@ -18,20 +16,19 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from piwork.config import Paths, get_paths
 from piwork.errors import describe
 from piwork.policy import Choice, PermissionRequest
+from piwork.run.pool import CLOSE, Pool
 from piwork.runner import EventKind, Outcome, RunEvent, RunRequest, TaskSession
+from piwork.tasks import TaskBusy
 
 log = logging.getLogger(__name__)
-_CLOSE = "\x00close"  # inbox sentinel: power the warm VM off
 
 
 _BACKGROUND: set[asyncio.Future[Any]] = set()
@@ -104,7 +101,7 @@ def status_label(status: str, reason: str | None) -> str:
     if status == "stopped":
         return {
             "completed": "done",
-            "cancelled": "cancelled",
+            "cancelled": "stopped by you",  # a Stop, Esc, Ctrl-C or quit: always the person
             "error": "failed",
             "limit": "stopped at a limit",
         }.get(reason or "", "done")
@@ -165,8 +162,9 @@ class TaskController(QObject):
         self.last_activity = ""
         self.tokens = 0
         self.cost = 0.0
-        self.started: float | None = None
-        self.elapsed = 0.0
+        self.elapsed_before = 0.0  # time worked in earlier runs (task.json's wall time)
+        self._clock: float | None = None  # monotonic start of the current run, while busy
+        self.stopping = False  # the person asked to stop: pi's "aborted" is not an error
         self._job: asyncio.Task[None] | None = None
         self._inbox: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
         self._queued_prompt: str | None = None
@@ -175,10 +173,36 @@ class TaskController(QObject):
 
     # ------------------------------------------------------------ state
     @property
+    def paused(self) -> bool:
+        """The runner's pause state is the truth (a status event may say "running"
+        while the VM is still frozen)."""
+        if self.session is not None:
+            return self.session.paused
+        return self.status == "paused"
+
+    @property
     def label(self) -> str:
+        if self.paused:
+            return "paused"
         if self.permissions or self.question:
             return "waiting for you"
         return status_label(self.status, self.reason)
+
+    @property
+    def elapsed(self) -> float:
+        """Time worked on the task: earlier runs plus the current one, waits included
+        (a clock that stops while the task waits for the person reads as a hang)."""
+        if self._clock is None:
+            return self.elapsed_before
+        return self.elapsed_before + time.monotonic() - self._clock
+
+    def _clock_for(self, status: str) -> None:
+        working = status in ("starting", "running", "waiting_permission", "waiting_input")
+        if working and self._clock is None:
+            self._clock = time.monotonic()
+        elif not working and status != "paused" and self._clock is not None:
+            self.elapsed_before += time.monotonic() - self._clock
+            self._clock = None
 
     @property
     def live(self) -> bool:
@@ -212,12 +236,12 @@ class TaskController(QObject):
         elif ev.kind is EventKind.STATUS:
             self.status = str(d.get("status"))
             self.reason = d.get("reason")
+            self._clock_for(self.status)
         elif ev.kind is EventKind.USAGE:
             self.tokens = int(d.get("tokens") or 0)
             self.cost = float(d.get("cost") or 0.0)
         elif ev.kind is EventKind.DONE:
             self.tokens = int(d.get("tokens") or self.tokens)
-        self.elapsed = ev.elapsed
         self.last_activity = time.strftime("%H:%M")
         self.run_event.emit(ev)
         self.changed.emit()
@@ -227,6 +251,12 @@ class TaskController(QObject):
         """Send a message: to the warm session, or start (resume) one, or queue it."""
         if self.live and self.session is not None and not self.busy:
             self._inbox.put_nowait(prompt)
+            # Busy from now on, not from the runner's first status event: a close or a
+            # quit in between must not take the task for an idle warm VM.
+            self.status, self.reason = "starting", None
+            self.stopping = False
+            self._clock_for("starting")
+            self.changed.emit()
             return
         if self.live:
             raise RuntimeError("the task is running: steer or queue a follow-up instead")
@@ -241,6 +271,8 @@ class TaskController(QObject):
 
     def _start(self, prompt: str) -> None:
         self.status, self.reason = "starting", None
+        self.stopping = False
+        self._clock_for("starting")
         self.changed.emit()
         self._job = asyncio.ensure_future(self._run(prompt, self._opts))
         # ``live`` turns false only once the job is done (after its last signals):
@@ -278,11 +310,24 @@ class TaskController(QObject):
                     self.finished.emit(result)
                     # Keep the VM warm for a follow-up, unless another task needs the slot.
                     try:
-                        prompt = await self._next_prompt()
+                        prompt = await self.pool.next_prompt(self._inbox)
                     except TimeoutError:
                         break
+                    self._clock_for("starting")
         except asyncio.CancelledError:
             self.status, self.reason = "stopped", "cancelled"
+        except TaskBusy as exc:
+            # Another piwork process runs this task: it is not failed, just not ours.
+            self.status, self.reason = "running", None
+            self.run_event.emit(
+                RunEvent(
+                    EventKind.ERROR,
+                    {"message": f"this task is open in another piwork process ({exc})"},
+                    0.0,
+                    self.task_id,
+                )
+            )
+            self.finished.emit(exc)
         except Exception as exc:  # shown to the person; the task record says what happened
             log.exception("task failed")
             self.status, self.reason = "stopped", "error"
@@ -291,24 +336,11 @@ class TaskController(QObject):
             self.finished.emit(exc)
         finally:
             self.session = None
+            self._clock_for("stopped")
             self._cancel_questions()
             self.closed.emit()
             self.changed.emit()
             self.pool.released(self)
-
-    async def _next_prompt(self) -> str:
-        deadline = asyncio.get_running_loop().time() + self.pool.keep_warm
-        while True:
-            if self.pool.waiting():
-                raise TimeoutError
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                raise TimeoutError
-            with contextlib.suppress(TimeoutError):
-                text = await asyncio.wait_for(self._inbox.get(), timeout=min(remaining, 1.0))
-                if text == _CLOSE:
-                    raise TimeoutError
-                return text
 
     def _cancel_questions(self) -> None:
         for p in list(self.permissions):
@@ -335,6 +367,7 @@ class TaskController(QObject):
             self.changed.emit()
             return
         if self.session is not None and self.busy:
+            self.stopping = True
             await self.session.stop()
         elif self._job is not None and not self._job.done() and self.session is None:
             self._job.cancel()  # still booting: cancelling start-up closes the VM
@@ -346,13 +379,24 @@ class TaskController(QObject):
         if job is not None and not job.done():
             if self.session is not None:
                 # Leave the warm wait once the (stopped) run has ended: graceful power-off.
-                self._inbox.put_nowait(_CLOSE)
+                self._inbox.put_nowait(CLOSE)
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(job), timeout=60)
             if not job.done():
                 job.cancel()
                 with contextlib.suppress(BaseException):
                     await job
+
+    @property
+    def warm(self) -> bool:
+        """Finished, its VM kept on for a follow-up."""
+        return self.live and self.session is not None and not self.busy
+
+    async def end(self) -> None:
+        """ "End task": stop what runs and power the VM off now; the task keeps its state
+        (done, or stopped by you) and can be continued later in a new VM."""
+        await self.shut_down()
+        self.changed.emit()
 
     async def steer(self, text: str) -> None:
         if self.session is not None:
@@ -369,47 +413,3 @@ class TaskController(QObject):
     async def resume_vm(self) -> None:
         if self.session is not None:
             await self.session.resume_vm()
-
-
-class Pool:
-    """Several tasks at once, each in its own VM, up to ``limit``; the rest wait "queued"."""
-
-    def __init__(
-        self, limit: int = 2, *, paths: Paths | None = None, keep_warm: float = 300.0
-    ) -> None:
-        self.limit = max(1, limit)
-        self.paths = paths or get_paths()
-        self.keep_warm = keep_warm
-        self._live: list[TaskController] = []
-        self._queue: list[TaskController] = []
-        self.on_change: Callable[[], None] = lambda: None
-
-    def has_slot(self, ctl: TaskController) -> bool:
-        return len([c for c in self._live if c is not ctl]) < self.limit
-
-    def track(self, ctl: TaskController) -> None:
-        if ctl not in self._live:
-            self._live.append(ctl)
-
-    def enqueue(self, ctl: TaskController) -> None:
-        if ctl not in self._queue:
-            self._queue.append(ctl)
-
-    def dequeue(self, ctl: TaskController) -> None:
-        with contextlib.suppress(ValueError):
-            self._queue.remove(ctl)
-
-    def waiting(self) -> bool:
-        return bool(self._queue)
-
-    def released(self, ctl: TaskController) -> None:
-        with contextlib.suppress(ValueError):
-            self._live.remove(ctl)
-        while self._queue and len(self._live) < self.limit:
-            nxt = self._queue.pop(0)
-            nxt.start_queued()
-        self.on_change()
-
-    @property
-    def running(self) -> list[TaskController]:
-        return [c for c in self._live if c.live]

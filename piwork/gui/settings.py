@@ -1,4 +1,9 @@
-"""Settings: models and keys, custom providers, policy rules and audit, limits and VM, packs."""
+"""Settings: models and keys, custom providers, policy rules and audit, limits and VM, packs.
+
+Every edit applies and saves itself at once (there is no Save button to forget, and
+Close never drops an edit): ``applied`` tells the window to use the new values now,
+for tasks already running too (the task limit, keep-warm).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 import contextlib
 import shutil
 
+from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -40,10 +46,12 @@ from piwork.models.providers import (
     load_custom_providers,
     load_providers,
 )
-from piwork.policy import AuditLog, PolicyStore
+from piwork.policy import DEFAULT_RULES, Action, AuditLog, PolicyStore, Rule, Scope, Verdict
 
 
 class SettingsDialog(QDialog):
+    applied = Signal()  # a limit or VM setting changed (and is saved)
+
     def __init__(self, paths: Paths, prefs: Prefs, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.paths, self.prefs = paths, prefs
@@ -205,21 +213,31 @@ class SettingsDialog(QDialog):
     def _policy_tab(self) -> QWidget:
         w = QWidget()
         lay = QVBoxLayout(w)
-        lay.addWidget(QLabel("Rules you saved with “Always allow” (defaults are built in):"))
+        lay.addWidget(QLabel("Your rules (saved with “Always allow”, or added here):"))
         self.rules = QTableWidget(0, 5)
         self.rules.setObjectName("rulesTable")
         self.rules.setHorizontalHeaderLabels(["Rule", "Action", "Scope", "Pattern", "Created"])
         self.rules.horizontalHeader().setStretchLastSection(True)
         lay.addWidget(self.rules, 2)
         row = QHBoxLayout()
+        add = QPushButton("Add rule…")
+        add.clicked.connect(self.add_rule)
         delete = QPushButton("Delete selected rule")
         delete.clicked.connect(self._delete_rule)
-        reset = QPushButton("Reset to defaults…")
+        reset = QPushButton("Remove all my rules…")
         reset.clicked.connect(self._reset_rules)
+        row.addWidget(add)
         row.addWidget(delete)
         row.addWidget(reset)
         row.addStretch(1)
         lay.addLayout(row)
+        lay.addWidget(QLabel("Built in (your rules come first):"))
+        self.builtin = QListWidget()
+        self.builtin.setObjectName("builtinRules")
+        for r in DEFAULT_RULES:
+            self.builtin.addItem(f"{r.human()} — {r.note}" if r.note else r.human())
+        self.builtin.setMaximumHeight(150)
+        lay.addWidget(self.builtin, 1)
         lay.addWidget(QLabel("Audit log (newest first):"))
         self.audit = QPlainTextEdit()
         self.audit.setReadOnly(True)
@@ -255,6 +273,20 @@ class SettingsDialog(QDialog):
         items = [self.rules.item(i, 0) for i in range(self.rules.rowCount())]
         return [it.text() for it in items if it is not None]
 
+    def add_rule(self) -> None:
+        """A rule by hand: what, allow/ask/deny, everywhere or in one folder, a pattern."""
+        dlg = AddRuleDialog(self)
+        self.add_rule_dialog = dlg
+
+        def done(result: int) -> None:
+            rule = dlg.rule() if result == QDialog.DialogCode.Accepted else None
+            if rule is not None:
+                PolicyStore(self.paths.policy_file).add(rule)
+                self.refresh_policy()
+
+        dlg.finished.connect(done)
+        dlg.open()
+
     def _delete_rule(self) -> None:
         row = self.rules.currentRow()
         if 0 <= row < len(self._rules):
@@ -262,7 +294,11 @@ class SettingsDialog(QDialog):
             self.refresh_policy()
 
     def _reset_rules(self) -> None:
-        ans = QMessageBox.question(self, "Reset permissions?", "Remove every saved rule?")
+        ans = QMessageBox.question(
+            self,
+            "Remove your rules?",
+            "Remove every rule you saved? The built-in rules stay.",
+        )
         if ans == QMessageBox.StandardButton.Yes:
             PolicyStore(self.paths.policy_file).reset()
             self.refresh_policy()
@@ -295,22 +331,33 @@ class SettingsDialog(QDialog):
         self.keep_warm.setSuffix(" s")
         self.keep_warm.setValue(int(self.prefs.keep_warm_seconds))
         form.addRow("Keep a finished task's VM for a follow-up", self.keep_warm)
+        for spin in (self.max_tasks, self.memory, self.cpus, self.keep_warm):
+            spin.valueChanged.connect(self._save_limits)
+        self.accel.currentIndexChanged.connect(self._save_limits)
+        note = QLabel(
+            "Changes apply at once and are saved. Memory, CPUs and the accelerator are used "
+            "by the next VM a task starts."
+        )
+        note.setWordWrap(True)
+        form.addRow("", note)
         try:
             from piwork.tasks.settings import load_task_settings
 
             lim = load_task_settings(self.paths.settings_file).default_limits
+
+            def shown(v: object, unit: str = "") -> str:
+                return "no limit" if v is None else f"{v}{unit}"
+
             form.addRow(
                 "Task limits (settings.json)",
                 QLabel(
-                    f"turns {lim.max_turns}, wall time {lim.max_wall_time_seconds}s, "
-                    f"tokens {lim.max_tokens}, cost {lim.max_cost_usd}"
+                    f"turns {shown(lim.max_turns)}, time {shown(lim.max_wall_time_seconds, ' s')}, "
+                    f"tokens {shown(lim.max_tokens)}, cost "
+                    + ("no limit" if lim.max_cost_usd is None else f"${lim.max_cost_usd}")
                 ),
             )
         except Exception as exc:
             form.addRow("Task limits", QLabel(sanitize(exc, limit=300)))
-        save = QPushButton("Save")
-        save.clicked.connect(self._save_limits)
-        form.addRow("", save)
         return w
 
     def _save_limits(self) -> None:
@@ -320,6 +367,7 @@ class SettingsDialog(QDialog):
         self.prefs.accel = self.accel.currentData() or ""
         self.prefs.keep_warm_seconds = float(self.keep_warm.value())
         self.prefs.save(self.paths)
+        self.applied.emit()
 
     # ------------------------------------------------------------ packs
     def _packs_tab(self) -> QWidget:
@@ -331,7 +379,7 @@ class SettingsDialog(QDialog):
         for label, fn in (
             ("Build", self._build_pack),
             ("Verify", self._verify_pack),
-            ("Remove unused", self._remove_unused),
+            ("Remove unused…", self._remove_unused),
         ):
             b = QPushButton(label)
             b.clicked.connect(fn)
@@ -393,11 +441,16 @@ class SettingsDialog(QDialog):
             for p in self._pack_infos
             if self._current_pack is None or p.path != self._current_pack
         ]
+        if not unused:
+            self.pack_status.setText("No unused packs: only the current one is here.")
+            return
+        n = len(unused)
         ans = QMessageBox.question(
             self,
             "Remove unused packs?",
-            f"Remove {len(unused)} pack(s) not built from this piwork's sources? "
-            "Another piwork install sharing this cache rebuilds its pack when it next runs.",
+            f"Remove {'the 1 pack' if n == 1 else f'{n} packs'} not built from this "
+            "piwork's sources? Another piwork install sharing this cache rebuilds its "
+            "pack when it next runs.",
         )
         if ans != QMessageBox.StandardButton.Yes:
             return
@@ -407,5 +460,67 @@ class SettingsDialog(QDialog):
                 continue
             shutil.rmtree(p.path, ignore_errors=True)
             gone += 1
-        self.pack_status.setText(f"removed {gone} unused pack(s)")
+        self.pack_status.setText(f"Removed {gone} unused pack{'' if gone == 1 else 's'}.")
         self._fill_packs()
+
+
+class AddRuleDialog(QDialog):
+    """What a person can say without knowing the rule syntax; the rule line it makes is
+    shown before it is stored."""
+
+    ACTIONS = (
+        (Action.SHELL, "run a command"),
+        (Action.WRITE, "change files"),
+        (Action.DELETE, "delete files"),
+        (Action.MOVE, "move or rename files"),
+        (Action.NETWORK, "reach a web address"),
+        (Action.OUTSIDE_SCOPE, "touch files outside the task's folders"),
+        (Action.READ, "read files"),
+    )
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Add a rule")
+        form = QFormLayout(self)
+        self.verdict = QComboBox()
+        for v, label in ((Verdict.ALLOW, "Allow"), (Verdict.ASK, "Ask"), (Verdict.DENY, "Deny")):
+            self.verdict.addItem(label, v)
+        form.addRow("", self.verdict)
+        self.action = QComboBox()
+        for a, label in self.ACTIONS:
+            self.action.addItem(label, a)
+        form.addRow("when the agent wants to", self.action)
+        self.pattern = QLineEdit()
+        self.pattern.setPlaceholderText("e.g. make test · src/** · pypi.org (empty: anything)")
+        form.addRow("matching", self.pattern)
+        self.folder = QLineEdit()
+        self.folder.setPlaceholderText("empty: in every folder")
+        form.addRow("in tasks on folder", self.folder)
+        self.preview = QLabel()
+        self.preview.setWordWrap(True)
+        form.addRow("Rule", self.preview)
+        buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        form.addRow(buttons)
+        for w in (self.verdict, self.action):
+            w.currentIndexChanged.connect(self._show)
+        for e in (self.pattern, self.folder):
+            e.textChanged.connect(self._show)
+        self._show()
+
+    def rule(self) -> Rule | None:
+        folder = self.folder.text().strip()
+        pattern = self.pattern.text().strip() or None
+        return Rule(
+            action=Action(self.action.currentData()),
+            verdict=Verdict(self.verdict.currentData()),
+            scope=Scope.folder(folder) if folder else Scope.global_(),
+            pattern=pattern,
+        )
+
+    def _show(self) -> None:
+        r = self.rule()
+        self.preview.setText(sanitize(r.human(), limit=400) if r is not None else "")

@@ -86,10 +86,20 @@ class SetupScreen(QDialog):
         self.results = results
         for c in results:
             mark = "✓" if c.ok and not c.warning else ("!" if c.ok else "✗")
-            text = f"{mark}  {c.name}: {sanitize(c.detail, limit=300)}"
+            detail = sanitize(c.detail, limit=300)
+            if c.ok:
+                # Working pieces in a few words; the technical why (CPU flags, paths) is
+                # in the tooltip, for whoever wants it.
+                short = detail.split(" (", 1)[0]
+                if c.name == "accelerator" and short.startswith("tcg"):
+                    short = "software emulation: works, tasks start and run slower"
+                text = f"{mark}  {c.name}: {short}"
+            else:
+                text = f"{mark}  {c.name}: {detail}"
             if c.fix and (not c.ok or c.warning):
                 text += f"\n     fix: {sanitize(c.fix, limit=300)}"
             it = QListWidgetItem(text)
+            it.setToolTip(detail)
             it.setForeground(
                 Qt.GlobalColor.darkGreen
                 if c.ok and not c.warning

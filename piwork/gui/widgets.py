@@ -5,15 +5,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.token import Comment, Keyword, Name, Number, Operator, String, Token
 from pygments.util import ClassNotFound
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QSize, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import (
     QColor,
+    QDesktopServices,
     QFont,
+    QImage,
     QKeyEvent,
     QSyntaxHighlighter,
     QTextCharFormat,
@@ -25,6 +27,7 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
+    QMessageBox,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
@@ -75,12 +78,124 @@ class CodeHighlighter(QSyntaxHighlighter):
             pos += len(value)
 
 
-class AutoHeightBrowser(QTextBrowser):
+def plain_label(text: str = "") -> QLabel:
+    """A label that shows its text as text. QLabel guesses "rich text" from a leading
+    tag, and rich text loads ``<img src>`` from disk: guest text must never be guessed."""
+    label = QLabel()
+    label.setTextFormat(Qt.TextFormat.PlainText)
+    label.setText(text)
+    return label
+
+
+# Guest Markdown is rendered inert (SECURITY-REVIEW.md finding 9): an image or style
+# sheet reference must never be read (`![](/dev/zero)` exhausts memory, a FIFO blocks the
+# window, a host path shows the person's own files), and a link's text is guest-chosen,
+# so only its real target counts.
+_BLANK = QImage(1, 1, QImage.Format.Format_ARGB32)
+_BLANK.fill(0)
+WEB_SCHEMES = ("http", "https")
+
+
+class InertDocument(QTextDocument):
+    """A document that never loads a resource: every image is a blank pixel, every other
+    resource empty. Overridden here, on the document, because QTextDocument itself reads
+    ``file:`` and path URLs when its browser declines."""
+
+    def loadResource(self, type: int, name: QUrl | str) -> Any:
+        return _BLANK if type == QTextDocument.ResourceType.ImageResource.value else b""
+
+
+def strip_images(doc: QTextDocument) -> int:
+    """Replace every image in ``doc`` by its alt text in brackets (nothing is fetched, and
+    the person still sees that the agent meant an image). Returns how many."""
+    from PySide6.QtGui import QTextCursor
+
+    found: list[tuple[int, int, str]] = []
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            frag = it.fragment()
+            if frag.isValid() and frag.charFormat().isImageFormat():
+                img = frag.charFormat().toImageFormat()
+                alt = str(img.property(QTextFormat.Property.ImageAltText) or "") or "image"
+                found.append((frag.position(), frag.length(), alt))
+            it += 1
+        block = block.next()
+    for pos, length, alt in reversed(found):
+        cur = QTextCursor(doc)
+        cur.setPosition(pos)
+        cur.setPosition(pos + length, QTextCursor.MoveMode.KeepAnchor)
+        cur.insertText(f"[{sanitize(alt, limit=80, keep_newlines=False)}]", QTextCharFormat())
+    return len(found)
+
+
+def set_inert_markdown(doc: QTextDocument, text: str) -> None:
+    """Guest Markdown: no raw HTML, images replaced by their alt text."""
+    features = (
+        QTextDocument.MarkdownFeature.MarkdownDialectGitHub.value
+        | QTextDocument.MarkdownFeature.MarkdownNoHTML.value
+    )
+    doc.setMarkdown(text, QTextDocument.MarkdownFeature(features))
+    strip_images(doc)
+
+
+def ask_to_open(url: QUrl, parent: QWidget | None) -> QMessageBox | None:
+    """A link clicked in guest text: only web links open, and only after the person saw
+    where it really goes (the text of a link is the guest's; ``smb:`` or ``vscode:``
+    behind "https://…" would run a handler on the host)."""
+    shown = sanitize(url.toString(), limit=500, keep_newlines=False)
+    box = QMessageBox(parent)
+    if url.scheme().lower() not in WEB_SCHEMES or not url.host():
+        box.setIcon(QMessageBox.Icon.Warning)
+        box.setWindowTitle("Link not opened")
+        box.setText("piwork opens only web links (http and https). This link goes to:")
+        box.setInformativeText(shown)
+        box.addButton("OK", QMessageBox.ButtonRole.AcceptRole)
+        box.open()
+        return box
+    box.setWindowTitle("Open this link?")
+    box.setText("The agent's link goes to:")
+    box.setInformativeText(shown)
+    go = box.addButton("Open in browser", QMessageBox.ButtonRole.AcceptRole)
+    box.addButton("Cancel", QMessageBox.ButtonRole.RejectRole)
+
+    def answered(_r: int) -> None:
+        if box.clickedButton() is go:
+            QDesktopServices.openUrl(url)
+
+    box.finished.connect(answered)
+    box.open()
+    return box
+
+
+class InertBrowser(QTextBrowser):
+    """A read-only view of guest rich text: loads nothing, opens links only via
+    :func:`ask_to_open`, shows a link's real target on hover."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setDocument(InertDocument(self))
+        self.setOpenExternalLinks(False)
+        self.setOpenLinks(False)
+        self.link_box: QMessageBox | None = None
+        self.anchorClicked.connect(self._clicked)
+        self.highlighted.connect(
+            lambda url: self.setToolTip(sanitize(url.toString(), limit=500, keep_newlines=False))
+        )
+
+    def loadResource(self, type: int, name: QUrl | str) -> Any:
+        return _BLANK if type == QTextDocument.ResourceType.ImageResource.value else b""
+
+    def _clicked(self, url: QUrl) -> None:
+        self.link_box = ask_to_open(url, self)
+
+
+class AutoHeightBrowser(InertBrowser):
     """A read-only rich text view as tall as its content (the conversation scrolls, not it)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.setOpenExternalLinks(True)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded)
         self.setFrameShape(QFrame.Shape.NoFrame)
@@ -137,9 +252,7 @@ class MessageView(QFrame):
         t = time.monotonic()
         shown = sanitize(self.text, limit=500_000)
         if self.markdown:
-            self.body.document().setMarkdown(
-                shown, QTextDocument.MarkdownFeature.MarkdownDialectGitHub
-            )
+            set_inert_markdown(self.body.document(), shown)
         else:
             self.body.setPlainText(shown)
         self.renders += 1
@@ -213,7 +326,9 @@ class ToolRow(QFrame):
 
 class NoticeRow(QLabel):
     def __init__(self, text: str, kind: str = "notice") -> None:
-        super().__init__(sanitize(text, limit=2000))
+        super().__init__()
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setText(sanitize(text, limit=2000))
         self.setObjectName("notice-" + kind)
         self.setWordWrap(True)
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -243,18 +358,19 @@ class PermissionSheet(QFrame):
         title = QLabel("Permission needed" + (f"  ({queued} more waiting)" if queued else ""))
         title.setObjectName("sheetTitle")
         lay.addWidget(title)
-        what = QLabel(plain)
+        what = plain_label(plain)
         what.setWordWrap(True)
         what.setObjectName("sheetWhat")
         self.what = what
         lay.addWidget(what)
         if detail:
-            d = QLabel(detail)
+            d = plain_label(detail)
             d.setWordWrap(True)
             d.setObjectName("sheetDetail")
             lay.addWidget(d)
-        lay.addWidget(QLabel(f"Working folder: {folder or '(none)'}"))
-        self.rule_label = QLabel(self._rule_text(folder_rules, everywhere_rules))
+        lay.addWidget(plain_label(f"Working folder: {folder or '(none)'}"))
+        # Verbatim: the exact rule "Always" stores (guest paths included) is the promise.
+        self.rule_label = plain_label(self._rule_text(folder_rules, everywhere_rules))
         self.rule_label.setObjectName("sheetRule")
         self.rule_label.setWordWrap(True)
         self.rule_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -311,12 +427,12 @@ class QuestionBar(QFrame):
         super().__init__()
         self.setObjectName("questionBar")
         lay = QVBoxLayout(self)
-        q = QLabel("The agent asks: " + sanitize(title, limit=1000))
+        q = plain_label("The agent asks: " + sanitize(title, limit=1000))
         q.setWordWrap(True)
         q.setObjectName("questionText")
         lay.addWidget(q)
         if message:
-            m = QLabel(sanitize(message, limit=2000))
+            m = plain_label(sanitize(message, limit=2000))
             m.setWordWrap(True)
             lay.addWidget(m)
         row = QHBoxLayout()

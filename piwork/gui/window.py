@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import html
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,11 @@ from PySide6.QtWidgets import (
 )
 
 from piwork.config import Paths, get_paths
+from piwork.gui.appstate import NEW, AppState, Crash
 from piwork.gui.context import ContextPanel
 from piwork.gui.controller import (
     PendingPermission,
     PendingQuestion,
-    Pool,
     RunOptions,
     TaskController,
     spawn,
@@ -44,6 +45,7 @@ from piwork.gui.controller import (
 from piwork.gui.history import load_history
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.text import always_rules, plain_request, rule_text, sanitize
+from piwork.gui.welcome import DEMO_PROMPT, WelcomePage, demo_folder
 from piwork.gui.widgets import (
     Composer,
     MessageView,
@@ -52,7 +54,10 @@ from piwork.gui.widgets import (
     QuestionBar,
     ToolRow,
 )
+from piwork.gui.words import permission_line, person_paths
+from piwork.models.defaults import DEMO
 from piwork.policy import Choice, needs_confirmation
+from piwork.run.pool import Pool
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
 
@@ -76,7 +81,38 @@ STYLE = """
 #sheetRule { font-family: "DejaVu Sans Mono"; background: #fffdf5; padding: 4px; }
 #questionBar { background: #e8f5e9; border: 1px solid #a5d6a7; border-radius: 8px; }
 #usage { color: #444; }
+#welcomeTitle { font-size: 13pt; font-weight: bold; }
+#welcomeStep { background: #f7f9fc; border: 1px solid #e3e7ee; border-radius: 8px; }
+#welcomeStepTitle { font-weight: bold; }
+#welcomeHint { color: #777; }
 """
+
+
+_TECHNICAL = ("accelerator:", "pack:", "restored in", "cold boot", "using the offline demo model")
+
+
+def technical_notice(message: str) -> bool:
+    """Start-up details a person does not need in the conversation (kept in the boot
+    row's tooltip): the accelerator, pack progress, warm/cold boot."""
+    return message.startswith(_TECHNICAL)
+
+
+def composer_hint(ctl: TaskController | None) -> str:
+    """What Enter does now, for the selected task's state (the composer's placeholder)."""
+    if ctl is None:
+        return "Describe a new task… · Enter starts it · Shift+Enter new line"
+    if ctl.status == "queued":
+        return "Queued: it starts when a running task ends · Esc takes it off the queue"
+    if ctl.busy and ctl.session is None:
+        return "The agent is starting… type now; Enter sends once it is ready"
+    if ctl.paused:
+        return "Paused · press Continue, then Enter talks to the agent"
+    if ctl.busy:
+        return (
+            "Enter steers the agent now · Alt+Enter queues a follow-up for after this turn "
+            "· Shift+Enter new line"
+        )
+    return "Enter continues this task with a new message · Shift+Enter new line"
 
 
 class Conversation(QScrollArea):
@@ -94,6 +130,8 @@ class Conversation(QScrollArea):
         self.setWidget(inner)
         self.current: MessageView | None = None
         self.tools: dict[str, ToolRow] = {}
+        self.boot_row: NoticeRow | None = None
+        self.boot_details: list[str] = []
         self.verticalScrollBar().rangeChanged.connect(self._stick)
         self._follow = True
 
@@ -108,6 +146,7 @@ class Conversation(QScrollArea):
     def user(self, text: str, mode: str | None = None) -> None:
         who = {"steer": "you (steer)", "follow_up": "you (queued follow-up)"}.get(mode or "", "you")
         self.current = None
+        self.boot_row, self.boot_details = None, []  # the next start gets its own row
         self.add(MessageView(who if who != "you" else "you", text, markdown=False))
 
     def text(self, delta: str) -> None:
@@ -125,9 +164,21 @@ class Conversation(QScrollArea):
         if self.current is not None:
             self.current.flush()
         self.current = None
-        row = ToolRow(call_id, name, arg)
+        row = ToolRow(call_id, name, person_paths(arg))
         self.tools[call_id] = row
         self.add(row)
+
+    def boot(self, line: str, detail: str | None = None) -> None:
+        """Start-up progress in one row that updates (stages and the accelerator are
+        in its tooltip, not a row each)."""
+        if self.boot_row is None:
+            self.boot_row = NoticeRow(line, "boot")
+            self.add(self.boot_row)
+        else:
+            self.boot_row.setText(line)
+        if detail:
+            self.boot_details.append(detail)
+            self.boot_row.setToolTip("\n".join(self.boot_details[-30:]))
 
     def tool_end(self, call_id: str, name: str, ok: bool, text: str) -> None:
         row = self.tools.get(call_id)
@@ -154,7 +205,10 @@ class Conversation(QScrollArea):
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, *, paths: Paths | None = None, prefs: Prefs | None = None) -> None:
+    def __init__(
+        self, *, paths: Paths | None = None, prefs: Prefs | None = None, tray: bool | None = None
+    ) -> None:
+        """``tray``: whether the desktop has a system tray (None: ask Qt; tests choose)."""
         super().__init__()
         self.paths = paths or get_paths()
         self.prefs = prefs or Prefs.load(self.paths)
@@ -163,15 +217,26 @@ class MainWindow(QMainWindow):
         self.pool = Pool(
             self.prefs.max_tasks, paths=self.paths, keep_warm=self.prefs.keep_warm_seconds
         )
-        self.pool.on_change = self._refresh_rail
+        self.pool.on_change = self._pool_changed
         self.extra_run_args: dict[str, Any] = {}
+        self.demo_base: Path | None = None  # where the demo's folder goes (None: Documents)
         self.tasks: list[TaskController] = []
         self.conversations: dict[int, Conversation] = {}
         self._spin = 0
         self._quitting = False
+        self._in_tray = False  # closed to the tray: quit by itself once nothing is live
+        self.state = AppState(self.paths)
+        self.crash: Crash | None = self.state.previous_crash()
+        self._draft_key: str | None = None  # no draft is shown yet
+        self._draft_timer = QTimer(self)
+        self._draft_timer.setSingleShot(True)
+        self._draft_timer.setInterval(400)
+        self._draft_timer.timeout.connect(self._save_draft)
         self._build()
         self._load_tasks()
-        self._tray_setup()
+        self._tray_setup(available=tray)
+        self._offer_after_crash()
+        self._mark_running()
         self._timer = QTimer(self)
         self._timer.setInterval(120)
         self._timer.timeout.connect(self._tick)
@@ -201,7 +266,7 @@ class MainWindow(QMainWindow):
         self.settings_btn = QPushButton("Settings")
         self.settings_btn.clicked.connect(self.open_settings)
         ll.addWidget(self.settings_btn)
-        left.setMinimumWidth(220)
+        left.setMinimumWidth(180)
         split.addWidget(left)
         # Centre
         centre = QWidget()
@@ -211,12 +276,12 @@ class MainWindow(QMainWindow):
         self.header.setObjectName("taskHeader")
         self.header.setContentsMargins(12, 6, 12, 0)
         cl.addWidget(self.header)
+        self.crash_host = QVBoxLayout()
+        cl.addLayout(self.crash_host)
         self.stack = QStackedWidget()
-        self.empty = QLabel(
-            "Start a task: describe it below, pick a folder and a model, press Enter.\n"
-            "Ctrl+N new task · Ctrl+1..9 switch · Esc stop"
-        )
-        self.empty.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.empty = WelcomePage(self.paths)
+        self.empty.run_demo.connect(self.start_demo)
+        self.empty.open_settings.connect(self.open_settings)
         self.stack.addWidget(self.empty)
         cl.addWidget(self.stack, 1)
         self.sheet_host = QVBoxLayout()
@@ -237,11 +302,19 @@ class MainWindow(QMainWindow):
         self.pause_btn = QPushButton("Pause")
         self.pause_btn.clicked.connect(self._pause_clicked)
         bar.addWidget(self.pause_btn)
+        self.end_btn = QPushButton("End task")
+        self.end_btn.setToolTip(
+            "The task is done and its VM is kept on for a follow-up: power it off now "
+            "(you can still continue the task later)"
+        )
+        self.end_btn.clicked.connect(self._end_clicked)
+        bar.addWidget(self.end_btn)
         cl.addLayout(bar)
         row = QHBoxLayout()
         self.composer = Composer()
         self.composer.send.connect(self._send_text)
         self.composer.queue_follow_up.connect(self._queue_text)
+        self.composer.textChanged.connect(self._draft_timer.start)
         row.addWidget(self.composer, 1)
         self.send_btn = QPushButton("Send")
         self.send_btn.setMinimumWidth(80)
@@ -251,8 +324,10 @@ class MainWindow(QMainWindow):
         split.addWidget(centre)
         # Context
         self.context = ContextPanel(self.paths)
+        self.context.release_vm = self._release_vm
         split.addWidget(self.context)
-        split.setSizes([240, 620, 320])
+        # At 1280 px the diff gets ~500 px: about 70 columns of a diff line, readable.
+        split.setSizes([200, 560, 520])
         split.setStretchFactor(1, 1)
         self.setCentralWidget(split)
         self.new_folder: Path | None = None
@@ -288,6 +363,9 @@ class MainWindow(QMainWindow):
     def _load_tasks(self) -> None:
         store = TaskStore(self.paths.tasks)
         try:
+            # Tasks whose owner died (this app's crash, a killed CLI) read "interrupted",
+            # not "running"; a task another live process owns is left as it is (flock).
+            self.interrupted = store.mark_interrupted()
             for t in store.list():
                 r = t.record
                 if t.id in self.prefs.archived:
@@ -303,12 +381,14 @@ class MainWindow(QMainWindow):
                 )
                 ctl.tokens = r.usage.total_tokens
                 ctl.cost = r.usage.cost_usd
-                ctl.elapsed = r.wall_seconds()
+                ctl.elapsed_before = r.wall_seconds()
                 self._add(ctl, history=True)
         finally:
             store.close()
         if self.tasks:
             self.rail.setCurrentRow(0)
+        else:
+            self._switch_draft(NEW)
 
     def _add(self, ctl: TaskController, *, history: bool = False) -> None:
         conv = Conversation()
@@ -337,6 +417,7 @@ class MainWindow(QMainWindow):
     def new_task(self) -> None:
         self.rail.clearSelection()
         self.rail.setCurrentRow(-1)
+        self._switch_draft(NEW)
         self.stack.setCurrentWidget(self.empty)
         self.new_folder = None
         self.folder_lbl.setText("no folder")
@@ -350,28 +431,125 @@ class MainWindow(QMainWindow):
     def select(self, ctl: TaskController) -> None:
         self.select_index(self.tasks.index(ctl))
 
+    # ------------------------------------------------------------ drafts and crashes
+    def _draft_key_for(self, ctl: TaskController | None) -> str | None:
+        if ctl is None:
+            return NEW
+        return ctl.task_id  # None while a new task has no id yet: nothing to key it by
+
+    def _save_draft(self) -> None:
+        """Durable on return (fsync + rename): typed text survives the app dying."""
+        self._draft_timer.stop()
+        if self._draft_key is not None:
+            try:
+                self.state.save_draft(self._draft_key, self.composer.toPlainText())
+            except OSError as exc:  # a full disk must not take the window down
+                self.header.setToolTip(f"could not save the draft: {exc}")
+
+    def _switch_draft(self, key: str | None) -> None:
+        """Keep the text typed for the task being left; show the one typed for ``key``."""
+        if key == self._draft_key:
+            return
+        self._save_draft()
+        self._draft_key = key
+        self.composer.blockSignals(True)
+        self.composer.setPlainText(self.state.draft(key) if key is not None else "")
+        self.composer.blockSignals(False)
+
+    def _live_ids(self) -> list[str]:
+        return [c.task_id for c in self.tasks if c.task_id and (c.live or c.status == "queued")]
+
+    def _mark_running(self) -> None:
+        if self._quitting:
+            return
+        with contextlib.suppress(OSError):  # only the next start's crash notice needs it
+            self.state.mark_running(self._live_ids())
+
+    def _offer_after_crash(self) -> None:
+        """The last run died: say so, and offer back the tasks it had running."""
+        self.crash_banner: QFrame | None = None
+        lost = [
+            c
+            for c in self.tasks
+            if c.task_id
+            and (c.task_id in self.interrupted or (self.crash and c.task_id in self.crash.live))
+        ]
+        if self.crash is None and not lost:
+            return
+        box = QFrame()
+        box.setObjectName("crashBanner")
+        lay = QHBoxLayout(box)
+        if lost:
+            names = ", ".join(f"“{sanitize(c.title, limit=50)}”" for c in lost[:3])
+            more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+            msg = (
+                "piwork closed unexpectedly last time. "
+                f"Interrupted: {names}{more}. Nothing you typed was lost."
+            )
+        else:
+            msg = "piwork closed unexpectedly last time. Nothing you typed was lost."
+        text = QLabel(msg)
+        text.setWordWrap(True)
+        lay.addWidget(text, 1)
+        if lost:
+            again = QPushButton("Continue it" if len(lost) == 1 else "Continue the first")
+            again.clicked.connect(lambda _=False, c=lost[0]: self.continue_interrupted(c))
+            lay.addWidget(again)
+            self.crash_continue = again
+        dismiss = QPushButton("Dismiss")
+        dismiss.clicked.connect(self._dismiss_crash)
+        lay.addWidget(dismiss)
+        self.crash_host.addWidget(box)
+        self.crash_banner = box
+        if lost:
+            self.select(lost[0])
+
+    def _dismiss_crash(self) -> None:
+        if self.crash_banner is not None:
+            self._clear(self.crash_host)
+            self.crash_banner = None
+
+    def continue_interrupted(self, ctl: TaskController) -> None:
+        """Resume a task the crash cut off, in a new VM, from its saved session."""
+        self._dismiss_crash()
+        self.select(ctl)
+        if not ctl.live:
+            ctl.submit(
+                "piwork stopped unexpectedly while you were working on this task. "
+                "Check where you got to and continue.",
+                self.run_options(None),
+            )
+
     def _select_row(self, row: int) -> None:
         ctl = self.current()
+        self._switch_draft(self._draft_key_for(ctl))
         if ctl is None:
             self.stack.setCurrentWidget(self.empty)
             self.context.show_task(None, None, None)
-            self.context.set_running(False)
         else:
             self.stack.setCurrentWidget(self.conversation(ctl))
             outputs = self.paths.tasks / ctl.task_id / "outputs" if ctl.task_id else None
-            self.context.show_task(ctl.task_id, ctl.folder, outputs, running=ctl.live)
-            self.context.set_usage(ctl.tokens, ctl.cost, ctl.elapsed)
+            self.context.show_task(
+                ctl.task_id, ctl.folder, outputs, running=ctl.busy, warm=ctl.warm
+            )
         self._show_sheets()
-        self._update_composer()
+        self.redraw()
 
     def _refresh_rail(self) -> None:
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Draw every view from the tasks' state: the rail, and the header, usage, pause
+        and end buttons, composer and context panel of the selected task. Called on every
+        change of any task and on every selection change, never left to a timer, so no
+        view can show another task's state or a stale one."""
         sel = self.current()
         for i, ctl in enumerate(self.tasks):
             item = self.rail.item(i)
             if item is None:
                 continue
             label = ctl.label
-            spin = SPINNER[self._spin % len(SPINNER)] + " " if ctl.busy else ""
+            spin = SPINNER[self._spin % len(SPINNER)] + " " if ctl.busy and not ctl.paused else ""
             badge = ""
             if (ctl.permissions or ctl.question) and ctl is not sel:
                 n = len(ctl.permissions) + (1 if ctl.question else 0)
@@ -380,22 +558,36 @@ class MainWindow(QMainWindow):
             item.setText(
                 f"{sanitize(ctl.title, limit=60, keep_newlines=False)}{badge}\n{spin}{label}{when}"
             )
-            item.setToolTip(f"{ctl.task_id or 'not started'} — Ctrl+{i + 1}" if i < 9 else "")
+            item.setToolTip(f"Ctrl+{i + 1}" if i < 9 else "")
         if sel is not None:
+            if self._draft_key is None and sel.task_id:
+                self._draft_key = sel.task_id  # the new task got its id: key its draft
             self.header.setText(
-                f"<b>{sanitize(sel.title, limit=120)}</b> — {sel.label}"
-                + (f" · {sel.model}" if sel.model else "")
+                f"<b>{html.escape(sanitize(sel.title, limit=120))}</b> — {html.escape(sel.label)}"
             )
+            self.header.setToolTip(f"model: {sel.model}" if sel.model else "")
             self.context.set_usage(sel.tokens, sel.cost, sel.elapsed)
-            self.context.set_running(sel.live)
+            self.context.set_running(sel.busy, warm=sel.warm)
         else:
             self.header.setText("New task")
+            self.header.setToolTip("")
+            self.context.set_usage(None, None, None)
         self._update_composer()
 
     def _tick(self) -> None:
+        """Animation only: the rail's spinner and the selected task's running clock."""
         if any(c.busy for c in self.tasks):
             self._spin += 1
-            self._refresh_rail()
+            for i, ctl in enumerate(self.tasks):
+                item = self.rail.item(i)
+                if item is not None and ctl.busy and not ctl.paused:
+                    lines = item.text().split("\n", 1)
+                    if len(lines) == 2 and lines[1][:1] in SPINNER:
+                        glyph = SPINNER[self._spin % len(SPINNER)]
+                        item.setText(f"{lines[0]}\n{glyph}{lines[1][1:]}")
+            sel = self.current()
+            if sel is not None and sel.busy:
+                self.context.set_usage(sel.tokens, sel.cost, sel.elapsed)
 
     # ------------------------------------------------------------ composer
     def _update_composer(self) -> None:
@@ -414,19 +606,33 @@ class MainWindow(QMainWindow):
             self.folder_lbl.setText(str(ctl.folder) if ctl.folder else "no folder")
         elif self.new_folder is None:
             self.folder_lbl.setText("no folder")
-        self.pause_btn.setVisible(running)
-        if ctl is not None and ctl.status == "paused":
-            self.pause_btn.setText("Continue")
-        else:
-            self.pause_btn.setText("Pause")
-        if ctl is None:
-            self.composer.setPlaceholderText("Describe a new task… (Enter sends)")
-        elif running:
-            self.composer.setPlaceholderText(
-                "Enter steers the running task · Alt+Enter queues a follow-up"
-            )
-        else:
-            self.composer.setPlaceholderText("Continue this task with a new message… (Enter)")
+        self.pause_btn.setVisible(running and ctl is not None and ctl.session is not None)
+        self.pause_btn.setText("Continue" if ctl is not None and ctl.paused else "Pause")
+        self.end_btn.setVisible(ctl is not None and ctl.warm)
+        self.composer.setPlaceholderText(composer_hint(ctl))
+
+    async def _release_vm(self, task_id: str) -> None:
+        ctl = next((c for c in self.tasks if c.task_id == task_id), None)
+        if ctl is not None and ctl.live and not ctl.busy:
+            await ctl.end()
+
+    def start_demo(self) -> TaskController:
+        """The first-run demo: the offline demo model on a folder piwork made for it."""
+        self.new_task()
+        self.new_folder = demo_folder(self.demo_base)
+        self.folder_lbl.setText(str(self.new_folder))
+        i = self.model_pick.findData(DEMO)
+        if i >= 0:
+            self.model_pick.setCurrentIndex(i)
+        self._send_text(DEMO_PROMPT)
+        ctl = self.current()
+        assert ctl is not None
+        return ctl
+
+    def _end_clicked(self) -> None:
+        ctl = self.current()
+        if ctl is not None and ctl.live:
+            spawn(ctl.end())
 
     def _pick_folder(self) -> None:
         d = QFileDialog.getExistingDirectory(self, "Working folder for the new task")
@@ -472,6 +678,10 @@ class MainWindow(QMainWindow):
                     "the agent is still starting: send again once it is ready"
                 )
                 return
+            if ctl.paused:  # a frozen VM cannot take a message: keep the text
+                self.composer.setPlainText(text)
+                self.conversation(ctl).notice("the task is paused: press Continue first")
+                return
             spawn(ctl.steer(text))
             return
         ctl.submit(text, self.run_options(None))
@@ -494,7 +704,7 @@ class MainWindow(QMainWindow):
         ctl = self.current()
         if ctl is None:
             return
-        if ctl.status == "paused":
+        if ctl.paused:
             spawn(ctl.resume_vm())
         else:
             spawn(ctl.pause())
@@ -530,8 +740,8 @@ class MainWindow(QMainWindow):
             conv.text(str(d.get("delta", "")))
         elif k is EventKind.TEXT_END:
             conv.text_end()
-            if d.get("error"):
-                conv.notice(f"model error: {d['error']}", "error")
+            if d.get("error") and not ctl.stopping:  # pi's "aborted" after a Stop is no error
+                conv.notice(f"The model reported an error: {d['error']}", "error")
         elif k is EventKind.TOOL_START:
             conv.tool_start(str(d.get("id")), str(d.get("name")), str(d.get("arg") or ""))
         elif k is EventKind.TOOL_END:
@@ -539,44 +749,59 @@ class MainWindow(QMainWindow):
                 str(d.get("id")), str(d.get("name")), bool(d.get("ok")), str(d.get("text") or "")
             )
         elif k is EventKind.BOOT:
-            conv.notice(
-                f"booting the VM: {d.get('stage')} ({float(d.get('seconds') or 0):.1f}s)", "boot"
+            secs = float(d.get("seconds") or 0)
+            conv.boot(
+                f"Starting the task's VM… {secs:.0f} s",
+                f"{d.get('stage')}: {secs:.1f} s",
             )
         elif k is EventKind.READY:
-            conv.notice(f"agent ready after {float(d.get('seconds') or 0):.1f}s", "boot")
+            conv.boot(f"The agent is ready ({float(d.get('seconds') or 0):.0f} s to start)")
         elif k is EventKind.NOTICE:
-            conv.notice(str(d.get("message", "")))
+            msg = str(d.get("message", ""))
+            if technical_notice(msg):
+                if msg.startswith("using the offline demo model"):
+                    msg = "model: the offline demo (scripted, not a real LLM)"  # no CLI flags
+                conv.boot(conv.boot_row.text() if conv.boot_row else "Starting…", msg)
+            else:
+                conv.notice(msg)
         elif k is EventKind.ERROR:
             conv.notice(str(d.get("message", "")), "error")
         elif k is EventKind.PERMISSION:
-            dec = d.get("decision")
-            if dec != "ask":
-                rule = d.get("rule") or ", ".join(d.get("rules") or [])
-                conv.notice(
-                    f"permission {d.get('action')} {d.get('target')}: {dec}"
-                    + (f" by {d.get('by')}" if d.get("by") else "")
-                    + (f" — rule {rule}" if rule else "")
-                )
-            if dec == "cancelled":
+            line = permission_line(d)
+            if line is not None:
+                conv.notice(line)
+            if d.get("decision") == "cancelled":
                 self._show_sheets()
         elif k is EventKind.TASK and ctl.task_id:
             outputs = self.paths.tasks / ctl.task_id / "outputs"
             self.context.watch(ctl.task_id, ctl.folder, outputs)
             if self.current() is ctl:
-                self.context.show_task(ctl.task_id, ctl.folder, outputs, running=ctl.live)
+                self.context.show_task(
+                    ctl.task_id, ctl.folder, outputs, running=ctl.busy, warm=ctl.warm
+                )
         elif k is EventKind.DONE:
             conv.text_end()
-            msg = d.get("message")
+            done_msg: Any = d.get("message")
+            if ctl.stopping or d.get("reason") == "cancelled":
+                done_msg = None  # "stopped by the person" is what the label already says
+            turns = int(d.get("turns") or 0)
             conv.notice(
-                f"— {ctl.label}"
-                + (f": {msg}" if msg else "")
-                + f" · {d.get('tokens', 0)} tokens, {d.get('turns', 0)} turns —"
+                f"— {ctl.label.capitalize()}"
+                + (f": {sanitize(str(done_msg), limit=300)}" if done_msg else "")
+                + f" · {int(d.get('tokens') or 0):,} tokens, {turns} turn"
+                + ("" if turns == 1 else "s")
+                + " —"
             )
         elif k is EventKind.CHANGES and ctl.task_id:  # a turn ended: its files and counts
             self.context.on_changes_event(d, task_id=ctl.task_id)
 
     def _notify(self, ctl: TaskController, what: str) -> None:
-        if self.isActiveWindow() or self.tray is None:
+        if self.isActiveWindow():
+            return
+        if self.tray is None:
+            # No tray to speak from: ask the task bar to draw attention to the window.
+            QApplication.alert(self)
+            self.notifications.append(what)
             return
         self.tray.showMessage(
             "piwork",
@@ -622,8 +847,8 @@ class MainWindow(QMainWindow):
             req = p.request
             folder = ctl.folder
             sheet = PermissionSheet(
-                plain_request(req),
-                sanitize(req.question, limit=600),
+                person_paths(plain_request(req)),
+                person_paths(sanitize(req.question, limit=600)),
                 str(folder) if folder else None,
                 always_rules(req, Choice.ALWAYS_FOLDER),
                 always_rules(req, Choice.ALWAYS_EVERYWHERE),
@@ -679,6 +904,8 @@ class MainWindow(QMainWindow):
         if ctl is None:
             return
         menu = QMenu(self)
+        if ctl.live and not ctl.busy:
+            menu.addAction("End task", lambda: spawn(ctl.end()))
         menu.addAction("Rename…", lambda: self.rename(ctl))
         menu.addAction("Archive", lambda: self.archive(ctl))
         menu.addAction("Delete…", lambda: self.delete(ctl))
@@ -711,17 +938,27 @@ class MainWindow(QMainWindow):
         self._refresh_rail()
 
     def archive(self, ctl: TaskController) -> None:
-        if ctl.live:
+        if ctl.busy:
             QMessageBox.information(self, "piwork", "Stop the task before archiving it.")
+            return
+        if ctl.live:  # done, VM kept warm: power it off, then archive
+            spawn(self._after_end(ctl, lambda: self.archive(ctl)))
             return
         if ctl.task_id:
             self.prefs.archived.add(ctl.task_id)
             self.prefs.save(self.paths)
         self._remove(ctl)
 
+    async def _after_end(self, ctl: TaskController, then: Any) -> None:
+        await ctl.end()
+        then()
+
     def delete(self, ctl: TaskController, *, confirmed: bool = False) -> None:
-        if ctl.live:
+        if ctl.busy:
             QMessageBox.information(self, "piwork", "Stop the task before deleting it.")
+            return
+        if ctl.live:
+            spawn(self._after_end(ctl, lambda: self.delete(ctl, confirmed=confirmed)))
             return
         if not confirmed:
             ans = QMessageBox.question(
@@ -747,22 +984,35 @@ class MainWindow(QMainWindow):
         from piwork.gui.settings import SettingsDialog
 
         dlg = SettingsDialog(self.paths, self.prefs, self)
+        dlg.applied.connect(self._settings_applied)
         dlg.finished.connect(lambda _r: self._settings_closed())
         self.settings_dialog = dlg
         dlg.open()
 
+    def _settings_applied(self) -> None:
+        """A limit changed in Settings: used now, by tasks already running too."""
+        self.pool.keep_warm = self.prefs.keep_warm_seconds
+        self.pool.set_limit(self.prefs.max_tasks)
+
     def _settings_closed(self) -> None:
-        self.pool.limit = self.prefs.max_tasks
+        self._settings_applied()
         self._fill_models()
+        self.empty.refresh()  # key status on the welcome page
 
     # ------------------------------------------------------------ tray and quit
-    def _tray_setup(self) -> None:
+    def _tray_setup(self, *, available: bool | None = None) -> None:
+        """A tray icon where the desktop has a tray (stock GNOME has none: then closing
+        the window asks instead of hiding it somewhere the person cannot reach)."""
         self.notifications: list[str] = []
         self.tray: QSystemTrayIcon | None = None
-        self.tray = QSystemTrayIcon(QIcon(str(ICON)), self)
-        # Closing the window keeps running tasks in the tray: hiding the last window
-        # must not end the event loop (quit goes through request_quit).
+        # Hiding the last window must not end the event loop: quitting goes through
+        # request_quit (or _quit_if_idle), which powers the VMs off first.
         QApplication.setQuitOnLastWindowClosed(False)
+        if available is None:
+            available = QSystemTrayIcon.isSystemTrayAvailable()
+        if not available:
+            return
+        self.tray = QSystemTrayIcon(QIcon(str(ICON)), self)
         menu = QMenu()
         self.show_action = QAction("Show piwork", menu)
         self.show_action.triggered.connect(self.show_from_tray)
@@ -777,29 +1027,80 @@ class MainWindow(QMainWindow):
         self.tray.show()
 
     def show_from_tray(self) -> None:
+        """Also what a second launch of the app does (piwork.gui.instance)."""
+        self._in_tray = False
+        if self.isMinimized():
+            self.showNormal()
         self.show()
         self.raise_()
         self.activateWindow()
+
+    def _busy_tasks(self) -> list[TaskController]:
+        """Tasks that would be cut off by quitting: working, waiting for the person, or
+        queued. A finished task whose VM is only kept warm is not one of them."""
+        return [c for c in self.tasks if c.busy or c.status == "queued" or c.permissions]
 
     def closeEvent(self, e: QCloseEvent) -> None:
         if self._quitting:
             e.accept()
             return
-        if any(c.live for c in self.tasks):
+        busy = self._busy_tasks()
+        if not busy:
+            # Nothing is being worked on: closing the window quits (warm VMs power off).
             e.ignore()
-            self.hide()
-            if self.tray is not None:
-                self.tray.showMessage(
-                    "piwork",
-                    "Tasks keep running here. Quit from this menu.",
-                    QSystemTrayIcon.MessageIcon.Information,
-                    5000,
-                )
+            spawn(self.quit_cleanly())
             return
-        e.accept()
-        self._quitting = True
-        self.context.stop_watching()
-        QApplication.quit()
+        e.ignore()
+        if self.tray is not None:
+            self.hide()
+            self._in_tray = True
+            self.tray.showMessage(
+                "piwork",
+                "Tasks keep running here. Quit from this menu.",
+                QSystemTrayIcon.MessageIcon.Information,
+                5000,
+            )
+            return
+        self._ask_close(busy)
+
+    def _ask_close(self, busy: list[TaskController]) -> None:
+        """No tray to hide in: minimise (tasks keep running, the window stays in the
+        task bar) or stop them and quit."""
+        box = QMessageBox(self)
+        box.setWindowTitle("Tasks are still running")
+        n = len(busy)
+        box.setText(
+            ("A task is" if n == 1 else f"{n} tasks are")
+            + " still running. Keep working in the background, or stop and quit? "
+            "Stopped tasks can be continued later."
+        )
+        keep = box.addButton("Minimise", QMessageBox.ButtonRole.AcceptRole)
+        stop = box.addButton("Stop and quit", QMessageBox.ButtonRole.DestructiveRole)
+        box.addButton("Cancel", QMessageBox.ButtonRole.RejectRole)
+        box.setDefaultButton(keep)
+        self.close_box = box
+
+        def answered(_r: int) -> None:
+            if box.clickedButton() is keep:
+                self.showMinimized()
+            elif box.clickedButton() is stop:
+                spawn(self.quit_cleanly())
+
+        box.finished.connect(answered)
+        box.open()
+
+    def _pool_changed(self) -> None:
+        self._refresh_rail()
+        self._mark_running()
+        self._quit_if_idle()
+
+    def _quit_if_idle(self) -> None:
+        """Hidden in the tray with nothing left running: the process should not linger."""
+        if self._quitting or not self._in_tray or self.isVisible():
+            return
+        if any(c.live or c.status == "queued" for c in self.tasks):
+            return
+        spawn(self.quit_cleanly())
 
     def request_quit(self, *, confirmed: bool = False) -> None:
         live = [c for c in self.tasks if c.live or c.status == "queued"]
@@ -816,9 +1117,16 @@ class MainWindow(QMainWindow):
                 return
         spawn(self.quit_cleanly())
 
+    def on_app_quit(self) -> None:
+        self._save_draft()
+        with contextlib.suppress(OSError):
+            self.state.clean_exit()
+
     async def quit_cleanly(self, *, exit_app: bool = True) -> None:
         self._quitting = True
+        self._save_draft()
         await asyncio.gather(*(c.shut_down() for c in self.tasks), return_exceptions=True)
+        self.state.clean_exit()
         self.context.stop_watching()
         if self.tray is not None:
             self.tray.hide()

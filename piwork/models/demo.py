@@ -7,9 +7,15 @@ of piwork (tool calls, permission prompts, file changes, streaming):
 
 1. ``bash``: ``ls -la``
 2. ``read``: one text file seen in the listing (skipped if there is none)
-3. ``write``: ``PIWORK_DEMO.md``, a summary of what was found
-4. ``bash``: ``wc -l PIWORK_DEMO.md`` to check the file
-5. a final text message saying it is done
+3. ``write``: a summary of what was found, as a draft in the task's own outputs
+   folder (``../outputs/PIWORK_DEMO.md``: the guest's ``/mnt/outputs``)
+4. ``bash``: ``mv`` the draft into the person's folder. A move is one of the
+   actions piwork's default rules *ask* about, so every first run shows exactly
+   one permission prompt, and the one change the person then sees in "Files
+   changed" (and can undo) is the one they allowed.
+5. ``bash``: ``wc -l PIWORK_DEMO.md`` to check the file (only if the move ran)
+6. a final text message that says what really happened: written, or, after a
+   Deny (or a headless run with nobody to ask), that the folder is unchanged
 
 Each reply says up front that it comes from the offline demo model. The step
 is worked out from the conversation (which of those tool calls were already
@@ -63,7 +69,13 @@ DEMO_API_KEY = "piwork-demo-no-key-needed"
 DEMO_FILE = "PIWORK_DEMO.md"
 
 LIST_COMMAND = "ls -la"
+# The draft goes to the task's outputs (beside the working folder in the guest:
+# /mnt/work -> /mnt/outputs), never into the person's folder until they say yes.
+DRAFT = f"../outputs/{DEMO_FILE}"
+MOVE_COMMAND = f"mv {DRAFT} {DEMO_FILE}"
 CHECK_COMMAND = f"wc -l {DEMO_FILE}"
+# What pi's gate says back for a call that was denied or cancelled (never ran).
+_NOT_RUN = ("permission denied", "was not run", "did not run", "was cancelled", "blocked")
 READ_LINES = 20
 # Pauses between streamed frames when a person is watching: long enough to
 # see the text arrive piece by piece, short enough not to bore.
@@ -208,7 +220,8 @@ def demo_script(request: ChatRequest) -> Step:
     """The demo's next step for this conversation (a step function)."""
     done = request.tool_exchanges()
     listed = _find(done, "bash", LIST_COMMAND)
-    wrote = _find(done, "write", DEMO_FILE)
+    wrote = _find(done, "write", DRAFT)
+    moved = _find(done, "bash", MOVE_COMMAND)
     checked = _find(done, "bash", CHECK_COMMAND)
 
     if listed is None:
@@ -216,8 +229,9 @@ def demo_script(request: ChatRequest) -> Step:
         intro = (
             f"Hello! I am the piwork offline demo model: a script, not a real LLM, so I "
             f"cannot act on your request{f' ({asked!r})' if asked else ''}. Instead I will "
-            f"show what piwork does: look at the working folder, read a file, write "
-            f"{DEMO_FILE} and check it. First, the folder listing."
+            f"show what piwork does: look at the working folder, read a file, and put a "
+            f"short summary, {DEMO_FILE}, into it (piwork asks you first). "
+            "First, the folder listing."
         )
         return ToolCalls([bash(LIST_COMMAND)], text=intro)
 
@@ -237,8 +251,31 @@ def demo_script(request: ChatRequest) -> Step:
             entries, listing, to_read if read_ex else None, read_ex.result if read_ex else None
         )
         return ToolCalls(
-            [write(DEMO_FILE, summary)],
-            text=f"{LABEL} Now I write a short summary to {DEMO_FILE}.",
+            [write(DRAFT, summary)],
+            text=f"{LABEL} I write a short summary as a draft in this task's outputs.",
+        )
+
+    if moved is None:
+        return ToolCalls(
+            [bash(MOVE_COMMAND)],
+            text=(
+                f"{LABEL} Now I move {DEMO_FILE} into your folder. Moving files is something "
+                "piwork asks you about first."
+            ),
+        )
+
+    outcome = (moved.result or "").strip()
+    if any(word in outcome.lower() for word in _NOT_RUN):
+        return Text(
+            f"{LABEL} You said no (or nobody was there to ask), so the move did not run: "
+            f"I did not write {DEMO_FILE} into your folder, and nothing in it changed. "
+            "My draft stays in this task's outputs. To have pi do real work, connect a "
+            "real model in piwork."
+        )
+    if outcome and outcome != "(no output)":
+        return Text(
+            f"{LABEL} The move failed, so {DEMO_FILE} is not in your folder. It said: "
+            f"{_first_line(outcome)}"
         )
 
     if checked is None:

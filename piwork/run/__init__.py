@@ -1,1 +1,2 @@
-"""One task's life: the session and its collaborators (see ``piwork.run.session``)."""
+"""One task's life, below every front end: the session and its collaborators (see
+``piwork.run.session``). Nothing here imports Qt or a front end."""

@@ -95,6 +95,10 @@ class BridgeHost(Protocol):
     @property
     def task_id(self) -> str | None: ...
 
+    @property
+    def paused(self) -> bool:
+        """The VM is frozen (a dialog answered meanwhile leaves the task paused)."""
+
     def emit(self, kind: EventKind, **data: Any) -> None: ...
 
     def note(self, kind: str, data: Any) -> None: ...
@@ -183,7 +187,10 @@ class PermissionBridge:
             answer = await self.asker.permission(shown)
         finally:
             if not self.host.stopping and self.host.task_id is not None:
-                await self.host.set_status(TaskStatus.RUNNING)
+                # Answered while the VM is frozen: it stays paused until resumed.
+                await self.host.set_status(
+                    TaskStatus.PAUSED if self.host.paused else TaskStatus.RUNNING
+                )
         if answer is None:
             by = DecidedBy.ASSUME_YES if self.assume_yes else DecidedBy.NO_TERMINAL
             answer = Choice.ALLOW_ONCE if self.assume_yes else Choice.DENY
@@ -216,7 +223,10 @@ class PermissionBridge:
             answer = await self.asker.question(req.method, title, message, options)
         finally:
             if not self.host.stopping and self.host.task_id is not None:
-                await self.host.set_status(TaskStatus.RUNNING)
+                # Answered while the VM is frozen: it stays paused until resumed.
+                await self.host.set_status(
+                    TaskStatus.PAUSED if self.host.paused else TaskStatus.RUNNING
+                )
         self.host.note("question", {"method": req.method, "title": title, "answer": answer})
         if answer is None:
             return m.ui_cancelled(req.id)

@@ -18,6 +18,18 @@ from piwork.config import Paths, get_paths
 from piwork.policy import Action, Choice, PermissionRequest, Target
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The GUI soak (``@pytest.mark.soak``) runs only with PIWORK_SOAK=1: deselected, not
+    skipped (the same rule as tests/faults/conftest.py)."""
+    if os.environ.get("PIWORK_SOAK") == "1":
+        return
+    here = Path(__file__).parent
+    soak = [i for i in items if i.get_closest_marker("soak") and here in Path(i.path).parents]
+    if soak:
+        config.hook.pytest_deselected(items=soak)
+        items[:] = [i for i in items if i not in soak]
+
+
 @pytest.fixture
 def gui_paths(tmp_path: Path) -> Paths:
     """A private piwork home (tasks, policy, settings); the pack cache stays shared."""
@@ -29,10 +41,10 @@ def gui_paths(tmp_path: Path) -> Paths:
 
 @pytest.fixture
 def qloop(qapp: object) -> Iterator[asyncio.AbstractEventLoop]:
-    """A qasync loop on pytest-qt's QApplication, as the app runs (one thread)."""
-    import qasync
+    """The app's own loop (``piwork.gui.loop.new_loop``) on pytest-qt's QApplication."""
+    from piwork.gui.loop import new_loop
 
-    loop = qasync.QEventLoop(qapp)
+    loop = new_loop(qapp)  # type: ignore[arg-type]
     asyncio.set_event_loop(loop)
     yield loop
     pending = [t for t in asyncio.all_tasks(loop) if not t.done()]

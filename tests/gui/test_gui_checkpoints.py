@@ -23,7 +23,7 @@ from piwork.checkpoints import RunRecorder, repo_for
 from piwork.config import Paths
 from piwork.gui import context as context_mod
 from piwork.gui.context import MAX_DIFF_LINES, RUNNING_TIP, ContextPanel
-from piwork.gui.controller import PendingPermission, Pool, TaskController
+from piwork.gui.controller import PendingPermission, TaskController
 from piwork.gui.text import always_rules
 from piwork.policy import (
     Action,
@@ -34,6 +34,7 @@ from piwork.policy import (
     PolicyStore,
     TaskContext,
 )
+from piwork.run.pool import Pool
 from piwork.tasks import TaskStore
 
 from .conftest import permission_request, until

@@ -124,7 +124,7 @@ def test_the_window_drives_real_tasks(
         server = ScriptedModelServer(router(scripts), model_id="scripted")
         async with server:
             prefs = Prefs(max_tasks=2, keep_warm_seconds=600)
-            win = MainWindow(paths=gui_paths, prefs=prefs)
+            win = MainWindow(paths=gui_paths, prefs=prefs, tray=True)  # a desktop with a tray
             win.extra_run_args = {"extra_providers": (scripted_provider(server),)}
             qtbot.addWidget(win)
             await shown(win)
@@ -210,7 +210,7 @@ def test_the_window_drives_real_tasks(
                 assert c.label == "queued" and "queued" in rail_text(win, c)
                 qtbot.keyClick(win.composer, Qt.Key.Key_Escape)
                 confirm_stop(win)
-                await until(lambda: c.label == "cancelled", 10, "queued task cancelled")
+                await until(lambda: c.label == "stopped by you", 10, "queued task cancelled")
                 assert c.task_id is None  # never started a VM
 
                 # A finished task continues with a follow-up (warm VM), ask_user select by button.
@@ -247,7 +247,7 @@ def test_the_window_drives_real_tasks(
                 # Esc stops it, after confirmation.
                 qtbot.keyClick(win.composer, Qt.Key.Key_Escape)
                 confirm_stop(win)
-                await until(lambda: a.label == "cancelled", 60, "A3 cancelled")
+                await until(lambda: a.label == "stopped by you", 60, "A3 cancelled")
 
                 # Quit: every VM powered off, tasks left resumable (stopped, not running).
                 await win.quit_cleanly(exit_app=False)

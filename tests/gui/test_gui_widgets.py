@@ -16,7 +16,7 @@ from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
 from piwork.gui.context import ContextPanel, relative_beneath
-from piwork.gui.controller import Pool, TaskController, status_label
+from piwork.gui.controller import TaskController, status_label
 from piwork.gui.history import load_history
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.text import always_rules, plain_request, sanitize
@@ -33,6 +33,7 @@ from piwork.policy import (
     TaskContext,
     Verdict,
 )
+from piwork.run.pool import Pool
 from piwork.tasks import TaskStore
 
 from .conftest import activate, permission_request
@@ -391,7 +392,7 @@ def test_a_notification_is_sent_while_the_window_is_not_focused(
 
 def test_status_labels_and_pool_limit(qloop: asyncio.AbstractEventLoop) -> None:
     assert status_label("stopped", "error") == "failed"
-    assert status_label("stopped", "cancelled") == "cancelled"
+    assert status_label("stopped", "cancelled") == "stopped by you"
     assert status_label("interrupted", None) == "interrupted"
     assert status_label("waiting_permission", None) == "waiting for you"
     pool = Pool(1)

@@ -46,6 +46,7 @@ async def running_pi(
 async def test_real_pi_completes_the_demo_task(tmp_path: Path) -> None:
     work = tmp_path / "work"
     (work / "src").mkdir(parents=True)
+    (tmp_path / "outputs").mkdir()  # the guest's /mnt/outputs, beside the folder
     (work / "README.md").write_text("# Sample project\n\nA folder for the demo.\n")
     (work / "data.csv").write_text("a,b\n1,2\n")
 
@@ -67,12 +68,15 @@ async def test_real_pi_completes_the_demo_task(tmp_path: Path) -> None:
     # pi executed every demo tool call successfully, in order.
     ends = pi.of_type("tool_execution_end")
     tool_names = [e["toolName"] for e in ends]
-    assert tool_names == ["bash", "read", "write", "bash"], (ends, pi.stderr[-2000:])
+    # No gate natively: the move the VM's gate would ask about just runs.
+    assert tool_names == ["bash", "read", "write", "bash", "bash"], (ends, pi.stderr[-2000:])
     assert not [e for e in ends if e["isError"]], ends
     starts = pi.of_type("tool_execution_start")
     assert starts[0]["args"] == {"command": "ls -la"}
     assert starts[1]["args"]["path"] == "README.md"
-    assert starts[3]["args"] == {"command": f"wc -l {DEMO_FILE}"}
+    assert starts[3]["args"] == {"command": f"mv ../outputs/{DEMO_FILE} {DEMO_FILE}"}
+    assert starts[4]["args"] == {"command": f"wc -l {DEMO_FILE}"}
+    assert not (tmp_path / "outputs" / DEMO_FILE).exists()
 
     # The file the demo wrote.
     summary = (work / DEMO_FILE).read_text()
@@ -81,13 +85,13 @@ async def test_real_pi_completes_the_demo_task(tmp_path: Path) -> None:
         assert name in summary
     assert "> # Sample project" in summary
     lines = summary.count("\n")
-    assert f"{lines} PIWORK_DEMO.md" in ends[3]["result"]["content"][0]["text"]
+    assert f"{lines} PIWORK_DEMO.md" in ends[4]["result"]["content"][0]["text"]
 
     # The conversation, as pi recorded it.
     assistant_ends = [
         e["message"] for e in pi.of_type("message_end") if e["message"]["role"] == "assistant"
     ]
-    assert [m["stopReason"] for m in assistant_ends] == ["toolUse"] * 4 + ["stop"]
+    assert [m["stopReason"] for m in assistant_ends] == ["toolUse"] * 5 + ["stop"]
     texts = ["".join(b.get("text", "") for b in m["content"]) for m in assistant_ends]
     assert all("demo model" in t for t in texts), texts
     assert f"it has {lines} lines" in texts[-1]
@@ -97,7 +101,7 @@ async def test_real_pi_completes_the_demo_task(tmp_path: Path) -> None:
 
     # What pi sent to the model.
     chats = model.chat_requests
-    assert len(chats) == 5
+    assert len(chats) == 6
     first = chats[0]
     assert first.headers["authorization"] == f"Bearer {DEMO_API_KEY}"
     assert first.body["model"] == DEMO_MODEL_ID

@@ -469,7 +469,9 @@ def test_parse_ls_la_reads_gnu_and_busybox_listings() -> None:
     assert parse_ls_la("Blocked by policy: bash is not allowed") is None
 
 
-def run_demo(listing: str, read_text: str = "# Title\nbody") -> list[Step]:
+def run_demo(
+    listing: str, read_text: str = "# Title\nbody", move_result: str = "(no output)"
+) -> list[Step]:
     """Feed the demo script its own tool calls with canned results until it stops."""
     msgs: list[JSON] = [{"role": "system", "content": "s"}, user("please refactor my code")]
     steps: list[Step] = []
@@ -493,11 +495,15 @@ def run_demo(listing: str, read_text: str = "# Title\nbody") -> list[Step]:
                 ],
             }
         )
-        result = {
-            "bash": listing if call.arguments.get("command") == "ls -la" else "17 PIWORK_DEMO.md",
-            "read": read_text,
-            "write": "Successfully wrote",
-        }[call.name]
+        command = str(call.arguments.get("command", ""))
+        bash_result = (
+            listing
+            if command == "ls -la"
+            else move_result
+            if command.startswith("mv ")
+            else "17 PIWORK_DEMO.md"
+        )
+        result = {"bash": bash_result, "read": read_text, "write": "Successfully wrote"}[call.name]
         msgs.append(tool_result(cid, result))
     raise AssertionError("the demo did not finish")
 
@@ -505,17 +511,20 @@ def run_demo(listing: str, read_text: str = "# Title\nbody") -> list[Step]:
 def test_demo_lists_reads_writes_checks_and_finishes() -> None:
     steps = run_demo(GNU_LISTING)
     names = [s.calls[0].name if isinstance(s, ToolCalls) else "text" for s in steps]
-    assert names == ["bash", "read", "write", "bash", "text"]
+    assert names == ["bash", "read", "write", "bash", "bash", "text"]
     first = steps[0]
     assert isinstance(first, ToolCalls) and "offline demo model" in first.text
     assert "please refactor my code" in first.text
     assert all(
         "demo model" in (s.text if isinstance(s, Text | ToolCalls) else "") for s in steps
     ), "every reply says it comes from the demo model"
-    read_step, write_step, check_step, final = steps[1:]
+    read_step, write_step, move_step, check_step, final = steps[1:]
     assert isinstance(read_step, ToolCalls) and isinstance(write_step, ToolCalls)
     assert read_step.calls[0].arguments["path"] == "README.md"
-    assert write_step.calls[0].arguments["path"] == DEMO_FILE
+    # The draft goes to the task's outputs; only the move (which asks) reaches the folder.
+    assert write_step.calls[0].arguments["path"] == f"../outputs/{DEMO_FILE}"
+    assert isinstance(move_step, ToolCalls)
+    assert move_step.calls[0].arguments == {"command": f"mv ../outputs/{DEMO_FILE} {DEMO_FILE}"}
     summary = write_step.calls[0].arguments["content"]
     assert "5 entries: 3 files, 1 folder, 1 other" in summary
     for name in ("README.md", "photo.png", "src/", "my notes.txt"):
@@ -529,10 +538,29 @@ def test_demo_lists_reads_writes_checks_and_finishes() -> None:
 def test_demo_skips_reading_in_an_empty_folder() -> None:
     steps = run_demo("total 0\ndrwxr-xr-x 2 a a 40 Jan  1 00:00 .\n")
     names = [s.calls[0].name if isinstance(s, ToolCalls) else "text" for s in steps]
-    assert names == ["bash", "write", "bash", "text"]
+    assert names == ["bash", "write", "bash", "bash", "text"]
     write_step = steps[1]
     assert isinstance(write_step, ToolCalls)
     assert "0 entries" in write_step.calls[0].arguments["content"]
+
+
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        "Permission denied by the user: the command `mv ../outputs/PIWORK_DEMO.md "
+        "PIWORK_DEMO.md` (move) was not run. Do not retry the same action.",
+        "Permission request for the command `mv` (move) was cancelled before the user "
+        "answered (the task was stopped or aborted). It did not run.",
+    ],
+)
+def test_after_a_deny_the_demo_says_it_did_not_write(refusal: str) -> None:
+    steps = run_demo(GNU_LISTING, move_result=refusal)
+    names = [s.calls[0].name if isinstance(s, ToolCalls) else "text" for s in steps]
+    assert names == ["bash", "read", "write", "bash", "text"]  # no check of a missing file
+    final = steps[-1]
+    assert isinstance(final, Text)
+    assert f"did not write {DEMO_FILE}" in final.text and "nothing in it changed" in final.text
+    assert "Done" not in final.text and "wrote" not in final.text.replace("did not write", "")
 
 
 def test_demo_models_json_labels_the_demo() -> None:

@@ -32,14 +32,14 @@ def test_headless_run_over_tcp_transport_writes_into_the_folder(tmp_path: Path) 
     (folder / "README.md").write_text("# A small project\n")
     proc = run_cli(
         "run", "Summarise this folder", "--folder", str(folder), "--model", "demo",
-        "--json", "--transport", "tcp",
+        "--json", "--transport", "tcp", "--yes",  # the demo's move asks: allow it
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     kinds = [e["event"] for e in events]
     assert kinds[0] == "task" and kinds[-1] == "done"
     assert events[-1]["reason"] == "completed"
-    assert "ready" in kinds and kinds.count("tool_end") == 4
+    assert "ready" in kinds and kinds.count("tool_end") == 5
     assert all(e["ok"] for e in events if e["event"] == "tool_end")
     notices = " ".join(e.get("message", "") for e in events if e["event"] == "notice")
     assert "demo model" in notices and "accelerator: " in notices

@@ -1,0 +1,70 @@
+"""The person's words for what the guest says: their paths, decisions in plain language.
+
+Qt-free; used by the conversation, the permission sheet and the notices.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# Where the guest sees the person's folders (piwork.agent): shown as the person knows them.
+_GUEST_DIRS = (("/mnt/work/", ""), ("/mnt/work", "."), ("/mnt/outputs/", "outputs/"))
+_GUEST_DIR_RE = re.compile(r"/mnt/(?:work|outputs)(?:/|\b)")
+
+
+def person_paths(text: str) -> str:
+    """Guest paths as paths relative to the person's folder ("/mnt/work/a.txt" -> "a.txt",
+    the task's outputs as "outputs/...")."""
+
+    def swap(m: re.Match[str]) -> str:
+        hit = m.group(0)
+        for guest, shown in _GUEST_DIRS:
+            if hit == guest or (hit.rstrip("/") == guest and not guest.endswith("/")):
+                return shown
+        return hit
+
+    return _GUEST_DIR_RE.sub(swap, text)
+
+
+def permission_line(d: dict[str, Any]) -> str | None:
+    """A permission decision in words (None for the ask itself: the sheet shows it)."""
+    dec = str(d.get("decision") or "")
+    if dec == "ask":
+        return None
+    what = person_paths(str(d.get("target") or d.get("action") or "the request"))
+    tool, action = str(d.get("tool") or ""), str(d.get("action") or "")
+    for word in (tool, action):  # "write a.txt" -> "a.txt": the verb comes from the line
+        if word and what.startswith(word + " "):
+            what = what[len(word) + 1 :]
+    verb = {
+        "read": "read",
+        "write": "change",
+        "delete": "delete",
+        "move": "move",
+        "outside-scope": "reach outside the folder:",
+        "network": "reach",
+        "shell": "run",
+        "connector": "use",
+    }.get(action, action)
+    if tool == "bash":  # the target is the command itself: show it, not a verb before it
+        deed = f"{what} ({action.replace('-', ' ')})" if action else what
+    else:
+        deed = f"{verb} {what}"
+    by = str(d.get("by") or "")
+    allowed = dec not in ("Deny", "deny", "cancelled")
+    if dec == "cancelled" or by == "cancelled":
+        return f"Question withdrawn (the task stopped): {deed}"
+    if by == "rule":
+        return f"{'Allowed' if allowed else 'Denied'} by the rules: {deed}"
+    if by == "no-terminal":
+        return f"Denied (nobody was there to ask): {deed}"
+    if by == "assume-yes":
+        return f"Allowed (--yes): {deed}"
+    if not allowed:
+        return f"You denied: {deed}"
+    how = {
+        "Always allow in this folder": " (always, in this folder)",
+        "Always allow everywhere": " (always, everywhere)",
+    }.get(dec, "")
+    return f"You allowed{how}: {deed}"

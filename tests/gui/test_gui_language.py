@@ -1,0 +1,112 @@
+"""The window speaks the person's language (issue 16 item 6): their paths, plain words."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from pytestqt.qtbot import QtBot
+
+from piwork.config import Paths
+from piwork.gui.prefs import Prefs
+from piwork.gui.window import composer_hint, technical_notice
+from piwork.gui.words import permission_line, person_paths
+from piwork.run.pool import Pool
+from piwork.runner import EventKind, RunEvent
+
+
+def test_guest_paths_read_as_paths_in_the_persons_folder() -> None:
+    assert person_paths("cat /mnt/work/src/a.py") == "cat src/a.py"
+    assert person_paths("ls /mnt/work") == "ls ."
+    assert person_paths("/mnt/outputs/report.csv") == "outputs/report.csv"
+    assert person_paths("/mnt/workshop/x") == "/mnt/workshop/x"  # not the folder
+
+
+def test_permission_lines_say_who_decided_without_echoes() -> None:
+    base = {"action": "write", "tool": "write", "target": "write /mnt/work/notes.txt"}
+    line = permission_line({**base, "decision": "Allow once", "by": "person"})
+    assert line == "You allowed: change notes.txt"
+    assert "write write" not in (line or "")
+    cancelled = permission_line({**base, "decision": "cancelled", "by": "cancelled"})
+    assert cancelled == "Question withdrawn (the task stopped): change notes.txt"
+    assert permission_line({**base, "decision": "ask", "by": None}) is None
+    ruled = permission_line(
+        {"action": "shell", "tool": "bash", "target": "make test", "decision": "Allow once",
+         "by": "rule", "rule": "allow shell make (global)"}
+    )  # fmt: skip
+    assert ruled == "Allowed by the rules: make test (shell)"
+    denied = permission_line({**base, "decision": "Deny", "by": "no-terminal"})
+    assert denied == "Denied (nobody was there to ask): change notes.txt"
+
+
+def test_start_up_details_are_folded_away() -> None:
+    assert technical_notice("accelerator: tcg (/dev/kvm exists but the CPU advertises no vmx/svm)")
+    assert technical_notice(
+        "using the offline demo model (scripted, not a real LLM); choose a real one with "
+        "--model PROVIDER/MODEL"
+    )
+    assert not technical_notice("pi has not confirmed the stop within 5.0 s")
+
+
+def test_the_composer_says_what_enter_does_in_each_state(
+    qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    from piwork.gui.controller import TaskController
+
+    assert "Enter starts" in composer_hint(None)
+    ctl = TaskController(Pool(1, paths=gui_paths), status="stopped", reason="completed")
+    assert composer_hint(ctl).startswith("Enter continues this task")
+    ctl.status = "queued"
+    assert "Queued" in composer_hint(ctl)
+
+
+def test_boot_stages_fold_into_one_row_and_a_stop_is_no_model_error(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    from piwork.gui.controller import TaskController
+    from piwork.gui.widgets import NoticeRow
+    from piwork.gui.window import MainWindow
+
+    win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
+    qtbot.addWidget(win)
+    ctl = TaskController(win.pool, task_id=None, title="t", status="running")
+    win._add(ctl)
+    ev = [
+        RunEvent(EventKind.BOOT, {"stage": "qemu", "seconds": 0.4}, 0.4, None),
+        RunEvent(EventKind.NOTICE, {"message": "accelerator: tcg (no vmx/svm)"}, 0.5, None),
+        RunEvent(EventKind.BOOT, {"stage": "kernel", "seconds": 3.1}, 3.1, None),
+        RunEvent(EventKind.READY, {"seconds": 9.0}, 9.0, None),
+    ]
+    for e in ev:
+        win._on_event(ctl, e)
+    conv = win.conversation(ctl)
+    rows = [w for w in conv.findChildren(NoticeRow)]
+    assert [r.text() for r in rows] == ["The agent is ready (9 s to start)"]
+    assert "vmx/svm" in rows[0].toolTip() and "kernel" in rows[0].toolTip()
+    ctl.stopping = True
+    win._on_event(ctl, RunEvent(EventKind.TEXT_END, {"error": "Request was aborted."}, 1, None))
+    ctl.status, ctl.reason = "stopped", "cancelled"
+    win._on_event(
+        ctl,
+        RunEvent(EventKind.DONE, {"message": "stopped by the person", "tokens": 10}, 1, None),
+    )
+    texts = [r.text() for r in conv.findChildren(NoticeRow)]
+    assert not any("aborted" in t or "error" in t for t in texts), texts
+    assert texts[-1] == "— Stopped by you · 10 tokens, 0 turns —"
+
+
+def test_the_setup_screen_keeps_cpu_flags_in_a_tooltip(qtbot: QtBot, gui_paths: Paths) -> None:
+    from piwork.doctor import Check
+    from piwork.gui.setup_screen import SetupScreen
+
+    accel = Check(
+        "accelerator",
+        True,
+        "tcg: /dev/kvm exists but the CPU advertises no vmx/svm (nested KVM)",
+        warning=True,
+    )
+    screen = SetupScreen(gui_paths, checks=lambda _p: [accel])
+    qtbot.addWidget(screen)
+    item = screen.list.item(0)
+    assert "vmx/svm" not in item.text() and "software emulation" in item.text()
+    assert "vmx/svm" in item.toolTip()

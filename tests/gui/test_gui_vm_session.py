@@ -1,0 +1,156 @@
+"""The first-run demo in the real window, real runner, real QEMU and the real pi (issue 16).
+
+One VM, one scenario, each step a defect the new-user drive found:
+
+* the demo asks exactly ONE permission (a move: the default rules ask for it), shown
+  with the person's paths, while the header, rail and composer all tell the same story;
+* closing the window with no system tray asks; "Minimise" keeps the task running;
+* the elapsed time keeps going while the task waits for the person;
+* pausing while a permission is open, then answering it: the task stays "paused"
+  (the runner's pause state is the truth) and the VM stays frozen until Continue;
+* the file appears in "Files changed"; the finished task's VM stays warm with an
+  "End task" button; Undo on it powers the warm VM off and puts the folder back;
+* switching to another task carries nothing over (header, usage, diff title);
+* after a restart of the window, "Files changed" is filled from the checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pytestqt.qtbot import QtBot
+
+from piwork.config import Paths
+from piwork.gui.prefs import Prefs
+from piwork.models.demo import DEMO_FILE
+from piwork.policy import Choice
+from piwork.runner import EventKind, RunEvent
+from piwork.tasks import TaskStore
+
+from .conftest import shown, until
+
+pytestmark = pytest.mark.vm
+
+BOOT = 360.0  # one TCG boot on a shared, loaded 2-core machine
+STEP = 180.0
+
+
+def header(win: Any) -> str:
+    return str(win.header.text())
+
+
+def test_the_first_run_demo_tells_one_truth_and_done_is_done(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    from piwork.gui.window import MainWindow
+
+    # An earlier task, so there is something to switch to.
+    (tmp_path / "earlier").mkdir()
+    store = TaskStore(gui_paths.tasks)
+    earlier = store.create("An earlier task", tmp_path / "earlier")
+    store.close()
+
+    async def scenario() -> None:
+        win = MainWindow(paths=gui_paths, prefs=Prefs(keep_warm_seconds=600), tray=False)
+        qtbot.addWidget(win)
+        await shown(win)
+        win.demo_base = tmp_path / "piwork-demo"
+        events: list[RunEvent] = []
+        try:
+            ctl = win.start_demo()
+            ctl.run_event.connect(events.append)
+            folder = ctl.folder
+            assert folder is not None and not (folder / DEMO_FILE).exists()
+            assert "New task" not in header(win)
+
+            # One permission: the move of the demo's draft into the folder.
+            await until(lambda: ctl.permissions, BOOT, "the demo asks")
+            assert len(ctl.permissions) == 1
+            assert win.sheet is not None
+            sheet_text = win.sheet.what.text()
+            assert DEMO_FILE in sheet_text and "/mnt/" not in sheet_text, sheet_text
+            assert "waiting for you" in header(win) and ctl.label == "waiting for you"
+            assert "waiting for you" in str(win.rail.item(0).text())
+            assert win.composer.placeholderText().startswith("Enter steers")
+            # The clock does not freeze while the task waits for the person.
+            t1 = ctl.elapsed
+            await asyncio.sleep(1.5)
+            assert ctl.elapsed >= t1 + 1.0
+
+            # No tray: closing asks, and "Minimise" keeps the task running.
+            win.close()
+            box = win.close_box
+            assert box.isVisible() and "still running" in box.text()
+            [keep] = [b for b in box.buttons() if b.text() == "Minimise"]
+            keep.click()
+            await until(win.isMinimized, 10, "the window is minimised")
+            assert ctl.live and ctl.permissions
+            win.show_from_tray()
+            await shown(win)
+
+            # Pause while the question is open, then answer it: still paused, VM frozen.
+            win.pause_btn.click()
+            await until(lambda: ctl.paused, 60, "the VM pauses")
+            assert ctl.label == "paused" and "paused" in header(win)
+            assert win.pause_btn.text() == "Continue"
+            assert win.sheet is not None
+            win.sheet.buttons[Choice.ALLOW_ONCE].click()
+            await until(lambda: not ctl.permissions, 30, "the answer is taken")
+            await asyncio.sleep(2.0)
+            assert ctl.paused and ctl.label == "paused" and "paused" in header(win)
+            assert not (folder / DEMO_FILE).exists(), "a frozen VM ran the move"
+            tool_ends = sum(1 for e in events if e.kind is EventKind.TOOL_END)
+            await asyncio.sleep(2.0)
+            assert sum(1 for e in events if e.kind is EventKind.TOOL_END) == tool_ends
+            win.pause_btn.click()  # Continue
+            await until(lambda: ctl.label == "done", STEP, "the demo finishes")
+
+            # The change is there and in "Files changed"; the VM is warm; End task is offered.
+            assert (folder / DEMO_FILE).is_file()
+            agent_text = " ".join(m.text for m in win.conversation(ctl).messages())
+            assert "did not write" not in agent_text and "Done." in agent_text
+            await until(lambda: DEMO_FILE in win.context.changed, 30, "Files changed")
+            assert ctl.warm and win.end_btn.isVisible()
+            assert win.composer.placeholderText().startswith("Enter continues")
+            tokens = ctl.tokens
+            assert tokens > 0
+
+            # Another task: nothing of the demo carries over.
+            other = next(c for c in win.tasks if c.task_id == earlier.id)
+            win.select(other)
+            assert "An earlier task" in header(win)
+            assert "Tokens 0 " in win.context.usage.text()
+            assert win.context.preview_title.text() == "Preview"
+            assert DEMO_FILE not in win.context.changed
+            assert not win.end_btn.isVisible() and not win.pause_btn.isVisible()
+            win.select(ctl)
+            assert "Show me what piwork does" in header(win) and ctl.label in header(win)
+            assert f"Tokens {tokens:,}" in win.context.usage.text()
+
+            # Undo on the finished task: the warm VM powers off first, then the undo runs.
+            await until(lambda: win.context.turn_changes, 30, "the turns load")
+            assert win.context.undo_btn.isEnabled()
+            win.context.undo_btn.click()
+            await until(lambda: not (folder / DEMO_FILE).exists(), STEP, "the undo")
+            assert not ctl.live and not win.end_btn.isVisible()
+            statuses = [e.data for e in events if e.kind in (EventKind.STATUS, EventKind.DONE)]
+            assert ctl.label == "done", (ctl.status, ctl.reason, statuses)
+        finally:
+            await win.quit_cleanly(exit_app=False)
+
+        # A new window (a restart): "Files changed" comes from the checkpoints.
+        win2 = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
+        qtbot.addWidget(win2)
+        again = next(c for c in win2.tasks if c.task_id == ctl.task_id)
+        win2.select(again)
+        await until(lambda: DEMO_FILE in win2.context.changed, 30, "Files changed after restart")
+        assert win2.crash_banner is None  # a clean quit is not a crash
+        await win2.quit_cleanly(exit_app=False)
+
+    started = time.monotonic()
+    qloop.run_until_complete(asyncio.wait_for(scenario(), timeout=1200))
+    print(f"first-run demo scenario: {time.monotonic() - started:.0f} s")

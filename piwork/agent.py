@@ -26,6 +26,7 @@ from typing import Any
 
 from piwork import sharefs
 from piwork.aio import discard
+from piwork.env import TaskEnv
 from piwork.pack.manifest import Manifest
 from piwork.proxy.egress import guest_proxy_env
 from piwork.rpc.client import RpcClient
@@ -35,6 +36,7 @@ from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
 from piwork.vm.command import (
     EGRESS_GUEST_ADDR,
+    ENV_SCSI_BUS,
     GATEWAY_GUEST_ADDR,
     Share,
     Transport,
@@ -116,6 +118,9 @@ class AgentVmConfig:
     warm_start: bool = False
     """Restore the saved VM (piwork.vm.template) if it can; else boot, saying why."""
     template_root: Path | None = None  # default: next to the pack cache
+    env: TaskEnv | None = None
+    """The task's writable environment disk (piwork.env), hot-plugged after the VM is up;
+    None with a workbench pack: the guest's installs live in RAM until power-off."""
 
 
 def _free_tcp_port() -> int:
@@ -203,6 +208,7 @@ class AgentVm:
         self.timings: dict[str, float] = {}
         self.stderr_tail: list[str] = []
         self._vm_watch: asyncio.Task[None] | None = None
+        self._env_lock = contextlib.ExitStack()
 
     def _new_netmux(self) -> NetMux:
         targets = {TARGET_GATEWAY: self.cfg.gateway_port}
@@ -348,6 +354,8 @@ class AgentVm:
             await self._start_cold(t0)
         self._vm_watch = asyncio.create_task(self._watch_vm(), name="agent-vm-watch")
         self.timings["supervisor_ready"] = time.monotonic() - t0
+        await self._attach_env_disk()
+        self.timings["env_attached"] = time.monotonic() - t0
         await self.start_pi()
         self.timings["pi_started"] = time.monotonic() - t0
         if not await self.netmux.wait_ready(30):
@@ -514,6 +522,33 @@ class AgentVm:
             if sock_dir != tmp / "run":
                 shutil.rmtree(sock_dir, ignore_errors=True)
 
+    async def _attach_env_disk(self) -> None:
+        """Hot-plug the task's environment disk on the VM's SCSI bus (cold or restored alike).
+
+        Why after start, even for a cold boot: a saved template must hold no
+        writable disk (its page cache would not match a clone's disk), and one
+        path for both starts means every test exercises the one a warm start uses.
+        The disk stays locked (``env.lock``) until the VM stops, so the folder's
+        next task does not freeze it while this VM writes it.
+        """
+        env = self.cfg.env
+        if env is None or not self.cfg.manifest.workbench:
+            return
+        self._env_lock.enter_context(env.lock())
+        await self.vm.qmp_execute(
+            "blockdev-add",
+            {
+                "driver": "qcow2",
+                "node-name": "pwenv",
+                "discard": "unmap",
+                "file": {"driver": "file", "filename": str(env.disk)},
+            },
+        )
+        await self.vm.qmp_execute(
+            "device_add",
+            {"driver": "scsi-hd", "bus": f"{ENV_SCSI_BUS}.0", "drive": "pwenv", "id": "pwenvdisk"},
+        )
+
     async def _watch_vm(self) -> None:
         """A VM that dies (kill -9, crash) takes pi with it: say so to every waiter.
 
@@ -548,11 +583,18 @@ class AgentVm:
             cwd=self.cfg.dirs.guest_cwd,
             mount=True,
             clock=time.time(),
+            # The guest builds the workbench root while pi starts (supervisor.js).
+            **self._workbench_op(),
         )
         try:
             await asyncio.wait_for(self._pi_started, 30)
         except TimeoutError:
             raise self.vm._error("the supervisor did not start pi within 30s") from None
+
+    def _workbench_op(self) -> dict[str, str]:
+        if not self.cfg.manifest.workbench:
+            return {}
+        return {"workbench": "disk" if self.cfg.env is not None else "tmpfs"}
 
     async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
         """The first ``get_state`` reply: pi has loaded and speaks RPC."""
@@ -584,6 +626,7 @@ class AgentVm:
                 await self.netmux.close()
                 await self.vm.shutdown(grace=0 if not graceful else 2)
             finally:
+                self._env_lock.close()  # QEMU has exited: the disk is free
                 self._remove_secret()
                 if self._own_sock_dir is not None:
                     shutil.rmtree(self._own_sock_dir, ignore_errors=True)

@@ -35,6 +35,7 @@ from piwork.aio import discard
 from piwork.auth import KeyStore
 from piwork.checkpoints import RunRecorder
 from piwork.config import Paths, get_paths
+from piwork.env import EnvError, default_store
 from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
 from piwork.models.providers import (
     PROVIDERS_FILE_NAME,
@@ -189,6 +190,8 @@ class RunRequest:
     allowed name cannot lead the guest to the host's own services)."""
     warm_start: bool = True
     """Restore the pack's saved VM template instead of booting (cold boot if it cannot)."""
+    clean_env: bool = False
+    """A new task starts from a clean workbench, not the folder's last environment (piwork.env)."""
 
 
 @dataclass
@@ -512,6 +515,16 @@ class TaskSession:
             accel=accel.accel.value,
         )
 
+        env = None
+        if manifest.workbench:
+            try:
+                env = await asyncio.to_thread(
+                    default_store().prepare, task.dir, folder, clean=self.req.clean_env
+                )
+            except EnvError as exc:
+                raise RunError(str(exc)) from exc
+            if env.note:
+                self.emit(EventKind.NOTICE, message=f"environment: {env.note}")
         await self._set_status(TaskStatus.RUNNING)
         cfg = AgentVmConfig(
             pack_dir=pack_dir,
@@ -539,6 +552,7 @@ class TaskSession:
                 ),
             },
             warm_start=self.req.warm_start,
+            env=env,
         )
         agent = AgentVm(
             cfg,

@@ -35,7 +35,7 @@ from piwork.aio import discard
 from piwork.auth import KeyStore
 from piwork.checkpoints import RunRecorder
 from piwork.config import Paths, get_paths
-from piwork.env import EnvError, default_store
+from piwork.env import EnvError, store_for
 from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
 from piwork.models.providers import (
     PROVIDERS_FILE_NAME,
@@ -516,15 +516,17 @@ class TaskSession:
         )
 
         env = None
+        t = time.monotonic()
         if manifest.workbench:
             try:
                 env = await asyncio.to_thread(
-                    default_store().prepare, task.dir, folder, clean=self.req.clean_env
+                    store_for(self.paths).prepare, task.dir, folder, clean=self.req.clean_env
                 )
             except EnvError as exc:
                 raise RunError(str(exc)) from exc
             if env.note:
                 self.emit(EventKind.NOTICE, message=f"environment: {env.note}")
+        self.timings["env_disk"] = time.monotonic() - t
         await self._set_status(TaskStatus.RUNNING)
         cfg = AgentVmConfig(
             pack_dir=pack_dir,

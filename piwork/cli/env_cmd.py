@@ -7,6 +7,9 @@ a folder starts from what the folder's last task left (``piwork.env``).
   piwork env show FOLDER      the layers it is made of, their sizes, the tasks on them
   piwork env reset FOLDER     the folder's next task starts clean
   piwork env rm FOLDER        forget the folder (and delete layers nothing uses)
+  piwork env allow-registries [--folder DIR]
+                              allow Debian, PyPI and npm (apt, pip, npm) in one answer:
+                              saves one network rule per registry domain, printed
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import time
 from pathlib import Path
 
 from piwork.env import EnvStore, default_store
+from piwork.env.registries import registry_rules
+from piwork.policy.rules import Scope
+from piwork.policy.store import PolicyError, PolicyStore
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -37,6 +43,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("list", help="folders with a saved environment")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
+    p = sub.add_parser(
+        "allow-registries", help="allow the package registries (Debian, PyPI, npm) at once"
+    )
+    p.add_argument("--folder", help="only for tasks on this folder (default: everywhere)")
+    p.set_defaults(func=cmd_allow_registries)
     for name, func, text in (
         ("show", cmd_show, "the layers of a folder's environment"),
         ("reset", cmd_reset, "the folder's next task starts from the clean workbench"),
@@ -136,4 +147,21 @@ def cmd_rm(args: argparse.Namespace) -> int:
         print(f"piwork env: no environment saved for {folder}", file=sys.stderr)
         return 1
     print(f"{folder}: environment forgotten")
+    return 0
+
+
+def cmd_allow_registries(args: argparse.Namespace) -> int:
+    scope = Scope.folder(_folder(args.folder)) if args.folder else Scope.global_()
+    store = PolicyStore()
+    rules = registry_rules(scope)
+    try:
+        store.load()
+        for rule in rules:
+            store.add(rule)
+    except (PolicyError, OSError) as exc:
+        print(f"piwork env: cannot save the rules: {exc}", file=sys.stderr)
+        return 1
+    print(f"saved {len(rules)} rules in {store.path}:")
+    for rule in rules:
+        print(f"  {rule.id}: {rule.describe()}")
     return 0

@@ -11,6 +11,7 @@ from piwork.env.store import (
     TaskEnv,
     allocated_bytes,
     default_store,
+    store_for,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "TaskEnv",
     "allocated_bytes",
     "default_store",
+    "store_for",
 ]

@@ -37,6 +37,7 @@ from typing import Any
 
 import orjson
 
+from piwork.config import Paths, get_paths
 from piwork.fsutil import atomic_write_bytes, fsync_dir
 
 ENV_DISK = "env.qcow2"
@@ -374,8 +375,9 @@ class EnvStore:
         return removed
 
 
-def default_store() -> EnvStore:
-    from piwork.config import get_paths
-
-    paths = get_paths()
+def store_for(paths: Paths) -> EnvStore:
     return EnvStore(paths.data / "envs", paths.tasks)
+
+
+def default_store() -> EnvStore:
+    return store_for(get_paths())

@@ -57,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -166,6 +166,7 @@ class _Where:
     source: Path
     packs: Path
     downloads: Path
+    workbench: Path
 
 
 def _where(source_root: Path | None, packs: Path | None, downloads: Path | None) -> _Where:
@@ -174,6 +175,7 @@ def _where(source_root: Path | None, packs: Path | None, downloads: Path | None)
         source=(source_root or repo_root()).resolve(),
         packs=packs or paths.packs,
         downloads=downloads or paths.downloads,
+        workbench=(packs or paths.packs).parent / "workbench",
     )
 
 
@@ -201,10 +203,16 @@ def build_pack(
     downloads: Path | None = None,
     force: bool = False,
     log: Log | None = None,
+    workbench_cache: Path | None = None,
 ) -> BuildResult:
-    """Build (or find) the pack for ``source_root``; see the module docstring."""
+    """Build (or find) the pack for ``source_root``; see the module docstring.
+
+    ``workbench_cache``: where built workbench images are kept (default: beside
+    ``packs``); a pack rebuilt for another reason reuses the image found there."""
     t0 = time.monotonic()
     w = _where(source_root, packs, downloads)
+    if workbench_cache is not None:
+        w = replace(w, workbench=workbench_cache)
     progress = Progress(log)
     pack_id = compute_pack_id(w.source)
     final = w.packs / pack_id
@@ -362,9 +370,7 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         progress.note(f"{rootfs.IMAGE_NAME}: {_mb(stats['rootfs_bytes'])}")
 
     with progress.step("workbench image (mmdebstrap, erofs)"):
-        wb = workbench.ensure_image(
-            w.source / workbench.SPEC_FILE, w.packs.parent / "workbench", progress.note
-        )
+        wb = workbench.ensure_image(w.source / workbench.SPEC_FILE, w.workbench, progress.note)
         workbench.link_or_copy(wb.image, out / workbench.IMAGE_NAME)
         (initrd / "bin").mkdir(exist_ok=True)
         (initrd / "bin" / "bash").symlink_to(f"/{GUEST_ROOT}/workbench/bash")

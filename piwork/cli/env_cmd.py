@@ -93,8 +93,13 @@ def cmd_list(args: argparse.Namespace) -> int:
         print("no saved environments (a task on a folder saves one)")
         return 0
     for r in rows:
-        state = f"{r['layers']} layer(s), {_mb(int(str(r['bytes'])))}" if r["head"] else "clean"
-        print(f"{r['folder']}\n  {state}; last task {r['last_task'] or '-'}")
+        saved = f"{r['layers']} saved layer(s), {_mb(int(str(r['bytes'])))}" if r["head"] else ""
+        if r["last_task"]:
+            state = f"the next task starts from what task {r['last_task']} left"
+            state += f" (over {saved})" if saved else ""
+        else:
+            state = f"the next task starts from {saved}" if saved else "clean"
+        print(f"{r['folder']}\n  {state}")
     return 0
 
 

@@ -51,7 +51,10 @@ def test_list_show_reset_and_rm_of_a_folders_environment(
         (paths.tasks / name).mkdir(parents=True)
         store.prepare(paths.tasks / name, folder, size=1 << 26)
     assert main(["env", "list"]) == 0
-    assert f"{folder}\n  1 layer(s)" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert (
+        f"{folder}\n  the next task starts from what task t2 left (over 1 saved layer(s)" in listed
+    )
     assert main(["env", "show", str(folder)]) == 0
     shown = capsys.readouterr().out
     assert "from task t1" in shown and "used by 2 task(s)" in shown

@@ -281,6 +281,8 @@ class EnvStore:
             self._write_task_meta(task_dir, head, size, str(folder) if folder else None)
             if folder is not None:
                 self._save_folder(FolderEnv(folder_key(folder), str(folder), head, str(task_dir)))
+            # Layers left only by deleted tasks (`piwork tasks rm`) go now.
+            self._gc()
             return TaskEnv(task_dir / ENV_DISK, head, size, note)
 
     def _freeze_last(self, rec: FolderEnv | None) -> tuple[str | None, str | None]:

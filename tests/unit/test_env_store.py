@@ -148,3 +148,20 @@ def test_the_lock_is_per_task_and_released_with_the_holder(world: World) -> None
         assert not ok
     with hold_lock(d) as ok:
         assert ok
+
+
+def test_layers_only_deleted_tasks_used_go_when_the_next_task_starts(world: World) -> None:
+    store, tasks, folder = world
+    other = folder.parent / "other"
+    other.mkdir()
+    store.prepare(task_dir(tasks, "t1"), folder, size=SIZE)
+    t2 = store.prepare(task_dir(tasks, "t2"), folder, size=SIZE)  # freezes t1's disk
+    store.prepare(task_dir(tasks, "t3"), other, clean=True, size=SIZE)
+    assert store.layer(t2.base) is not None  # type: ignore[arg-type]  # the folder's head
+    store.reset(folder)
+    shutil.rmtree(tasks / "t1")
+    shutil.rmtree(tasks / "t2")
+    t4 = store.prepare(task_dir(tasks, "t4"), other, size=SIZE)  # any start sweeps
+    assert store.layer(t2.base) is None  # type: ignore[arg-type]
+    # What stays is the layer t4 starts from (t3's disk, frozen now).
+    assert [p.stem for p in store.layers_dir.glob("*.qcow2")] == [t4.base]

@@ -58,7 +58,9 @@ from piwork.runner import Outcome, RunEvent, RunRequest, TaskSession
 
 from .conftest import ScriptedAsker, per_prompt, scripted_provider
 
-pytestmark = pytest.mark.vm
+# Four VM starts and real installs under TCG (apt-get update alone parses Debian's
+# package lists in an emulated CPU): far past the suite's 600 s default.
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(3000)]
 
 STEP_TIMEOUT = 900
 PROMPT_TIMEOUT = 1800.0

@@ -46,9 +46,11 @@ if [ "$MODE" = disk ]; then
     done
     [ -n "$disk" ] || fail "the task's environment disk did not appear within 15 s"
     if ! mounted "$DISK" && ! mount -t ext4 -o noatime "$disk" "$DISK" 2>/dev/null; then
-        # Format only a blank disk (a new environment); never over anything else.
-        if blkid "$disk" | grep -q "TYPE="; then
-            fail "the environment disk has a filesystem that does not mount; reset it (piwork env reset)"
+        # Format only a blank disk (a new environment: its first MiB reads as
+        # zeros); never over anything else, whatever made the mount fail.
+        nonzero=$(dd if="$disk" bs=65536 count=16 2>/dev/null | tr -d '\000' | wc -c)
+        if [ $((nonzero)) -ne 0 ]; then
+            fail "the environment disk holds data that does not mount as ext4; start clean (piwork run --clean-env, or piwork env reset)"
         fi
         MKE2FS_CONFIG=$LOWER/etc/mke2fs.conf "$LOWER/lib64/ld-linux-x86-64.so.2" \
             --library-path "$LOWER/lib/x86_64-linux-gnu:$LOWER/usr/lib/x86_64-linux-gnu" \

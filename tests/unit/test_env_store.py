@@ -165,3 +165,43 @@ def test_layers_only_deleted_tasks_used_go_when_the_next_task_starts(world: Worl
     assert store.layer(t2.base) is None  # type: ignore[arg-type]
     # What stays is the layer t4 starts from (t3's disk, frozen now).
     assert [p.stem for p in store.layers_dir.glob("*.qcow2")] == [t4.base]
+
+
+def test_a_guest_writing_an_image_header_into_its_disk_never_changes_what_the_host_opens(
+    world: World, tmp_path: Path
+) -> None:
+    """The guest owns its disk's *contents*: it can make them look like a qcow2 image
+    whose backing file is a host secret. The host names every format (qcow2, never
+    probed), so those bytes stay data: the chain is exactly the layers it recorded."""
+    store, tasks, folder = world
+    t1 = task_dir(tasks, "t1")
+    env1 = store.prepare(t1, folder, size=SIZE)
+    secret = tmp_path / "host-secret"
+    secret.write_bytes(b"host only")
+    lure = tmp_path / "lure.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-u", "-b", str(secret), "-F", "raw",
+         str(lure), "1M"],
+        check=True,
+    )  # fmt: skip
+    # What a guest does to its block device: raw bytes at offset 0 of the virtual disk.
+    subprocess.run(
+        ["qemu-io", "-f", "qcow2", "-c", f"write -s {lure} 0 {lure.stat().st_size}",
+         str(env1.disk)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    t2 = store.prepare(task_dir(tasks, "t2"), folder, size=SIZE)
+    layer = store.layer(t2.base)  # type: ignore[arg-type]
+    assert layer is not None
+    chain = json.loads(
+        subprocess.run(
+            ["qemu-img", "info", "--output=json", "--backing-chain", "-U", str(t2.disk)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    assert [c["filename"] for c in chain] == [str(t2.disk), str(layer.path)]
+    assert all(c["format"] == "qcow2" for c in chain)
+    assert str(secret) not in json.dumps(chain)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from piwork import errors, sharefs
 from piwork.aio import discard
+from piwork.env import TaskEnv
 from piwork.pack.manifest import Manifest
 from piwork.rpc.client import LineTap, Listener, RpcClient, UiHandler
 from piwork.rpc.framing import OversizedLine
@@ -33,7 +34,7 @@ from piwork.rpc.models import Response, SessionState, UiRequest
 from piwork.vm import gitguard
 from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
-from piwork.vm.command import Share, Transport, VmSpec
+from piwork.vm.command import ENV_SCSI_BUS, Share, Transport, VmSpec
 from piwork.vm.machine import VirtualMachine, VmError
 from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
 from piwork.vm.template import (
@@ -112,6 +113,9 @@ class AgentVmConfig:
     template_root: Path | None = None  # default: next to the pack cache
     moved_aside_dir: Path | None = None
     """Where git metadata the guest created goes after the run (default: beside log_dir)."""
+    env: TaskEnv | None = None
+    """The task's writable environment disk (piwork.env), hot-plugged after the VM is up;
+    None with a workbench pack: the guest's installs live in RAM until power-off."""
 
 
 def _free_tcp_port() -> int:
@@ -283,8 +287,9 @@ class AgentVm(PiDoor):
         self.git_moved_aside: list[gitguard.MovedAside] = []
         """Git metadata the guest created, moved out of the shares (:meth:`move_aside_new_git`)."""
         self.git_guard_error: str | None = None
-        self._git_reported = 0
         """Why such metadata could not be moved (it is then still in the folder)."""
+        self._git_reported = 0
+        self._env_lock = contextlib.ExitStack()
 
     # ------------------------------------------------------------ the run's door
     async def pause(self) -> None:
@@ -456,6 +461,8 @@ class AgentVm(PiDoor):
             await self._start_cold(t0)
         self._vm_watch = asyncio.create_task(self._watch_vm(), name="agent-vm-watch")
         self.timings["supervisor_ready"] = time.monotonic() - t0
+        await self._attach_env_disk()
+        self.timings["env_attached"] = time.monotonic() - t0
         await self.start_pi()
         self.timings["pi_started"] = time.monotonic() - t0
         if not await self.netmux.wait_ready(30):
@@ -622,6 +629,33 @@ class AgentVm(PiDoor):
             if sock_dir != tmp / "run":
                 shutil.rmtree(sock_dir, ignore_errors=True)
 
+    async def _attach_env_disk(self) -> None:
+        """Hot-plug the task's environment disk on the VM's SCSI bus (cold or restored alike).
+
+        Why after start, even for a cold boot: a saved template must hold no
+        writable disk (its page cache would not match a clone's disk), and one
+        path for both starts means every test exercises the one a warm start uses.
+        The disk stays locked (``env.lock``) until the VM stops, so the folder's
+        next task does not freeze it while this VM writes it.
+        """
+        env = self.cfg.env
+        if env is None or not self.cfg.manifest.workbench:
+            return
+        self._env_lock.enter_context(env.lock())
+        await self.vm.qmp_execute(
+            "blockdev-add",
+            {
+                "driver": "qcow2",
+                "node-name": "pwenv",
+                "discard": "unmap",
+                "file": {"driver": "file", "filename": str(env.disk)},
+            },
+        )
+        await self.vm.qmp_execute(
+            "device_add",
+            {"driver": "scsi-hd", "bus": f"{ENV_SCSI_BUS}.0", "drive": "pwenv", "id": "pwenvdisk"},
+        )
+
     async def _watch_vm(self) -> None:
         """A VM that dies (kill -9, crash) takes pi with it: say so to every waiter.
 
@@ -656,6 +690,8 @@ class AgentVm(PiDoor):
             cwd=self.cfg.dirs.guest_cwd,
             mount=True,
             clock=time.time(),
+            # The guest builds the workbench root while pi starts (supervisor.js).
+            **self._workbench_op(),
         )
         try:
             await asyncio.wait_for(self._pi_started, 30)
@@ -712,6 +748,11 @@ class AgentVm(PiDoor):
             log.error("%s", self.git_guard_error)
         return moved
 
+    def _workbench_op(self) -> dict[str, str]:
+        if not self.cfg.manifest.workbench:
+            return {}
+        return {"workbench": "disk" if self.cfg.env is not None else "tmpfs"}
+
     async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
         """The first ``get_state`` reply: pi has loaded and speaks RPC."""
         assert self.pi_exit is not None
@@ -743,6 +784,7 @@ class AgentVm(PiDoor):
                 await self.vm.shutdown(grace=0 if not graceful else 2)
                 await self.move_aside_new_git()
             finally:
+                self._env_lock.close()  # QEMU has exited: the disk is free
                 self._remove_secret()
                 if self._own_sock_dir is not None:
                     shutil.rmtree(self._own_sock_dir, ignore_errors=True)

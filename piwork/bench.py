@@ -169,6 +169,7 @@ async def _vm_round(ctx: BenchContext, *, warm: bool, prompt: bool) -> dict[str,
         async with TaskSession(req, sink, paths=paths) as session:
             figures[WARM if warm else COLD] = time.monotonic() - t0
             assert session.agent is not None
+            figures.update(_stages(label, session))
             figures[f"QEMU PSS after {label} start (MiB)"] = pss_mib(session.agent.qemu_pid)
             if warm and not (how and how[0].startswith("restored") and len(how) == 1):
                 # The warm figure is only a warm figure if the VM was restored.
@@ -184,6 +185,33 @@ async def _vm_round(ctx: BenchContext, *, warm: bool, prompt: bool) -> dict[str,
             t = time.monotonic()
         figures[f"power off ({label})"] = time.monotonic() - t
     return figures
+
+
+def _stages(label: str, session: TaskSession) -> dict[str, float]:
+    """Where the start went, stage by stage (seconds each, not cumulative).
+
+    The runner's part (task record, gateway, egress proxy, pack check, the
+    environment disk) comes before the VM; then QEMU's launch, the restore (or
+    the boot), the hot-plug of the task's disk, pi's start in the guest, and
+    pi's first reply. The guest builds the workbench root meanwhile.
+    """
+    assert session.agent is not None
+    t = session.agent.timings
+    r = session.timings
+    before_vm = r.get("start_to_pi_ready", 0.0) - r.get("boot_to_pi_ready", 0.0)
+    marks = [
+        ("host before the VM (task, gateway, proxy, pack, env disk)", before_vm),
+        ("  of which the env disk (qemu-img)", r.get("env_disk", 0.0)),
+        ("QEMU launched", t.get("qemu_started", 0.0)),
+        (
+            "restored (device state)" if "restored" in t else "booted to the supervisor",
+            t.get("restored", t.get("supervisor_ready", 0.0) - t.get("qemu_started", 0.0)),
+        ),
+        ("env disk hot-plugged (QMP)", t.get("env_attached", 0.0) - t.get("supervisor_ready", 0.0)),
+        ("pi started in the guest", t.get("pi_started", 0.0) - t.get("env_attached", 0.0)),
+        ("pi's first RPC reply", r.get("boot_to_pi_ready", 0.0) - t.get("pi_started", 0.0)),
+    ]
+    return {f"{label} stage: {name} (s)": max(0.0, v) for name, v in marks}
 
 
 def measure_cold(ctx: BenchContext) -> dict[str, float]:

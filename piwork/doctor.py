@@ -64,6 +64,7 @@ def check_build_tools() -> list[Check]:
         ("depmod", "kmod"),
         ("npm", "nodejs npm"),
         ("mkfs.erofs", "erofs-utils"),
+        ("mmdebstrap", "mmdebstrap"),
     ):
         path = shutil.which(tool)
         checks.append(

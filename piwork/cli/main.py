@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "piwork.cli.bench_cmd",
     "piwork.cli.changes_cmd",
     "piwork.cli.preview_cmd",
+    "piwork.cli.env_cmd",
     "piwork.gui.cli",
 )
 

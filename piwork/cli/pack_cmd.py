@@ -78,6 +78,15 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"  {key:15} {value}")
         for f in m.files:
             print(f"  {f.path:15} {f.size / 1e6:8.1f} MB  sha256 {f.sha256[:16]}…")
+        if m.workbench and "workbench_bytes" in m.stats:
+            print(
+                f"  workbench: {len(m.packages)} Debian packages, "
+                f"{m.stats.get('workbench_tree_bytes', 0) / 1e6:.0f} MB unpacked -> "
+                f"{m.stats['workbench_bytes'] / 1e6:.0f} MB image (lz4hc erofs), "
+                f"built in {m.stats.get('workbench_build_ms', 0) / 1000:.0f} s (cached apart)"
+            )
+        if result.built:
+            print(f"  build time: {result.seconds:.0f} s")
     return 0
 
 

@@ -356,6 +356,7 @@ def _common_request(args: argparse.Namespace) -> RunRequest:
         allow_net=tuple(args.allow_net or ()),
         limit_overrides=_limit_overrides(args),
         assume_yes=args.yes,
+        clean_env=bool(getattr(args, "clean_env", False)),
     )
 
 
@@ -435,6 +436,11 @@ def register(sub: Any) -> None:
     p.add_argument("prompt", help="what the agent should do")
     p.add_argument("--folder", "-f", help="the working folder (shared into the VM read-write)")
     p.add_argument("--title", help="task title (default: the prompt's first line)")
+    p.add_argument(
+        "--clean-env",
+        action="store_true",
+        help="start from the clean workbench, not the environment the folder's last task left",
+    )
     _add_common(p)
     p.set_defaults(func=cmd_run)
 

@@ -32,6 +32,7 @@ import orjson
 
 from piwork import __version__, sharefs
 from piwork.checkpoints import CheckpointError, ShadowRepo, checkpoints_size, gc_task
+from piwork.env import EnvStore, allocated_bytes
 from piwork.fsutil import atomic_writer
 from piwork.tasks.model import ACTIVE_STATUSES, TaskStatus, iso_z, utc_now
 from piwork.tasks.store import SUBDIRS, Task, TaskStore, TaskStoreError
@@ -164,6 +165,27 @@ def _transcript_json(task: Task) -> tuple[list[dict[str, Any]], list[str]]:
     return records, [str(p) for p in reader.problems]
 
 
+def _env_json(task_dir: Path) -> dict[str, Any] | None:
+    """The task's writable environment disk (piwork.env): space used, its cap, its base."""
+    env = EnvStore(task_dir.parent.parent / "envs", task_dir.parent).task_env(task_dir)
+    if env is None:
+        return None
+    return {
+        "disk": str(env.disk),
+        "bytes": allocated_bytes(env.disk),
+        "cap": env.size,
+        "base": env.base,
+    }
+
+
+def _env_text(task_dir: Path) -> str:
+    env = _env_json(task_dir)
+    if env is None:
+        return "(none)"
+    base = f"on layer {env['base']}" if env["base"] else "from the clean workbench"
+    return f"{env['bytes'] / 1e6:.1f} MB used of {env['cap'] / 2**30:.0f} GiB, {base}"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     with _open_store() as store:
         # A TaskStoreError (no such task, ambiguous id) is shown by piwork.cli.main.
@@ -173,6 +195,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         out: dict[str, Any] = {"task": task.record.to_json_dict(), "dir": str(task.dir)}
         out["bytes"], out["checkpointBytes"] = ShadowRepo.size_of(task.dir), checkpoints_size(task)
+        out["environment"] = _env_json(task.dir)
         if args.transcript:
             out["transcript"], problems = _transcript_json(task)
         _print_json(out)
@@ -204,6 +227,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             ),
             ("dir", str(task.dir)),
             ("size", _size_text(task)),
+            ("env", _env_text(task.dir)),
         ]
         if rec.stop is not None and rec.stop.message:
             lines.insert(3, ("message", rec.stop.message))

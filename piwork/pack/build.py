@@ -11,6 +11,8 @@
 5b. fill V8's code cache for them with the pack's node (``piwork.pack.codecache``);
 6. move ``/opt/piwork`` into a read-only erofs image (``piwork.pack.rootfs``),
    attached as a virtio-blk disk and mounted by ``/init``;
+6b. the workbench: a Debian userland for the agent's bash (``piwork.pack.workbench``,
+   mmdebstrap -> ``workbench.erofs``, cached apart from the pack by its spec's hash);
 7. write the rest as a deterministic newc cpio (uncompressed: decompressing
    under TCG emulation costs seconds on every boot);
 8. write ``manifest.json`` last and rename the scratch dir into place.
@@ -38,6 +40,8 @@ Guest layout (see also ``docs/guest-protocol.md``)::
     /opt/piwork/node-cache/        V8 code cache of the bundle and the extensions
     /etc/{passwd,group,hosts,resolv.conf,nsswitch.conf}
     /dev/console, /dev/null        char devices (until /init mounts devtmpfs)
+    /bin/bash                      -> /opt/piwork/workbench/bash: pi's bash tool finds it
+                                   first and runs real bash in the workbench root
     /proc /sys /tmp /run /root /mnt/{state,work,outputs,uploads}  empty
 """
 
@@ -53,14 +57,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from piwork import __version__
 from piwork.config import get_paths, repo_root
 from piwork.fsutil import fsync_dir
-from piwork.pack import bundle, codecache, cpio, ingredients, node, rootfs
+from piwork.pack import bundle, codecache, cpio, ingredients, node, rootfs, workbench
 from piwork.pack.cache import (
     TMP_PREFIX,
     clean_stale_tmp,
@@ -129,7 +133,7 @@ def _stderr(msg: str) -> None:
 class Progress:
     """Prints one line per build step with its duration (to stderr by default)."""
 
-    def __init__(self, log: Log | None = None, total: int = 10) -> None:
+    def __init__(self, log: Log | None = None, total: int = 11) -> None:
         self.log = log or _stderr
         self.total = total
         self.n = 0
@@ -162,6 +166,7 @@ class _Where:
     source: Path
     packs: Path
     downloads: Path
+    workbench: Path
 
 
 def _where(source_root: Path | None, packs: Path | None, downloads: Path | None) -> _Where:
@@ -170,6 +175,7 @@ def _where(source_root: Path | None, packs: Path | None, downloads: Path | None)
         source=(source_root or repo_root()).resolve(),
         packs=packs or paths.packs,
         downloads=downloads or paths.downloads,
+        workbench=(packs or paths.packs).parent / "workbench",
     )
 
 
@@ -197,10 +203,16 @@ def build_pack(
     downloads: Path | None = None,
     force: bool = False,
     log: Log | None = None,
+    workbench_cache: Path | None = None,
 ) -> BuildResult:
-    """Build (or find) the pack for ``source_root``; see the module docstring."""
+    """Build (or find) the pack for ``source_root``; see the module docstring.
+
+    ``workbench_cache``: where built workbench images are kept (default: beside
+    ``packs``); a pack rebuilt for another reason reuses the image found there."""
     t0 = time.monotonic()
     w = _where(source_root, packs, downloads)
+    if workbench_cache is not None:
+        w = replace(w, workbench=workbench_cache)
     progress = Progress(log)
     pack_id = compute_pack_id(w.source)
     final = w.packs / pack_id
@@ -357,6 +369,26 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         stats["rootfs_bytes"] = rootfs.build_image(tree, out / rootfs.IMAGE_NAME)
         progress.note(f"{rootfs.IMAGE_NAME}: {_mb(stats['rootfs_bytes'])}")
 
+    with progress.step("workbench image (mmdebstrap, erofs)"):
+        wb = workbench.ensure_image(w.source / workbench.SPEC_FILE, w.workbench, progress.note)
+        workbench.link_or_copy(wb.image, out / workbench.IMAGE_NAME)
+        (initrd / "bin").mkdir(exist_ok=True)
+        (initrd / "bin" / "bash").symlink_to(f"/{GUEST_ROOT}/workbench/bash")
+        stats["workbench_bytes"] = wb.image_bytes
+        stats["workbench_tree_bytes"] = wb.tree_bytes
+        stats["workbench_packages"] = len(wb.packages)
+        stats["workbench_build_ms"] = int(wb.seconds * 1000)
+        versions["workbench"] = f"debian {len(wb.packages)} packages"
+        progress.note(
+            f"{workbench.IMAGE_NAME}: {_mb(wb.image_bytes)} (tree {_mb(wb.tree_bytes)}, "
+            f"{len(wb.packages)} packages), "
+            + (
+                f"cached (built in {wb.seconds:.0f}s)"
+                if wb.cached
+                else f"built in {wb.seconds:.0f}s"
+            )
+        )
+
     with progress.step("initramfs (newc cpio)"):
         size = cpio.write_tree(initrd, out / INITRD_NAME, extra=_special_entries())
         stats["initrd_bytes"] = size
@@ -367,7 +399,7 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
     with progress.step("manifest"):
         files = [
             PackFile(path=name, sha256=sha256_file(out / name), size=(out / name).stat().st_size)
-            for name in (kernel_name, INITRD_NAME, rootfs.IMAGE_NAME)
+            for name in (kernel_name, INITRD_NAME, rootfs.IMAGE_NAME, workbench.IMAGE_NAME)
         ]
         versions["builder"] = str(BUILDER_VERSION)
         manifest = Manifest(
@@ -375,6 +407,8 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
             kernel=kernel_name,
             initrd=INITRD_NAME,
             rootfs=rootfs.IMAGE_NAME,
+            workbench=workbench.IMAGE_NAME,
+            packages=wb.packages,
             cmdline=f"{CMDLINE} {ROOTFS_ARG}",
             versions=versions,
             files=files,

@@ -71,9 +71,18 @@ def install_tools(source: Path, scratch: Path) -> Path:
     return scratch
 
 
+KEPT_EXTERNAL: frozenset[str] = frozenset({"@silvia-odwyer/photon-node"})
+"""Packages the bundle must import from the pack's tree at run time, not inline.
+
+photon-node (pi's image resizing, WebAssembly) is CommonJS that reads its
+``.wasm`` beside itself through ``__dirname``: inlined into an ES module chunk,
+``__dirname`` is not defined and pi silently stops resizing images."""
+
+
 def external_patterns(dropped: frozenset[str]) -> list[str]:
-    """Packages the pruned tree lacks stay run-time imports (they fail there, as before)."""
-    return sorted(p for name in dropped for p in (name, f"{name}/*"))
+    """Packages the pruned tree lacks stay run-time imports (they fail there, as before),
+    and so do :data:`KEPT_EXTERNAL` (they are in the tree and load from it)."""
+    return sorted(p for name in dropped | KEPT_EXTERNAL for p in (name, f"{name}/*"))
 
 
 def compile_guest(

@@ -37,6 +37,14 @@ class Manifest(BaseModel):
         default=None,
         description="Relative path of the read-only disk image /init mounts at /opt/piwork.",
     )
+    workbench: str | None = Field(
+        default=None,
+        description="Relative path of the workbench image (Debian userland for the agent's bash).",
+    )
+    packages: dict[str, str] = Field(
+        default_factory=dict,
+        description="Every Debian package in the workbench image -> its exact version.",
+    )
     cmdline: str = Field(description="Base kernel command line; the host appends transport args.")
     versions: dict[str, str] = Field(description="kernel, busybox, node, pi, libc, ...")
     files: list[PackFile]

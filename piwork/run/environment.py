@@ -28,6 +28,7 @@ from piwork import sharefs
 from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVmConfig, TaskDirs
 from piwork.auth import KeyStore
 from piwork.config import Paths
+from piwork.env import TaskEnv, store_for
 from piwork.errors import UsageError
 from piwork.models.demo import DEMO_MODEL_ID, DEMO_PROVIDER, demo_server
 from piwork.models.providers import (
@@ -152,6 +153,7 @@ class Environment:
         cpus: int,
         boot_stall_timeout: float,
         warm_start: bool,
+        env: TaskEnv | None = None,
     ) -> AgentVmConfig:
         return AgentVmConfig(
             pack_dir=self.pack_dir,
@@ -174,7 +176,20 @@ class Environment:
                 **guest_network_env(self.egress_token),
             },
             warm_start=warm_start,
+            env=env,
         )
+
+    def task_env(
+        self, paths: Paths, task: Task, folder: Path | None, *, clean: bool
+    ) -> TaskEnv | None:
+        """The task's writable workbench disk (piwork.env), or None for a pack without one.
+
+        A new task on a folder starts from the environment the folder's last task
+        left, unless ``clean``. Raises :class:`piwork.env.EnvError` (people-fixable).
+        """
+        if not self.manifest.workbench:
+            return None
+        return store_for(paths).prepare(task.dir, folder, clean=clean)
 
 
 async def prepare(

@@ -48,6 +48,8 @@ class RunRequest:
     allowed name cannot lead the guest to the host's own services)."""
     warm_start: bool = True
     """Restore the pack's saved VM template instead of booting (cold boot if it cannot)."""
+    clean_env: bool = False
+    """A new task starts from a clean workbench, not the folder's last environment (piwork.env)."""
 
 
 @dataclass

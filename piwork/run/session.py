@@ -279,11 +279,18 @@ class TaskSession:
             raise RunError(str(exc)) from exc
         self.usage.gateway_prices = env.gateway_prices
         self.timings.update(env.timings)
+        t = time.monotonic()
+        task_env = await asyncio.to_thread(
+            env.task_env, self.paths, task, folder, clean=self.req.clean_env
+        )
+        if task_env is not None and task_env.note:
+            self.emit(EventKind.NOTICE, message=f"environment: {task_env.note}")
+        self.timings["env_disk"] = time.monotonic() - t
         await self.set_status(TaskStatus.RUNNING)
         r = self.req
         cfg = env.agent_config(task, folder, transport=r.transport, memory_mb=r.memory_mb,
                                cpus=r.cpus, boot_stall_timeout=r.boot_stall_timeout,
-                               warm_start=r.warm_start)  # fmt: skip
+                               warm_start=r.warm_start, env=task_env)  # fmt: skip
         await self._boot(cfg)
 
     async def _boot(self, cfg: AgentVmConfig) -> None:

@@ -117,6 +117,35 @@ def rootfs_args(spec: VmSpec) -> list[str]:
     ]
 
 
+ENV_SCSI_BUS = "pwscsi"
+"""The virtio-scsi controller the task's environment disk is hot-plugged on (piwork.env)."""
+WORKBENCH_SERIAL = "pwworkbench"
+"""The guest finds the workbench image by this serial (runtime-pack/workbench/setup.sh)."""
+
+
+def workbench_args(spec: VmSpec) -> list[str]:
+    """The pack's workbench image (read-only, like the pack's disk) and an empty SCSI bus.
+
+    The task's writable environment disk is *not* here: it is hot-plugged over
+    QMP after the VM is up (``piwork.agent``), so a saved template holds no
+    writable disk and a restored clone can never see a disk whose contents
+    disagree with the page cache in the template's RAM. virtio-scsi, not a
+    virtio-blk PCI device: a SCSI disk joins an existing controller without PCI
+    hotplug (which ``pci=noacpi`` would leave without a slot to announce it).
+    """
+    if not spec.manifest.workbench:
+        return []
+    path = qemu_opt(str(spec.pack_dir / spec.manifest.workbench))
+    return [
+        "-drive",
+        f"file={path},if=none,id=pwwb,format=raw,readonly=on",
+        "-device",
+        f"virtio-blk-pci,drive=pwwb,serial={WORKBENCH_SERIAL}",
+        "-device",
+        f"virtio-scsi-pci,id={ENV_SCSI_BUS}",
+    ]
+
+
 def build_command(spec: VmSpec) -> list[str]:
     """Return the argv that boots ``spec``; raises ValueError on an incoherent spec."""
     if spec.transport is Transport.VIRTIO and spec.rpc_socket is None:
@@ -166,6 +195,7 @@ def build_command(spec: VmSpec) -> list[str]:
         "-append",
         kernel_cmdline(spec),
         *rootfs_args(spec),
+        *workbench_args(spec),
         "-chardev",
         f"socket,id=console,path={qemu_opt(str(console_socket(spec)))}",
         "-serial",

@@ -47,11 +47,15 @@ from piwork import errors
 from piwork.fsutil import atomic_write_bytes, fsync_dir
 from piwork.vm.command import Transport, VmSpec
 
-TEMPLATE_FORMAT = 3
+TEMPLATE_FORMAT = 4
 """2: no network card; the netmux virtio-serial port instead (a format-1 template
 had a NIC and cannot be restored without one: its key no longer matches). Every
 VM piwork starts has the netmux port, so the key needs no field for it.
-3: the pack's read-only disk (root.erofs) is part of the device layout too."""
+3: the pack's read-only disk (root.erofs) is part of the device layout too.
+4: the workbench image and the (empty) virtio-scsi controller the task's
+environment disk is hot-plugged on after restore: the template itself holds
+no writable disk, so nothing a clone's disk holds can disagree with the saved
+page cache (the guest mounts it only after restore, as it does the 9p shares)."""
 META = "meta.json"
 RAM = "ram"
 STATE = "state"
@@ -106,6 +110,7 @@ def template_key(spec: VmSpec) -> dict[str, Any]:
         # The kernel file and the read-only disk shape the device layout and RAM.
         "kernel": spec.manifest.kernel,
         "rootfs": spec.manifest.rootfs,
+        "workbench": spec.manifest.workbench,
         "shares": [[s.tag, s.readonly] for s in spec.shares],
         "extra_kernel_args": spec.extra_kernel_args,
     }

@@ -35,6 +35,9 @@ const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs
 const EXTENSIONS_DIR = process.env.PIWORK_EXTENSIONS_DIR || "/opt/piwork/extensions";
 // 9p tags the host may give the VM, and where they are mounted (on "start").
 const SHARES = { pwstate: "/mnt/state", pwwork: "/mnt/work", pwout: "/mnt/outputs", pwup: "/mnt/uploads" };
+// The workbench (a Debian root for the agent's bash; runtime-pack/workbench/).
+const WORKBENCH_SETUP = process.env.PIWORK_WORKBENCH_SETUP || "/opt/piwork/workbench/setup.sh";
+const WORKBENCH_DIR = process.env.PIWORK_WORKBENCH_DIR || "/run/workbench";
 
 function log(msg) {
   // The console is a slow serial line under TCG: keep this rare.
@@ -266,6 +269,51 @@ function setClock(epochSeconds) {
   if (r.status !== 0) log(`date -s failed: ${r.stderr}`);
 }
 
+/**
+ * Build the workbench root in the background while pi starts: pi needs it only
+ * at its first bash call, and the bash wrapper waits for setup's "ready" mark.
+ * `mode` is "disk" (the host hot-plugged the task's environment disk) or
+ * "tmpfs" (no disk: installs last until power-off). A pack without the
+ * workbench image has no setup script: nothing to do.
+ */
+function startWorkbench(mode) {
+  if (!fs.existsSync(WORKBENCH_SETUP)) return;
+  const t0 = Date.now();
+  try {
+    fs.mkdirSync(WORKBENCH_DIR, { recursive: true });
+    fs.writeFileSync(path.join(WORKBENCH_DIR, "started"), "");
+  } catch (err) {
+    outbox.event({ ev: "workbench", ok: false, error: `cannot start: ${err.message}` });
+    return;
+  }
+  let child;
+  try {
+    child = spawn("/bin/busybox", ["sh", WORKBENCH_SETUP, mode === "disk" ? "disk" : "tmpfs"], {
+      cwd: "/",
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+  } catch (err) {
+    outbox.event({ ev: "workbench", ok: false, error: `cannot start: ${err.message}` });
+    return;
+  }
+  let stderr = "";
+  child.stderr.on("data", (c) => {
+    if (stderr.length < 4000) stderr += c.toString("utf8");
+  });
+  child.on("error", (err) => outbox.event({ ev: "workbench", ok: false, error: err.message }));
+  child.on("close", (code) => {
+    let error = null;
+    if (code !== 0) {
+      try {
+        error = fs.readFileSync(path.join(WORKBENCH_DIR, "error"), "utf8").trim();
+      } catch {
+        error = stderr.trim().slice(-500) || `setup exited with ${code}`;
+      }
+    }
+    outbox.event({ ev: "workbench", ok: code === 0, mode, ms: Date.now() - t0, error });
+  });
+}
+
 function startPi(msg) {
   if (pi) {
     outbox.event({ ev: "error", message: `pi is already running (pid ${pi.pid})` });
@@ -273,6 +321,7 @@ function startPi(msg) {
   }
   if (msg.clock) setClock(msg.clock);
   if (msg.mount === true) mountShares();
+  if (msg.workbench === "disk" || msg.workbench === "tmpfs") startWorkbench(msg.workbench);
   const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
   const env = childEnv(msg.env);
   const cwd = typeof msg.cwd === "string" && msg.cwd ? msg.cwd : "/root";

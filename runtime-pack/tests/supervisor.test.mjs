@@ -278,3 +278,50 @@ test("tcp transport: with no secret available every connection is refused", asyn
   assert.ok(c.closed);
   assert.deepEqual(c.lines, []);
 });
+
+test("start with workbench runs the setup beside pi and reports its result", async (t) => {
+  // A stand-in setup script: records its mode; fails (writing the reason) when told to.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-wb-"));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const setup = path.join(dir, "setup.sh");
+  fs.writeFileSync(
+    setup,
+    `echo "$1" > "${dir}/mode"\n[ -e "${dir}/fail" ] && { echo "no disk" > "${dir}/error"; exit 1; }\nexit 0\n`,
+  );
+  for (const [mode, fail] of [["disk", false], ["tmpfs", true]]) {
+    if (fail) fs.writeFileSync(path.join(dir, "fail"), "");
+    const { proc, port } = await startSupervisor({
+      PIWORK_WORKBENCH_SETUP: setup,
+      PIWORK_WORKBENCH_DIR: dir,
+    });
+    t.after(() => proc.kill("SIGKILL"));
+    const c = await connect(port);
+    c.send('!{"op":"hello","after":0}');
+    c.send(`!{"op":"start","argv":[],"workbench":"${mode}"}`);
+    await c.waitFor(ev("started"));
+    const done = JSON.parse((await c.waitFor(ev("workbench"))).payload.slice(1));
+    assert.equal(done.ok, !fail);
+    assert.equal(done.mode, mode);
+    assert.equal(done.error, fail ? "no disk" : null);
+    assert.equal(fs.readFileSync(path.join(dir, "mode"), "utf8").trim(), mode);
+    assert.ok(fs.existsSync(path.join(dir, "started"))); // the bash wrapper waits on setup
+    c.close();
+    proc.kill("SIGKILL");
+  }
+});
+
+test("start without workbench runs no setup", async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-wb-"));
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }));
+  const setup = path.join(dir, "setup.sh");
+  fs.writeFileSync(setup, `touch "${dir}/ran"\n`);
+  const { proc, port } = await startSupervisor({ PIWORK_WORKBENCH_SETUP: setup, PIWORK_WORKBENCH_DIR: dir });
+  t.after(() => proc.kill("SIGKILL"));
+  const c = await connect(port);
+  c.send('!{"op":"hello","after":0}');
+  c.send('!{"op":"start","argv":[]}');
+  await c.waitFor(ev("started"));
+  await new Promise((r) => setTimeout(r, 300));
+  assert.ok(!fs.existsSync(path.join(dir, "ran")) && !fs.existsSync(path.join(dir, "started")));
+  c.close();
+});

@@ -7,8 +7,8 @@ import stat
 import subprocess
 from pathlib import Path
 
-from piwork.config import repo_root
-from piwork.pack import build, cache
+from piwork.config import get_paths, repo_root
+from piwork.pack import build, cache, workbench
 from piwork.pack.cpio import CpioMember, read_newc
 from piwork.pack.ingredients import has_pvh_entry, load_pins
 
@@ -28,7 +28,12 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
 ) -> None:
     packs, downloads = tmp_path / "packs", tmp_path / "downloads"
     logs: list[str] = []
-    result = build.build_pack(packs=packs, downloads=downloads, log=logs.append)
+    # The workbench image comes from the shared cache when it is there (mmdebstrap of
+    # ~200 Debian packages takes minutes); it is built once per spec either way.
+    wb_cache = get_paths().cache / "workbench"
+    result = build.build_pack(
+        packs=packs, downloads=downloads, log=logs.append, workbench_cache=wb_cache
+    )
     assert result.built
     m = result.manifest
     assert m.cmdline == (
@@ -39,8 +44,13 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     pins = load_pins(repo_root() / "vm-image" / "pins.toml")
     assert m.versions["kernel"] == pins.kernel_release
     assert m.versions["node"] == "22.23.3" and m.versions["pi"] == "0.73.1"
-    assert {f.path for f in m.files} == {"vmlinux", "initrd.cpio", "root.erofs"}
+    assert {f.path for f in m.files} == {"vmlinux", "initrd.cpio", "root.erofs", "workbench.erofs"}
     assert m.kernel == "vmlinux" and m.rootfs == "root.erofs"
+    # The workbench: every pinned Debian package at its pin, the whole resolved set recorded.
+    assert m.workbench == "workbench.erofs"
+    wb_pins = workbench.load_spec(repo_root() / workbench.SPEC_FILE).packages
+    assert {n: m.packages.get(n) for n in wb_pins} == wb_pins
+    assert len(m.packages) > len(wb_pins) and m.stats["workbench_bytes"] > 0
     assert has_pvh_entry((result.pack_dir / "vmlinux").read_bytes())  # QEMU boots it directly
     assert cache.verify(result.pack_dir).ok
     assert any("smoke test" in line for line in logs)
@@ -50,6 +60,9 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     init = tree["init"]
     assert stat.S_ISREG(init.mode) and stat.S_IMODE(init.mode) == 0o755
     assert init.data == (repo_root() / "vm-image" / "init").read_bytes()
+    # pi's bash tool looks for /bin/bash first: the wrapper that enters the workbench root.
+    assert stat.S_ISLNK(tree["bin/bash"].mode)
+    assert tree["bin/bash"].data == b"/opt/piwork/workbench/bash"
     for link in ("bin/sh", "sbin/modprobe", "sbin/insmod", "sbin/ip", "sbin/poweroff"):
         assert stat.S_ISLNK(tree[link].mode) and tree[link].data == b"/bin/busybox", link
     assert tree["lib64/ld-linux-x86-64.so.2"].data == b"/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
@@ -78,6 +91,10 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
         f"{pi}/dist/core/piwork-bundle/entry.js",  # pi pre-linked (piwork.pack.bundle)
         "extensions/permission-gate.mjs",  # the extensions precompiled
         "extensions/ask-user.mjs",
+        "workbench/setup.sh",
+        "workbench/bash",
+        "pi/node_modules/npm/bin/npm-cli.js",  # npm for the workbench (Node 22's own)
+        "pi/node_modules/@silvia-odwyer/photon-node/photon_rs_bg.wasm",
     ):
         assert (disk / rel).is_file(), rel
     assert os.access(disk / "node/bin/node", os.X_OK)
@@ -128,10 +145,14 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     )
     assert not any(n.endswith((".map", ".d.ts")) for n in disk_tree)
 
-    again = build.build_pack(packs=packs, downloads=downloads, log=logs.append)
+    again = build.build_pack(
+        packs=packs, downloads=downloads, log=logs.append, workbench_cache=wb_cache
+    )
     assert not again.built and again.pack_dir == result.pack_dir
     assert build.ensure_pack(packs=packs, downloads=downloads) == result.pack_dir
 
-    rebuilt = build.build_pack(packs=packs, downloads=downloads, force=True, log=logs.append)
+    rebuilt = build.build_pack(
+        packs=packs, downloads=downloads, force=True, log=logs.append, workbench_cache=wb_cache
+    )
     assert rebuilt.manifest.files == m.files  # same inputs, same bytes
     assert sorted(p.name for p in packs.iterdir() if not p.name.startswith(".lock-")) == [m.pack_id]

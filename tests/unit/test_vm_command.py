@@ -165,3 +165,21 @@ def test_the_packs_read_only_disk_is_attached_read_only_when_the_pack_has_one() 
     # A restored clone is launched from the same spec: it attaches the same disk.
     clone = build_command(replace(with_disk, incoming=True, memory_file=Path("/t/ram")))
     assert option(clone, "-drive") == option(argv, "-drive")
+
+
+def test_the_workbench_image_is_read_only_and_the_env_disk_is_never_on_the_command_line() -> None:
+    """The task's writable disk is hot-plugged after start (piwork.agent): a template made
+    from this command line holds no writable disk, so no clone sees a disk that disagrees
+    with the page cache saved in the template's RAM."""
+    assert "virtio-scsi-pci,id=pwscsi" not in option(build_command(spec()), "-device")
+    wb = spec()
+    wb.manifest = wb.manifest.model_copy(update={"workbench": "workbench.erofs"})
+    argv = build_command(wb)
+    assert option(argv, "-drive") == [
+        "file=/packs/abc/workbench.erofs,if=none,id=pwwb,format=raw,readonly=on"
+    ]
+    assert "virtio-blk-pci,drive=pwwb,serial=pwworkbench" in option(argv, "-device")
+    assert "virtio-scsi-pci,id=pwscsi" in option(argv, "-device")
+    assert not any("qcow2" in a or "scsi-hd" in a for a in argv)
+    clone = build_command(replace(wb, incoming=True, memory_file=Path("/t/ram")))
+    assert option(clone, "-device") == option(argv, "-device")

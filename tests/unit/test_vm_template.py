@@ -93,6 +93,8 @@ def test_task_folders_and_sockets_do_not_change_the_key() -> None:
         # The pack's read-only disk and kernel shape the device layout and guest RAM.
         {"manifest": MANIFEST.model_copy(update={"rootfs": "root.erofs"})},
         {"manifest": MANIFEST.model_copy(update={"kernel": "vmlinux"})},
+        # The workbench image adds a disk and the SCSI bus the env disk is hot-plugged on.
+        {"manifest": MANIFEST.model_copy(update={"workbench": "workbench.erofs"})},
     ],
 )
 def test_anything_a_restore_depends_on_changes_the_key(change: dict[str, object]) -> None:

@@ -1,0 +1,172 @@
+"""``piwork env``: the environments tasks leave behind (installed packages, tools).
+
+Each task has a writable disk over the pack's Debian workbench; a new task on
+a folder starts from what the folder's last task left (``piwork.env``).
+
+  piwork env list             one line per folder: its saved environment
+  piwork env show FOLDER      the layers it is made of, their sizes, the tasks on them
+  piwork env reset FOLDER     the folder's next task starts clean
+  piwork env rm FOLDER        forget the folder (and delete layers nothing uses)
+  piwork env allow-registries [--folder DIR]
+                              allow Debian, PyPI and npm (apt, pip, npm) in one answer:
+                              saves one network rule per registry domain, printed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from piwork.env import EnvStore, default_store
+from piwork.env.registries import registry_rules
+from piwork.policy.rules import Scope
+from piwork.policy.store import PolicyError, PolicyStore
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    env = subparsers.add_parser(
+        "env",
+        help="saved task environments (what the agent installed), per folder",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = env.add_subparsers(dest="env_command", metavar="ACTION")
+
+    def usage(_args: argparse.Namespace) -> int:
+        env.print_help()
+        return 2
+
+    env.set_defaults(func=usage)
+    p = sub.add_parser("list", help="folders with a saved environment")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser(
+        "allow-registries", help="allow the package registries (Debian, PyPI, npm) at once"
+    )
+    p.add_argument("--folder", help="only for tasks on this folder (default: everywhere)")
+    p.set_defaults(func=cmd_allow_registries)
+    for name, func, text in (
+        ("show", cmd_show, "the layers of a folder's environment"),
+        ("reset", cmd_reset, "the folder's next task starts from the clean workbench"),
+        ("rm", cmd_rm, "forget the folder's environment"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("folder", help="the working folder")
+        if name == "show":
+            p.add_argument("--json", action="store_true")
+        p.set_defaults(func=func)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _folder(arg: str) -> Path:
+    return Path(arg).expanduser().resolve()
+
+
+def _summary(store: EnvStore) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for rec in store.folders():
+        chain = store.chain(rec.head)
+        rows.append(
+            {
+                "folder": rec.folder,
+                "head": rec.head,
+                "layers": len(chain),
+                "bytes": sum(la.bytes for la in chain),
+                "last_task": Path(rec.last_task_dir).name if rec.last_task_dir else None,
+            }
+        )
+    return rows
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = _summary(default_store())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("no saved environments (a task on a folder saves one)")
+        return 0
+    for r in rows:
+        saved = f"{r['layers']} saved layer(s), {_mb(int(str(r['bytes'])))}" if r["head"] else ""
+        if r["last_task"]:
+            state = f"the next task starts from what task {r['last_task']} left"
+            state += f" (over {saved})" if saved else ""
+        else:
+            state = f"the next task starts from {saved}" if saved else "clean"
+        print(f"{r['folder']}\n  {state}")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = default_store()
+    rec = store.folder(_folder(args.folder))
+    if rec is None:
+        print(f"piwork env: no environment saved for {args.folder}", file=sys.stderr)
+        return 1
+    chain = store.chain(rec.head)
+    layers = [
+        {
+            "id": la.id,
+            "bytes": la.bytes,
+            "from_task": la.from_task,
+            "created_at": la.created_at,
+            "tasks": store.users(la.id),
+        }
+        for la in chain
+    ]
+    if args.json:
+        print(json.dumps({"folder": rec.folder, "head": rec.head, "layers": layers}, indent=2))
+        return 0
+    print(rec.folder)
+    if not chain:
+        print("  clean: the next task starts from the pack's workbench")
+    for la in layers:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(str(la["created_at"]))))
+        print(
+            f"  layer {la['id']}  {_mb(int(str(la['bytes'])))}  from task {la['from_task']}"
+            f"  ({when}); used by {len(la['tasks'])} task(s)"  # type: ignore[arg-type]
+        )
+    if rec.last_task_dir:
+        print(f"  next task starts from: task {Path(rec.last_task_dir).name}'s disk (frozen then)")
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    folder = _folder(args.folder)
+    if not default_store().reset(folder):
+        print(f"piwork env: no environment saved for {folder}", file=sys.stderr)
+        return 1
+    print(f"{folder}: the next task starts from the clean workbench")
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    folder = _folder(args.folder)
+    if not default_store().rm(folder):
+        print(f"piwork env: no environment saved for {folder}", file=sys.stderr)
+        return 1
+    print(f"{folder}: environment forgotten")
+    return 0
+
+
+def cmd_allow_registries(args: argparse.Namespace) -> int:
+    scope = Scope.folder(_folder(args.folder)) if args.folder else Scope.global_()
+    store = PolicyStore()
+    rules = registry_rules(scope)
+    try:
+        store.load()
+        for rule in rules:
+            store.add(rule)
+    except (PolicyError, OSError) as exc:
+        print(f"piwork env: cannot save the rules: {exc}", file=sys.stderr)
+        return 1
+    print(f"saved {len(rules)} rules in {store.path}:")
+    for rule in rules:
+        print(f"  {rule.id}: {rule.describe()}")
+    return 0

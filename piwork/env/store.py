@@ -1,0 +1,386 @@
+"""Persistent environments: each task's writable disk, and what a folder's next task starts from.
+
+The guest's workbench root is an overlay of the pack's read-only Debian image
+and a writable disk (runtime-pack/workbench/setup.sh). That disk is
+``<task dir>/env.qcow2``: sparse, capped at its virtual size, kept with the
+task, so ``apt-get``/``pip``/``npm -g`` installs survive ``piwork resume``, a
+VM crash and a host reboot.
+
+A new task on a folder starts from the environment the folder's last task
+left, copy-on-write: the last task's disk is *frozen* into a read-only layer
+(``<data>/envs/layers/<id>.qcow2``), the old task gets a fresh overlay on it
+(so it can still be resumed, with everything it had) and the new task gets
+another overlay on the same layer. A layer never changes once frozen, which
+is what a qcow2 backing file needs; a task's disk is frozen only while no VM
+uses it (``env.lock``, held by ``piwork.agent`` for the VM's life). When it is
+in use, the new task starts from the folder's previous layer and says so.
+
+Trust: every disk here is written by a guest. The host never mounts one or
+reads a file system on it; it only creates empty qcow2 files, renames them
+and gives them to QEMU as block devices (docs/security.md). ``qemu-img``
+is called with ``-u`` so it does not even open a backing file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from piwork.config import Paths, get_paths
+from piwork.errors import PersonError
+from piwork.fsutil import atomic_write_bytes, fsync_dir
+
+ENV_DISK = "env.qcow2"
+ENV_META = "env.json"
+ENV_LOCK = "env.lock"
+DEFAULT_SIZE_BYTES = 16 << 30
+"""Virtual size of a new task's disk: the cap on what it can hold, not space used."""
+
+
+class EnvError(PersonError):
+    """An environment problem, said so the person knows what to do."""
+
+
+class EnvBusy(EnvError):
+    """Another VM uses this task's environment disk."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    id: str
+    parent: str | None
+    folder: str | None
+    from_task: str | None
+    created_at: float
+    path: Path
+
+    @property
+    def bytes(self) -> int:
+        return allocated_bytes(self.path)
+
+
+@dataclass(frozen=True)
+class FolderEnv:
+    key: str
+    folder: str
+    head: str | None
+    """The layer a new task here starts from (None: clean)."""
+    last_task_dir: str | None
+    """The last task that made a disk here: frozen into the next head when a task starts."""
+
+
+@dataclass(frozen=True)
+class TaskEnv:
+    disk: Path
+    base: str | None
+    size: int
+    note: str | None = None
+    """Why this task did not start from the folder's latest environment, if it did not."""
+
+    @contextlib.contextmanager
+    def lock(self, wait: float = 5.0) -> Iterator[None]:
+        """Held while a VM uses the disk: the folder's next task will not freeze it meanwhile.
+
+        Waits a little: a new task on the folder may be freezing it right now."""
+        deadline = time.monotonic() + wait
+        while True:
+            with hold_lock(self.disk.parent) as ok:
+                if ok:
+                    yield
+                    return
+            if time.monotonic() > deadline:
+                raise EnvBusy(
+                    f"the environment disk {self.disk} is in use by another VM "
+                    "(is this task running elsewhere?)"
+                )
+            time.sleep(0.1)
+
+
+def allocated_bytes(path: Path) -> int:
+    """Space the sparse file really takes on the host."""
+    try:
+        return path.stat().st_blocks * 512
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def hold_lock(task_dir: Path) -> Iterator[bool]:
+    fd = os.open(task_dir / ENV_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _qemu_img(*args: str) -> None:
+    try:
+        proc = subprocess.run(
+            ["qemu-img", *args], capture_output=True, text=True, timeout=60, check=False
+        )
+    except FileNotFoundError as exc:
+        raise EnvError(
+            "qemu-img not found: task environments are qcow2 disks "
+            "(Debian/Ubuntu: apt-get install qemu-utils, or run scripts/setup.sh)"
+        ) from exc
+    if proc.returncode != 0:
+        raise EnvError(f"qemu-img {' '.join(args)} failed: {proc.stderr.strip()[-500:]}")
+
+
+def create_disk(path: Path, size: int, backing: Path | None) -> None:
+    """An empty qcow2 (the guest formats a blank one), or an overlay on ``backing``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    args = ["create", "-q", "-f", "qcow2"]
+    if backing is not None:
+        # -u: do not open the backing file (no need; its size is given).
+        args += ["-u", "-b", str(backing), "-F", "qcow2"]
+    _qemu_img(*args, str(tmp), str(size))
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def folder_key(folder: Path) -> str:
+    return hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class EnvStore:
+    """``<data>/envs``: frozen layers and one record per folder."""
+
+    def __init__(self, root: Path, tasks_root: Path) -> None:
+        self.root = root
+        self.tasks_root = tasks_root
+        self.layers_dir = root / "layers"
+        self.folders_dir = root / "folders"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.layers_dir.mkdir(parents=True, exist_ok=True)
+        self.folders_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------ records
+    def layer(self, layer_id: str) -> Layer | None:
+        meta = _read_json(self.layers_dir / f"{layer_id}.json")
+        path = self.layers_dir / f"{layer_id}.qcow2"
+        if meta is None or not path.is_file():
+            return None
+        return Layer(
+            id=layer_id,
+            parent=meta.get("parent"),
+            folder=meta.get("folder"),
+            from_task=meta.get("from_task"),
+            created_at=float(meta.get("created_at", 0)),
+            path=path,
+        )
+
+    def chain(self, layer_id: str | None) -> list[Layer]:
+        """The layer and its parents, newest first."""
+        out: list[Layer] = []
+        seen: set[str] = set()
+        while layer_id is not None and layer_id not in seen:
+            seen.add(layer_id)
+            layer = self.layer(layer_id)
+            if layer is None:
+                break
+            out.append(layer)
+            layer_id = layer.parent
+        return out
+
+    def folder(self, folder: Path) -> FolderEnv | None:
+        key = folder_key(folder)
+        data = _read_json(self.folders_dir / f"{key}.json")
+        if data is None:
+            return None
+        return FolderEnv(key, str(data["folder"]), data.get("head"), data.get("last_task_dir"))
+
+    def folders(self) -> list[FolderEnv]:
+        out = []
+        for p in sorted(self.folders_dir.glob("*.json")) if self.folders_dir.is_dir() else []:
+            data = _read_json(p)
+            if data is not None and "folder" in data:
+                out.append(
+                    FolderEnv(
+                        p.stem, str(data["folder"]), data.get("head"), data.get("last_task_dir")
+                    )
+                )
+        return out
+
+    def _save_folder(self, rec: FolderEnv) -> None:
+        payload = {
+            "folder": rec.folder,
+            "head": rec.head,
+            "last_task_dir": rec.last_task_dir,
+            "updated_at": time.time(),
+        }
+        atomic_write_bytes(self.folders_dir / f"{rec.key}.json", orjson.dumps(payload))
+
+    def task_env(self, task_dir: Path) -> TaskEnv | None:
+        meta = _read_json(task_dir / ENV_META)
+        disk = task_dir / ENV_DISK
+        if meta is None or not disk.is_file():
+            return None
+        return TaskEnv(disk, meta.get("base"), int(meta.get("size", DEFAULT_SIZE_BYTES)))
+
+    @staticmethod
+    def _write_task_meta(task_dir: Path, base: str | None, size: int, folder: str | None) -> None:
+        payload = {"base": base, "size": size, "folder": folder, "updated_at": time.time()}
+        atomic_write_bytes(task_dir / ENV_META, orjson.dumps(payload))
+
+    # ------------------------------------------------------------ the life of a disk
+    def prepare(
+        self,
+        task_dir: Path,
+        folder: Path | None,
+        *,
+        clean: bool = False,
+        size: int = DEFAULT_SIZE_BYTES,
+    ) -> TaskEnv:
+        """This task's disk: the one it has (a resume), else a new one (see the module doc)."""
+        existing = self.task_env(task_dir)
+        if existing is not None:
+            return existing
+        with self._locked():
+            note = None
+            head: str | None = None
+            rec = self.folder(folder) if folder is not None else None
+            if folder is not None and not clean:
+                head, note = self._freeze_last(rec)
+            base_layer = self.layer(head) if head is not None else None
+            create_disk(
+                task_dir / ENV_DISK, size, base_layer.path if base_layer is not None else None
+            )
+            self._write_task_meta(task_dir, head, size, str(folder) if folder else None)
+            if folder is not None:
+                self._save_folder(FolderEnv(folder_key(folder), str(folder), head, str(task_dir)))
+            # Layers left only by deleted tasks (`piwork tasks rm`) go now.
+            self._gc()
+            return TaskEnv(task_dir / ENV_DISK, head, size, note)
+
+    def _freeze_last(self, rec: FolderEnv | None) -> tuple[str | None, str | None]:
+        """Freeze the folder's last task disk into a layer; return (the head, a note)."""
+        if rec is None:
+            return None, None
+        if rec.last_task_dir is None:
+            return rec.head, None
+        last = Path(rec.last_task_dir)
+        env = self.task_env(last)
+        if env is None:
+            return rec.head, None  # that task (or its disk) was deleted
+        with hold_lock(last) as ok:
+            if not ok:
+                return rec.head, (
+                    f"the folder's last task ({last.name}) is running: this task starts from "
+                    "the environment before it"
+                )
+            layer_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+            path = self.layers_dir / f"{layer_id}.qcow2"
+            meta = {
+                "parent": env.base,
+                "folder": rec.folder,
+                "from_task": last.name,
+                "created_at": time.time(),
+            }
+            atomic_write_bytes(self.layers_dir / f"{layer_id}.json", orjson.dumps(meta))
+            os.rename(env.disk, path)
+            os.chmod(path, 0o400)
+            fsync_dir(self.layers_dir)
+            # The old task keeps what it had, on top of the frozen copy.
+            create_disk(env.disk, env.size, path)
+            self._write_task_meta(last, layer_id, env.size, rec.folder)
+        return layer_id, None
+
+    # ------------------------------------------------------------ management
+    def reset(self, folder: Path) -> bool:
+        """The folder's next task starts clean; layers no task uses any more are deleted."""
+        with self._locked():
+            rec = self.folder(folder)
+            if rec is None:
+                return False
+            self._save_folder(FolderEnv(rec.key, rec.folder, None, None))
+            self._gc()
+        return True
+
+    def rm(self, folder: Path) -> bool:
+        """Forget the folder's environment entirely (and delete the layers only it used)."""
+        with self._locked():
+            path = self.folders_dir / f"{folder_key(folder)}.json"
+            if not path.exists():
+                return False
+            path.unlink()
+            self._gc()
+        return True
+
+    def gc(self) -> list[str]:
+        with self._locked():
+            return self._gc()
+
+    def _task_bases(self) -> Iterator[str]:
+        if not self.tasks_root.is_dir():
+            return
+        for task_dir in self.tasks_root.iterdir():
+            meta = _read_json(task_dir / ENV_META)
+            if meta is not None and isinstance(meta.get("base"), str):
+                yield meta["base"]
+
+    def users(self, layer_id: str) -> list[str]:
+        """Task ids whose disk sits (directly or further up) on this layer."""
+        out = []
+        if self.tasks_root.is_dir():
+            for task_dir in sorted(self.tasks_root.iterdir()):
+                meta = _read_json(task_dir / ENV_META)
+                base = meta.get("base") if meta else None
+                if isinstance(base, str) and layer_id in {la.id for la in self.chain(base)}:
+                    out.append(task_dir.name)
+        return out
+
+    def _gc(self) -> list[str]:
+        roots = {rec.head for rec in self.folders() if rec.head} | set(self._task_bases())
+        keep: set[str] = set()
+        for r in roots:
+            keep |= {la.id for la in self.chain(r)}
+        removed = []
+        for meta in sorted(self.layers_dir.glob("*.json")):
+            if meta.stem not in keep:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.layers_dir / f"{meta.stem}.qcow2").unlink()
+                meta.unlink()
+                removed.append(meta.stem)
+        return removed
+
+
+def store_for(paths: Paths) -> EnvStore:
+    return EnvStore(paths.data / "envs", paths.tasks)
+
+
+def default_store() -> EnvStore:
+    return store_for(get_paths())

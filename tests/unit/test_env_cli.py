@@ -1,0 +1,66 @@
+"""`piwork env`: the registry rules it saves, and the folder environments it manages."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from piwork.cli.main import main
+from piwork.config import get_paths
+from piwork.env import store_for
+from piwork.policy.rules import Action, Verdict
+from piwork.policy.store import PolicyStore
+
+
+@pytest.fixture(autouse=True)
+def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rules and environments made here stay out of the session's home."""
+    monkeypatch.setenv("PIWORK_HOME", str(tmp_path / "home"))
+
+
+def test_allow_registries_saves_exactly_the_registry_rules_and_prints_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    assert main(["env", "allow-registries", "--folder", str(folder)]) == 0
+    out = capsys.readouterr().out
+    rules = [r for r in PolicyStore(get_paths().policy_file).load() if r.action is Action.NETWORK]
+    assert sorted(r.pattern or "" for r in rules) == [
+        "deb.debian.org",
+        "files.pythonhosted.org",
+        "pypi.org",
+        "registry.npmjs.org",
+    ]
+    assert all(r.verdict is Verdict.ALLOW and r.scope.value == str(folder) for r in rules)
+    for r in rules:  # what was saved is what was shown
+        assert f"{r.id}: {r.describe()}" in out
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
+def test_list_show_reset_and_rm_of_a_folders_environment(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    paths = get_paths()
+    store = store_for(paths)
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    for name in ("t1", "t2"):
+        (paths.tasks / name).mkdir(parents=True)
+        store.prepare(paths.tasks / name, folder, size=1 << 26)
+    assert main(["env", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert (
+        f"{folder}\n  the next task starts from what task t2 left (over 1 saved layer(s)" in listed
+    )
+    assert main(["env", "show", str(folder)]) == 0
+    shown = capsys.readouterr().out
+    assert "from task t1" in shown and "used by 2 task(s)" in shown
+    assert main(["env", "reset", str(folder)]) == 0
+    assert "starts from the clean workbench" in capsys.readouterr().out
+    assert store.folder(folder) is not None and store.folder(folder).head is None  # type: ignore[union-attr]
+    assert main(["env", "rm", str(folder)]) == 0
+    assert main(["env", "show", str(folder)]) == 1
+    assert "no environment saved" in capsys.readouterr().err

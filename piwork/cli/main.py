@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "piwork.cli.models_cmd",
     "piwork.cli.bench_cmd",
     "piwork.cli.changes_cmd",
+    "piwork.cli.hosts_cmd",
     "piwork.gui.cli",
 )
 

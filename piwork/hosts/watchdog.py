@@ -37,6 +37,7 @@ WATCHDOG = r"""#!/bin/sh
 # piwork watchdog: runs QEMU, kills it when the heartbeat file stops changing.
 # usage: sh watchdog.sh RUNDIR LEASE_SECONDS -- QEMU ARGV...
 set -u
+umask 077
 dir=$1 lease=$2
 shift 3
 cd "$dir" || exit 97

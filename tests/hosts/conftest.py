@@ -111,7 +111,9 @@ def sshd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sshd]:
         "PubkeyAuthentication yes\n"
         "PermitRootLogin prohibit-password\n"
         "AllowStreamLocalForwarding yes\n"
-        "AllowTcpForwarding no\n"
+        # OpenSSH permits direct-streamlocal only where local TCP forwarding is on
+        # (session.c: channel_permit_all is keyed on AllowTcpForwarding).
+        "AllowTcpForwarding local\n"
         "X11Forwarding no\n"
         "Subsystem sftp internal-sftp\n"
         "LogLevel VERBOSE\n"

@@ -189,6 +189,8 @@ class RunRequest:
     allowed name cannot lead the guest to the host's own services)."""
     warm_start: bool = True
     """Restore the pack's saved VM template instead of booting (cold boot if it cannot)."""
+    host: str | None = None
+    """Run the VM on this remote host (``piwork hosts``), not here."""
 
 
 @dataclass
@@ -540,13 +542,28 @@ class TaskSession:
             },
             warm_start=self.req.warm_start,
         )
-        agent = AgentVm(
-            cfg,
+        callbacks: dict[str, Any] = dict(
             on_stage=lambda name, secs: self.emit(EventKind.BOOT, stage=name, seconds=secs),
             on_supervisor_event=self._on_supervisor_event,
             # "restored in 1.2 s" / "cold boot: <reason>" (data: warm, restored, cold_reason)
             on_boot_mode=lambda msg, data: self.emit(EventKind.NOTICE, message=msg, **data),
         )
+        if self.req.host is None:
+            agent = AgentVm(cfg, **callbacks)
+        else:  # issue 21: QEMU on a remote host over SSH; gateway, proxy and keys stay here
+            from piwork.hosts.store import HostError
+            from piwork.hosts.vm import open_remote_agent
+
+            try:
+                agent = await open_remote_agent(
+                    self.req.host,
+                    cfg,
+                    self._stack,
+                    notice=lambda msg: self.emit(EventKind.NOTICE, message=msg),
+                    **callbacks,
+                )
+            except HostError as exc:
+                raise RunError(str(exc)) from exc
         self.agent = agent
         self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         agent.rpc.set_line_tap(self._on_pi_line, thread_safe=True)  # see _note

@@ -29,15 +29,16 @@ import asyncssh
 from qemu.qmp import QMPClient
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
+from piwork.hosts import store
 from piwork.hosts.check import HostReport, run_check
 from piwork.hosts.connect import Confirm, connect
 from piwork.hosts.packs import PackUpload, Progress, ensure_pack
 from piwork.hosts.remote import remote_root, run
-from piwork.hosts.store import Host
+from piwork.hosts.store import Host, HostError
 from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
 from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu
 from piwork.vm.channel import GuestChannel
-from piwork.vm.command import VmSpec, build_command, console_socket
+from piwork.vm.command import Transport, VmSpec, build_command, console_socket
 from piwork.vm.machine import STAGE_RE, BootStalled, ConsoleLog, VmError, VmExited, tail_file
 from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
 
@@ -412,3 +413,31 @@ async def _get_dir(sftp: asyncssh.SFTPClient, src: str, dst: Path, top: Path) ->
         else:  # links, sockets, devices: never brought over
             skipped.append(rsrc)
     return skipped
+
+
+async def open_remote_agent(
+    host_name: str,
+    cfg: AgentVmConfig,
+    stack: contextlib.AsyncExitStack,
+    *,
+    notice: Progress,
+    **kwargs: Any,
+) -> RemoteAgentVm:
+    """The runner's door to a remote host: connect (strictly), check, and make the agent.
+
+    The connection closes with ``stack`` (after the agent has stopped). An unknown
+    host key is refused here: ``piwork hosts add`` / ``check`` is where a person
+    accepts one, never in the middle of a run.
+    """
+    host = store.get(host_name)
+    if cfg.transport is not Transport.VIRTIO:
+        raise HostError("a remote host needs the virtio transport (leave out --transport tcp)")
+    link = await RemoteLink.open(host, None)
+    stack.push_async_callback(link.close)
+    if not link.report.ok:
+        raise HostError(f"{host.name} cannot run a VM: " + "; ".join(link.report.problems))
+    accel = link.report.accel
+    notice(
+        f"running on {host.name} ({host.target}): accelerator {accel.accel.value} ({accel.reason})"
+    )
+    return RemoteAgentVm(cfg, link, progress=notice, **kwargs)

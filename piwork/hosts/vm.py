@@ -404,12 +404,23 @@ async def _get_dir(sftp: asyncssh.SFTPClient, src: str, dst: Path, top: Path) ->
             skipped.append(str(ldst))
             continue
         if attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY:
-            ldst.mkdir(exist_ok=True)
+            try:
+                ldst.mkdir(exist_ok=True)
+            except OSError:  # a file of the same name here: kept, the remote dir is not
+                skipped.append(rsrc)
+                continue
+            if ldst.is_symlink() or not ldst.is_dir():
+                skipped.append(str(ldst))
+                continue
             skipped += await _get_dir(sftp, rsrc, ldst, top)
         elif attrs.type == asyncssh.FILEXFER_TYPE_REGULAR:
             tmp = dst / f".{name}.piwork-sync"
-            await sftp.get(rsrc, str(tmp), follow_symlinks=False)
-            os.replace(tmp, ldst)
+            try:
+                await sftp.get(rsrc, str(tmp), follow_symlinks=False)
+                os.replace(tmp, ldst)  # replaces a file; never writes through a link
+            except (OSError, asyncssh.SFTPError):
+                tmp.unlink(missing_ok=True)
+                skipped.append(rsrc)
         else:  # links, sockets, devices: never brought over
             skipped.append(rsrc)
     return skipped

@@ -151,8 +151,16 @@ class RemoteNetMux(NetMux):
         super().__init__(Path(path), targets, alive=alive)
         self._conn = conn
         self._path = path
+        self.reconnects = 0
 
     async def _run(self) -> None:
+        """Serve the port, connecting again after a drop of the SSH channel under it.
+
+        Locally a closed port means the VM is done; here it may be a dropped SSH
+        connection with the VM still running, so the port is connected again and
+        the HELLO handshake resets the streams (the guest's open connections are
+        closed; new ones work). A protocol error still ends the guest's network.
+        """
         while not self._closed:
             try:
                 reader, writer = await open_streams(self._conn(), self._path)
@@ -163,4 +171,7 @@ class RemoteNetMux(NetMux):
                 await asyncio.sleep(0.05)
                 continue
             await self.serve(reader, writer)
-            return
+            if (self.stats.closed_reason or "").startswith("protocol error") or not self.alive():
+                return
+            self.reconnects += 1
+            await asyncio.sleep(0.2)

@@ -20,13 +20,14 @@ import os
 import posixpath
 import secrets
 import shlex
+import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import asyncssh
-from qemu.qmp import QMPClient
+from qemu.qmp import QMPClient, Runstate
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
 from piwork.hosts import store
@@ -45,14 +46,31 @@ from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
 log = logging.getLogger(__name__)
 
 
+RECONNECT_SECONDS = 60.0
+"""How long a dropped SSH connection is retried before the run gives up on the host."""
+
+
 @dataclass
 class RemoteLink:
-    """One host's SSH connection, its piwork root and what ``check`` found there."""
+    """One host's SSH connection, its piwork root and what ``check`` found there.
+
+    A dropped connection is made again in the background (the host key checked
+    as strictly as the first time); ``conn`` is then the new one, and everything
+    that opens channels asks for ``link.conn`` each time, so RPC, netmux and
+    heartbeat carry on through it.
+    """
 
     host: Host
     conn: asyncssh.SSHClientConnection
     root: str
     report: HostReport
+    reconnects: int = 0
+    lost: str | None = None
+    """Why the host is unreachable for good (reconnecting gave up), else None."""
+
+    def __post_init__(self) -> None:
+        self._closing = False
+        self._watch: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, host: Host, confirm: Confirm | None = None) -> RemoteLink:
@@ -63,9 +81,37 @@ class RemoteLink:
         except BaseException:
             conn.close()
             raise
-        return cls(host, conn, root, report)
+        link = cls(host, conn, root, report)
+        link._watch = asyncio.create_task(link._keep_up(), name=f"ssh-link {host.name}")
+        return link
+
+    async def _keep_up(self) -> None:
+        while not self._closing:
+            await self.conn.wait_closed()
+            if self._closing:
+                return
+            log.warning("SSH connection to %s dropped; reconnecting", self.host.name)
+            deadline = time.monotonic() + RECONNECT_SECONDS
+            while not self._closing:
+                try:
+                    self.conn = await connect(self.host, None)
+                    self.reconnects += 1
+                    break
+                except (HostError, OSError, asyncssh.Error) as exc:
+                    if time.monotonic() > deadline:
+                        self.lost = (
+                            f"{self.host.name} unreachable for {RECONNECT_SECONDS:.0f}s: {exc}"
+                        )
+                        log.error("%s", self.lost)
+                        return
+                    await asyncio.sleep(1)
 
     async def close(self) -> None:
+        self._closing = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watch
         self.conn.close()
         with contextlib.suppress(Exception):
             await self.conn.wait_closed()
@@ -122,7 +168,7 @@ class RemoteMachine:
         self.on_stage = on_stage
         self.stages: dict[str, float] = {}
         self.started_at = 0.0
-        self.qemu = RemoteQemu(link.conn, link.root, self.argv, lease=lease, run_id=run_id)
+        self.qemu = RemoteQemu(lambda: link.conn, link.root, self.argv, lease=lease, run_id=run_id)
         self.proc = _RemoteProc(self.qemu)
         self.qmp: QMPClient | None = None
         self.console = ConsoleLog(spec.console_log)
@@ -160,9 +206,7 @@ class RemoteMachine:
             console = await open_retrying(
                 self.link.conn, str(console_socket(self.spec)), alive=lambda: self.running
             )
-            # Keep the writer: a collected StreamWriter closes the socket under the reader.
-            reader, self._console_writer = await asyncio.open_unix_connection(sock=console)
-            self._console_task = asyncio.create_task(self._read_console(reader))
+            self._console_task = asyncio.create_task(self._read_console(console))
             qmp_sock = await open_retrying(
                 self.link.conn, str(self.spec.qmp_socket), alive=lambda: self.running
             )
@@ -176,7 +220,26 @@ class RemoteMachine:
                 raise self._error(f"cannot reach the remote QEMU's sockets: {exc}") from exc
             raise
 
-    async def _read_console(self, reader: asyncio.StreamReader) -> None:
+    async def _read_console(self, first: socket.socket) -> None:
+        """Copy the console into console.log; after a dropped link, connect again."""
+        sock: socket.socket | None = first
+        while self.running:
+            if sock is None:
+                try:
+                    sock = await open_retrying(
+                        self.link.conn, str(console_socket(self.spec)),
+                        alive=lambda: self.running, timeout=RECONNECT_SECONDS,
+                    )  # fmt: skip
+                except (ConnectionError, OSError):
+                    return
+            # Keep the writer: a collected StreamWriter closes the socket under the reader.
+            reader, self._console_writer = await asyncio.open_unix_connection(sock=sock)
+            await self._copy_console(reader)
+            self._console_writer.close()
+            sock = None
+            await asyncio.sleep(0.5)
+
+    async def _copy_console(self, reader: asyncio.StreamReader) -> None:
         buf = b""
         with contextlib.suppress(ConnectionError, OSError):
             while data := await reader.read(65536):
@@ -214,7 +277,19 @@ class RemoteMachine:
     async def qmp_execute(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
         if self.qmp is None:
             raise self._error(f"QMP is not connected (cannot run {cmd})")
+        if self.qmp.runstate is not Runstate.RUNNING and self.running:
+            await self._reconnect_qmp()  # its SSH channel went with a dropped connection
         return await self.qmp.execute(cmd, args)
+
+    async def _reconnect_qmp(self) -> None:
+        if self.qmp is not None:
+            with contextlib.suppress(Exception):
+                await self.qmp.disconnect()
+        sock = await open_retrying(
+            self.link.conn, str(self.spec.qmp_socket), alive=lambda: self.running
+        )
+        self.qmp = QMPClient(self.spec.name)
+        await self.qmp.connect(sock)
 
     async def wait_exit(self, timeout: float) -> bool:
         if self.qemu.pid is None:

@@ -104,7 +104,7 @@ class RemoteQemu:
 
     def __init__(
         self,
-        conn: asyncssh.SSHClientConnection,
+        conn: asyncssh.SSHClientConnection | Callable[[], asyncssh.SSHClientConnection],
         root: str,
         argv: list[str] | Callable[[str], list[str]],
         *,
@@ -113,7 +113,8 @@ class RemoteQemu:
     ) -> None:
         if lease < 2:
             raise ValueError("the lease must be at least 2 seconds")
-        self.conn = conn
+        self._conn = conn if callable(conn) else (lambda: conn)
+        """The current connection: after an SSH reconnect, the new one."""
         self.root = root
         self.run_id = run_id or secrets.token_hex(4)
         self.rundir = posixpath.join(root, "run", self.run_id)
@@ -127,6 +128,10 @@ class RemoteQemu:
         self._beat_task: asyncio.Task[None] | None = None
         self._exited = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
+
+    @property
+    def conn(self) -> asyncssh.SSHClientConnection:
+        return self._conn()
 
     def path(self, name: str) -> str:
         return posixpath.join(self.rundir, name)
@@ -158,12 +163,32 @@ class RemoteQemu:
             async for line in self._proc.stdout:
                 if line.startswith("exit "):
                     self.returncode = int(line.split()[1])
-        if self.returncode is None:  # the connection dropped: ask the run dir
-            with contextlib.suppress(asyncssh.Error, OSError, RemoteError, ValueError):
-                code = await run(self.conn, f"cat {shlex.quote(self.path('qemu.exit'))}")
-                self.returncode = int(code.strip())
-        if self.returncode is not None:
-            self._exited.set()
+        # The session that started the watchdog is gone (a dropped connection) but
+        # QEMU may well run on: ask the run dir, through whatever connection is up.
+        while self.returncode is None:
+            self.returncode = await self._poll_exit()
+            if self.returncode is None:
+                await asyncio.sleep(1)
+        self._exited.set()
+
+    async def _poll_exit(self) -> int | None:
+        exit_file = shlex.quote(self.path("qemu.exit"))
+        cmd = (
+            f"cat {exit_file} 2>/dev/null || {{ kill -0 {self.pid} 2>/dev/null && echo running; }}"
+        )
+        try:
+            result = await self.conn.run(cmd, check=False, timeout=30)
+        except (asyncssh.Error, OSError, TimeoutError):
+            return None  # no connection now: try again
+        out = str(result.stdout or "").strip()
+        if out == "running":
+            return None
+        if not out:  # neither running nor an exit status: the watchdog itself was killed
+            return -9
+        try:
+            return int(out)
+        except ValueError:
+            return -1
 
     async def _beat(self) -> None:
         self.beats += 1

@@ -683,6 +683,9 @@ class TaskSession:
             self.emit(EventKind.ERROR, message=f"checkpoints are off for this run: {exc}")
 
     async def _checkpoint_before_model_call(self) -> None:
+        sync = getattr(self.agent, "sync_folder", None)  # a VM on a remote host (issue 21):
+        if sync is not None:  # its folder changes come here first, so the checkpoint sees them
+            await sync()
         await self._checkpoint(lambda rec: rec.before_model_call())
 
     async def _checkpoint_end(self) -> None:

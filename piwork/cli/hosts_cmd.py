@@ -55,6 +55,8 @@ def _print_report(host: store.Host, rep: HostReport) -> None:
     print(f"  accel    {rep.accel.accel.value}: {rep.accel.reason}")
     print(f"  disk     {disk} GiB free")
     print(f"  memory   {mem} MiB available")
+    fwd = {"1": "allowed", "0": "REFUSED by sshd"}.get(v.get("ssh_streamlocal", ""), "not probed")
+    print(f"  sockets  SSH channels to unix sockets: {fwd}")
     for p in rep.problems:
         print(f"  ✗ {p}")
 

@@ -83,10 +83,47 @@ def report(values: dict[str, str]) -> HostReport:
         problems.append(
             "QEMU is not installed on the remote: apt-get install qemu-system-x86 (Debian/Ubuntu)"
         )
+    if values.get("ssh_streamlocal") == "0":
+        problems.append(
+            "the remote sshd refuses channels to unix sockets: set AllowStreamLocalForwarding yes "
+            "and AllowTcpForwarding yes (or local) in its sshd_config"
+        )
     for tool in ("sha256sum", "setsid"):
         if values.get(f"tool_{tool}") != "1":
             problems.append(f"{tool} is missing on the remote (coreutils / util-linux)")
     return HostReport(values, choose_accel(facts), problems)
+
+
+STREAMLOCAL_PROBE = r"""
+d=$(mktemp -d) || exit 1
+timeout 20 "$1" -machine none -nodefaults -display none -S -monitor none -serial none \
+  -chardev "socket,id=p,path=$d/p.sock,server=on,wait=off" </dev/null >/dev/null 2>&1 &
+i=0
+while [ ! -S "$d/p.sock" ] && [ "$i" -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+echo "$! $d"
+"""
+
+
+async def streamlocal_allowed(conn: asyncssh.SSHClientConnection, qemu: str) -> bool:
+    """Whether sshd lets us open channels to unix sockets there (QEMU's sockets need it).
+
+    sshd answers "open failed" alike for a refused channel and a missing socket,
+    so a real one is made: an idle QEMU (``-machine none``, at most 20 s) listening
+    on a socket in a temp dir, then removed.
+    """
+    result = await conn.run("sh -s -- " + shlex.quote(qemu), input=STREAMLOCAL_PROBE,
+                            check=False, timeout=30)  # fmt: skip
+    pid, _, tmp = str(result.stdout or "").strip().partition(" ")
+    if result.exit_status != 0 or not pid.isdigit() or not tmp.startswith("/"):
+        raise CheckError(f"could not start the socket probe there: {result.stderr!s}".strip())
+    try:
+        _r, w = await conn.open_unix_connection(f"{tmp}/p.sock")
+        w.close()
+        return True
+    except asyncssh.ChannelOpenError:
+        return False
+    finally:
+        await conn.run(f"kill {pid}; rm -rf -- {shlex.quote(tmp)}", check=False)
 
 
 async def run_check(
@@ -96,4 +133,8 @@ async def run_check(
     result = await conn.run(cmd, input=PROBE, check=False, timeout=60)
     if result.exit_status != 0:
         raise CheckError(f"the probe failed on the remote: {result.stderr!s}".strip())
-    return report(parse(str(result.stdout)))
+    values = parse(str(result.stdout))
+    if values.get("qemu_path"):
+        allowed = await streamlocal_allowed(conn, values["qemu_path"])
+        values["ssh_streamlocal"] = "1" if allowed else "0"
+    return report(values)

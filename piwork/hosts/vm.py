@@ -37,6 +37,7 @@ from piwork.hosts.packs import PackUpload, Progress, ensure_pack
 from piwork.hosts.remote import remote_root, run
 from piwork.hosts.store import Host, HostError
 from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
+from piwork.hosts.sync import Conflict, FolderSync, SyncResult
 from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu
 from piwork.vm.channel import GuestChannel
 from piwork.vm.command import Transport, VmSpec, build_command, console_socket
@@ -354,6 +355,7 @@ class RemoteAgentVm(AgentVm):
         self.rundir = posixpath.join(link.root, "run", self.run_id)
         self.progress = progress
         self.pack_upload: PackUpload | None = None
+        self.folder_sync: FolderSync | None = None
         cfg = replace(cfg, warm_start=False, accel=link.report.accel)
         super().__init__(cfg, **kwargs)
         self.remote_dirs = remote_dirs(self.rundir, cfg.dirs)
@@ -398,30 +400,59 @@ class RemoteAgentVm(AgentVm):
         if self.progress:
             self.progress(self.pack_upload.describe())
         dirs = [d for _l, d, _w in _pairs(self.cfg.dirs, self.remote_dirs)]
+        if self.remote_dirs.work is not None:
+            dirs.append(str(self.remote_dirs.work))
         mk = " ".join(shlex.quote(d) for d in [*dirs, str(self.remote_dirs.state / "home")])
         await run(conn, f"umask 077 && mkdir -p -- {mk}")
         await upload_tree(conn, self.cfg.dirs, self.remote_dirs)
+        if self.cfg.dirs.work is not None and self.remote_dirs.work is not None:
+            self.folder_sync = FolderSync(self.cfg.dirs.work, str(self.remote_dirs.work))
+            sent = await self.folder_sync.upload(conn)
+            if self.progress:
+                self.progress(f"working folder sent to {self.link.host.name}: {sent} files")
         await super().start()
+
+    async def sync_folder(self) -> SyncResult | None:
+        """Bring the agent's changes to the working folder here (three-way; see hosts.sync).
+
+        The runner calls it before each model call is forwarded (the guest is waiting
+        for the model then, so its side is still) and the agent calls it at stop.
+        A failure is reported, not fatal: the next sync tries again.
+        """
+        if self.folder_sync is None:
+            return None
+
+        def conflict(c: Conflict) -> None:
+            if self.progress:
+                self.progress(c.describe())
+
+        try:
+            return await self.folder_sync.sync_back(self.link.conn, conflict)
+        except (asyncssh.Error, OSError, HostError) as exc:
+            if self.progress:
+                self.progress(f"could not bring the folder back from {self.link.host.name}: {exc}")
+            return None
 
     async def stop(self, *, graceful: bool = True) -> None:
         try:
             await super().stop(graceful=graceful)
         finally:
+            await self.sync_folder()
             with contextlib.suppress(asyncssh.Error, OSError):
                 await download_tree(self.link.conn, self.remote_dirs, self.cfg.dirs)
             await self.link.conn.run(f"rm -rf -- {shlex.quote(self.rundir)}", check=False)
 
 
 def _pairs(local: TaskDirs, remote: TaskDirs) -> list[tuple[Path, str, bool]]:
-    """(local dir, remote dir, guest-writable) for each task folder."""
-    pairs = [
+    """(local dir, remote dir, guest-writable) for the task's own folders.
+
+    The working folder is not among them: :class:`FolderSync` carries it, three-way.
+    """
+    return [
         (local.state, str(remote.state), True),
         (local.outputs, str(remote.outputs), True),
         (local.uploads, str(remote.uploads), False),
     ]
-    if local.work is not None and remote.work is not None:
-        pairs.append((local.work, str(remote.work), True))
-    return pairs
 
 
 async def upload_tree(

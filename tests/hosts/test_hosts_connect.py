@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from piwork.cli.main import main
 from piwork.hosts import store
+from piwork.hosts.check import run_check
 from piwork.hosts.connect import (
     HostKeyMismatch,
     HostKeyUnknown,
@@ -100,3 +102,33 @@ def test_cli_add_list_check_rm(sshd: Sshd, capsys: pytest.CaptureFixture[str]) -
     assert main(["hosts", "rm", "box"]) == 0
     assert main(["hosts", "rm", "box"]) == 1
     assert "no host named 'box'" in capsys.readouterr().err
+
+
+async def test_check_says_when_sshd_refuses_channels_to_unix_sockets(sshd: Sshd) -> None:
+    host = sshd.host()
+    conn = await connect(host, fingerprint_matcher(sshd.fingerprint, None))
+    try:
+        before = await run_check(conn, host.root)
+    finally:
+        conn.close()
+        await conn.wait_closed()
+    assert before.values["ssh_streamlocal"] == "1"
+    assert not any("unix sockets" in p for p in before.problems)
+    config = sshd.dir / "sshd_config"
+    config.write_text(
+        config.read_text().replace("AllowTcpForwarding local", "AllowTcpForwarding no")
+    )
+    started = sshd.log.read_text().count("Server listening")
+    sshd.proc.send_signal(signal.SIGHUP)  # sshd re-executes itself with the new config
+    for _ in range(100):
+        if sshd.log.read_text().count("Server listening") > started:
+            break
+        await asyncio.sleep(0.1)
+    conn = await connect(host, None)
+    try:
+        after = await run_check(conn, host.root)
+    finally:
+        conn.close()
+        await conn.wait_closed()
+    assert after.values["ssh_streamlocal"] == "0"
+    assert any("AllowStreamLocalForwarding" in p for p in after.problems)

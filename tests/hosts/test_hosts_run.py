@@ -23,7 +23,7 @@ from piwork.config import get_paths
 from piwork.hosts import store
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.models.providers import Provider
-from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, write
+from piwork.models.scripted import ChatRequest, ScriptedModelServer, Text, ToolCalls, write
 from piwork.runner import RunEvent, RunRequest, TaskSession
 from tests.hosts.conftest import Sshd
 from tests.hosts.test_hosts_vm import short_root
@@ -143,3 +143,44 @@ def test_cli_demo_run_with_host_writes_locally_and_uploads_the_pack_once(
     assert "pack uploaded" in notices[0] and "MiB" in notices[0]
     assert "0 bytes uploaded" in notices[1]
     print("\nfirst run:", notices[0], "\nsecond run:", notices[1])
+
+
+async def test_folder_comes_back_each_turn_and_a_conflict_keeps_the_persons_edit(
+    box: store.Host, tmp_path: Path
+) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("v0\n")
+    (folder / "plan.txt").write_text("plan v0\n")
+    seen_here: list[str] = []
+
+    def step(req: ChatRequest) -> Text | ToolCalls:
+        turn = req.assistant_turns_since_user
+        if turn == 0:
+            (folder / "notes.txt").write_text("the person's edit\n")  # while the task runs
+            return ToolCalls(
+                [write("notes.txt", "the agent's edit\n"), write("plan.txt", "plan v1\n")]
+            )
+        # The gateway brought the folder back before forwarding this call:
+        seen_here.append((folder / "plan.txt").read_text())
+        return Text("done")
+
+    events: list[RunEvent] = []
+    async with ScriptedModelServer(step, model_id="scripted") as server:
+        req = RunRequest(
+            prompt=None,
+            folder=folder,
+            model="scripted/scripted",
+            extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
+            host=box.name,
+            assume_yes=True,
+            warm_start=False,
+        )
+        async with TaskSession(req, events.append, paths=get_paths()) as session:
+            outcome = await session.run_prompt("edit the notes")
+    assert outcome.ok, [e.to_json() for e in events][-5:]
+    assert seen_here == ["plan v1\n"]  # synced after the turn, before the next model call
+    assert (folder / "notes.txt").read_text() == "the person's edit\n"
+    assert (folder / "notes.txt.agent-1").read_text() == "the agent's edit\n"
+    notices = [str(e.data.get("message", "")) for e in events if e.kind == "notice"]
+    assert any(n.startswith("conflict: notes.txt") for n in notices), notices

@@ -1,4 +1,6 @@
-"""The task folders back from a remote run dir: what the guest planted there is never followed."""
+"""The task's own folders (state, outputs) back from a remote run dir: what the guest
+planted there is never followed. (The working folder has its own three-way sync:
+test_hosts_folder_sync.py.)"""
 
 from __future__ import annotations
 
@@ -26,14 +28,14 @@ def dirs_under(root: Path) -> TaskDirs:
 
 def plant(remote: TaskDirs, secret: Path) -> None:
     """What a hostile guest can leave in its writable shares."""
-    assert remote.work is not None
-    (remote.work / "ok.txt").write_text("the agent's work\n")
-    (remote.work / "sub").mkdir()
-    (remote.work / "sub" / "deep.txt").write_text("deep\n")
-    os.symlink(secret, remote.work / "passwd-link")  # a file link out of the folder
-    os.symlink(secret.parent, remote.work / "dir-link")  # a directory link out of it
-    os.symlink("/", remote.outputs / "root")
-    (remote.work / "over-local-link.txt").write_text("must not go through the local link\n")
+    w = remote.outputs
+    (w / "ok.txt").write_text("the agent's work\n")
+    (w / "sub").mkdir()
+    (w / "sub" / "deep.txt").write_text("deep\n")
+    os.symlink(secret, w / "passwd-link")  # a file link out of the folder
+    os.symlink(secret.parent, w / "dir-link")  # a directory link out of it
+    os.symlink("/", remote.state / "root")
+    (w / "over-local-link.txt").write_text("must not go through the local link\n")
 
 
 async def test_download_never_follows_links_either_side(sshd: Sshd, tmp_path: Path) -> None:
@@ -42,28 +44,29 @@ async def test_download_never_follows_links_either_side(sshd: Sshd, tmp_path: Pa
     secret.write_text("outside the folder\n")
     local = dirs_under(tmp_path / "local")
     remote = dirs_under(tmp_path / "remote")
-    assert local.work is not None and remote.work is not None
     victim = tmp_path / "victim.txt"
     victim.write_text("the person's file\n")
-    os.symlink(victim, local.work / "over-local-link.txt")  # a link here, where a file comes
-    (local.work / "mine.txt").write_text("uploaded once\n")
+    os.symlink(victim, local.outputs / "over-local-link.txt")  # a link here, where a file comes
+    (local.state / "mine.txt").write_text("uploaded once\n")
+    os.symlink(victim, local.state / "link-not-sent")
     conn = await connect(sshd.host(), fingerprint_matcher(sshd.fingerprint, None))
     try:
         await upload_tree(conn, local, remote)
-        assert (remote.work / "mine.txt").read_text() == "uploaded once\n"
-        assert not (remote.work / "over-local-link.txt").exists()  # links are not sent
+        assert (remote.state / "mine.txt").read_text() == "uploaded once\n"
+        assert not lexists(remote.state / "link-not-sent")  # links are not sent
         plant(remote, secret)
         skipped = await download_tree(conn, remote, local)
     finally:
         conn.close()
         await conn.wait_closed()
-    assert (local.work / "ok.txt").read_text() == "the agent's work\n"
-    assert (local.work / "sub" / "deep.txt").read_text() == "deep\n"
+    out = local.outputs
+    assert (out / "ok.txt").read_text() == "the agent's work\n"
+    assert (out / "sub" / "deep.txt").read_text() == "deep\n"
     for name in ("passwd-link", "dir-link"):
-        assert not lexists(local.work / name)
-    assert not lexists(local.outputs / "root")
+        assert not lexists(out / name)
+    assert not lexists(local.state / "root")
     assert victim.read_text() == "the person's file\n"  # not written through the link
-    assert (local.work / "over-local-link.txt").is_symlink()
-    assert str(local.work / "over-local-link.txt") in skipped
-    assert {str(remote.work / "passwd-link"), str(remote.work / "dir-link")} <= set(skipped)
+    assert (out / "over-local-link.txt").is_symlink()
+    assert str(out / "over-local-link.txt") in skipped
+    assert {str(remote.outputs / "passwd-link"), str(remote.outputs / "dir-link")} <= set(skipped)
     assert not await asyncio.to_thread(lambda: list((tmp_path / "local").rglob(".*piwork-sync")))

@@ -84,12 +84,12 @@ def _descendants(pid: int) -> list[int]:
     return kids + [g for k in kids for g in _descendants(k)]
 
 
-@pytest.fixture
-def sshd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sshd]:
+@contextlib.contextmanager
+def running_sshd(d: Path) -> Iterator[Sshd]:
+    """Debian's sshd on a free loopback port with keys made in ``d``; stopped on exit."""
     if not os.path.exists(SSHD):
-        pytest.fail(f"{SSHD} is missing: run scripts/setup.sh (openssh-server)")
-    d = tmp_path / "sshd"
-    d.mkdir()
+        raise RuntimeError(f"{SSHD} is missing: run scripts/setup.sh (openssh-server)")
+    d.mkdir(parents=True, exist_ok=True)
     _keygen(d / "host_key")
     _keygen(d / "user_key")
     shutil.copy(d / "user_key.pub", d / "authorized_keys")
@@ -126,31 +126,25 @@ def sshd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sshd]:
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
     )
-    deadline = time.monotonic() + 20
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"sshd did not start: {log.read_text()}")
-        time.sleep(0.05)
-    home = tmp_path / "home"
-    (home / ".ssh").mkdir(parents=True)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("PIWORK_HOME", str(tmp_path / "piwork-home"))
-    server = Sshd(
-        port=port,
-        dir=d,
-        user=user,
-        user_key=d / "user_key",
-        host_key_pub=(d / "host_key.pub").read_text(),
-        fingerprint=_fingerprint(d / "host_key.pub"),
-        log=log,
-        proc=proc,
-    )
     try:
-        yield server
+        deadline = time.monotonic() + 20
+        while True:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sshd did not start: {log.read_text()}")
+            time.sleep(0.05)
+        yield Sshd(
+            port=port,
+            dir=d,
+            user=user,
+            user_key=d / "user_key",
+            host_key_pub=(d / "host_key.pub").read_text(),
+            fingerprint=_fingerprint(d / "host_key.pub"),
+            log=log,
+            proc=proc,
+        )
     finally:
         for pid in _descendants(proc.pid):
             with contextlib.suppress(ProcessLookupError):
@@ -161,3 +155,16 @@ def sshd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sshd]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def sshd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sshd]:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("PIWORK_HOME", str(tmp_path / "piwork-home"))
+    try:
+        with running_sshd(tmp_path / "sshd") as server:
+            yield server
+    except RuntimeError as exc:
+        pytest.fail(str(exc))

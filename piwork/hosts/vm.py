@@ -38,7 +38,7 @@ from piwork.hosts.remote import remote_root, run
 from piwork.hosts.store import Host, HostError
 from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
 from piwork.hosts.sync import Conflict, FolderSync, SyncResult
-from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu
+from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu, sweep
 from piwork.vm.channel import GuestChannel
 from piwork.vm.command import Transport, VmSpec, build_command, console_socket
 from piwork.vm.machine import STAGE_RE, BootStalled, ConsoleLog, VmError, VmExited, tail_file
@@ -79,6 +79,9 @@ class RemoteLink:
         try:
             root = await remote_root(conn, host, create=True)
             report = await run_check(conn, root)
+            swept = await sweep(conn, root)
+            if swept:
+                log.info("removed run dirs left by a killed piwork on %s: %s", host.name, swept)
         except BaseException:
             conn.close()
             raise

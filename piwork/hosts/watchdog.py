@@ -82,6 +82,35 @@ echo "exit $code"
 WATCHDOG_SHA = hashlib.sha256(WATCHDOG.encode()).hexdigest()
 
 
+SWEEP = r"""
+# Remove run dirs whose QEMU is gone: they hold a copy of a task's folder.
+cd "$1/run" 2>/dev/null || exit 0
+for d in */; do
+  d=${d%/}
+  [ -d "$d" ] || continue
+  if [ -f "$d/qemu.exit" ]; then
+    rm -rf -- "$d"; echo "$d"
+  elif [ -f "$d/qemu.pid" ]; then
+    p=$(cat "$d/qemu.pid")
+    if ! kill -0 "$p" 2>/dev/null; then rm -rf -- "$d"; echo "$d"; fi
+  elif [ -n "$(find "$d" -maxdepth 0 -mmin +10)" ]; then
+    rm -rf -- "$d"; echo "$d"
+  fi
+done
+"""
+
+
+async def sweep(conn: asyncssh.SSHClientConnection, root: str) -> list[str]:
+    """Remove the run dirs a killed piwork left (QEMU gone); the names removed.
+
+    A run dir holds a copy of the task's folder: it must not outlive its VM.
+    One with a running QEMU (another piwork's task) or just being set up (no
+    QEMU yet, younger than 10 minutes) is kept.
+    """
+    result = await conn.run("sh -s -- " + shlex.quote(root), input=SWEEP, check=False)
+    return str(result.stdout or "").split()
+
+
 async def install(conn: asyncssh.SSHClientConnection, root: str) -> str:
     """Upload the watchdog once (content-addressed); its remote path."""
     path = posixpath.join(root, "bin", f"watchdog-{WATCHDOG_SHA[:16]}.sh")

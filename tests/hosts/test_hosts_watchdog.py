@@ -18,7 +18,7 @@ import asyncssh
 
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.hosts.remote import remote_root
-from piwork.hosts.watchdog import RemoteQemu
+from piwork.hosts.watchdog import RemoteQemu, sweep
 from tests.hosts.conftest import Sshd
 from tests.hosts.holder import IDLE_QEMU
 
@@ -130,3 +130,28 @@ async def test_kill_9_of_piwork_leaves_no_qemu_after_the_lease(sshd: Sshd) -> No
     assert not alive(pid), "the remote QEMU outlived piwork"
     log = await asyncio.to_thread(Path(rundir, "watchdog.log").read_text)
     assert "lease expired" in log  # the watchdog stopped it, not the SSH close
+
+
+async def test_sweep_removes_only_run_dirs_whose_qemu_is_gone(sshd: Sshd) -> None:
+    """A killed piwork leaves its run dir (a copy of the folder): the next connect removes it."""
+    conn = await _conn(sshd)
+    try:
+        root = await remote_root(conn, sshd.host(), create=True)
+        run = Path(root, "run")
+        dead = await asyncio.create_subprocess_exec("true")
+        await dead.wait()
+        layout = {
+            "exited": ("qemu.exit", "0"),
+            "dead-pid": ("qemu.pid", str(dead.pid)),
+            "live-pid": ("qemu.pid", str(os.getpid())),
+            "setting-up": ("beat", "1"),
+        }
+        for name, (fname, content) in layout.items():
+            (run / name / "share").mkdir(parents=True)
+            (run / name / fname).write_text(content)
+        removed = await sweep(conn, root)
+    finally:
+        conn.close()
+        await conn.wait_closed()
+    assert sorted(removed) == ["dead-pid", "exited"]
+    assert sorted(os.listdir(run)) == ["live-pid", "setting-up"]

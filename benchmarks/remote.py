@@ -195,6 +195,7 @@ async def _task(via: store.Host) -> dict[str, Any]:
                 rtts.append(time.monotonic() - t)
             out["get_state_rtt"] = statistics.median(rtts)
             await session.run_prompt("sleep a little")
+    shutil.rmtree(folder, ignore_errors=True)
     if "steer_seen" in marks:
         out["steer_to_model_request"] = marks["steer_seen"] - max(
             marks["steer_sent"], marks.get("tool_end", 0.0)

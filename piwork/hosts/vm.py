@@ -78,7 +78,8 @@ class RemoteLink:
         conn = await connect(host, confirm)
         try:
             root = await remote_root(conn, host, create=True)
-            report = await run_check(conn, root)
+            # No socket probe here: a refusal shows at the first channel, with the fix.
+            report = await run_check(conn, root, probe_sockets=False)
             swept = await sweep(conn, root)
             if swept:
                 log.info("removed run dirs left by a killed piwork on %s: %s", host.name, swept)

@@ -698,6 +698,14 @@ class AgentVm(PiDoor):
         except TimeoutError:
             raise self.vm._error("the supervisor did not start pi within 30s") from None
 
+    async def sync_folder(self) -> object:
+        """The working folder is shared with this machine's VM: nothing to bring back.
+
+        A VM on another host (``piwork.hosts.vm.RemoteAgentVm``) copies its changes
+        here, three-way, before each model call.
+        """
+        return None
+
     def preview_mux(self) -> NetMux | None:
         """The netmux a preview opens host-side streams on (None before start)."""
         return self.netmux
@@ -814,6 +822,7 @@ class Agent(Protocol):
     async def exit_diagnosis(self, wait: float = ...) -> VmExit | None: ...
     def git_readonly_notice(self) -> str | None: ...
     def preview_mux(self) -> NetMux | None: ...
+    async def sync_folder(self) -> object: ...
     @property
     def git_scan_seconds(self) -> float | None: ...
     async def move_aside_new_git(self) -> list[gitguard.MovedAside]: ...

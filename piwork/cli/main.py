@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "piwork.cli.changes_cmd",
     "piwork.cli.preview_cmd",
     "piwork.cli.env_cmd",
+    "piwork.cli.hosts_cmd",
     "piwork.gui.cli",
 )
 

@@ -357,6 +357,7 @@ def _common_request(args: argparse.Namespace) -> RunRequest:
         limit_overrides=_limit_overrides(args),
         assume_yes=args.yes,
         clean_env=bool(getattr(args, "clean_env", False)),
+        host=getattr(args, "host", None),
     )
 
 
@@ -388,6 +389,7 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="PROVIDER/MODEL, or 'demo' for the offline demo model")
     p.add_argument("--json", action="store_true", help="one JSON event per line on stdout")
     p.add_argument("--accel", choices=["kvm", "hvf", "tcg"], help="override the accelerator probe")
+    p.add_argument("--host", metavar="NAME", help="run the VM on this remote host (piwork hosts)")
     p.add_argument(
         "--transport",
         choices=[t.value for t in Transport],

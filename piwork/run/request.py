@@ -49,6 +49,8 @@ class RunRequest:
     warm_start: bool = True
     """Restore the pack's saved VM template instead of booting (cold boot if it cannot)."""
     clean_env: bool = False
+    host: str | None = None
+    """Run the VM on this remote host (``piwork hosts``), not here."""
     """A new task starts from a clean workbench, not the folder's last environment (piwork.env)."""
 
 

@@ -293,14 +293,30 @@ class TaskSession:
                                warm_start=r.warm_start, env=task_env)  # fmt: skip
         await self._boot(cfg)
 
-    async def _boot(self, cfg: AgentVmConfig) -> None:
-        agent = self.agent_factory(
-            cfg,
+    async def _new_agent(self, cfg: AgentVmConfig) -> Agent:
+        """The agent door: this machine's VM, or (``--host``) one on a remote over SSH."""
+        callbacks: dict[str, Any] = dict(
             on_stage=lambda name, secs: self.emit(EventKind.BOOT, stage=name, seconds=secs),
             on_supervisor_event=self._on_supervisor_event,
             # "restored in 1.2 s" / "cold boot: <reason>" (data: warm, restored, cold_reason)
             on_boot_mode=lambda msg, data: self.emit(EventKind.NOTICE, message=msg, **data),
         )
+        if self.req.host is None:
+            return self.agent_factory(cfg, **callbacks)
+        # issue 21: QEMU on a remote host; the gateway, the proxy and the keys stay here
+        from piwork.hosts.store import HostError
+        from piwork.hosts.vm import open_remote_agent
+
+        try:
+            return await open_remote_agent(
+                self.req.host, cfg, self._stack,
+                notice=lambda msg: self.emit(EventKind.NOTICE, message=msg), **callbacks,
+            )  # fmt: skip
+        except HostError as exc:
+            raise RunError(str(exc)) from exc
+
+    async def _boot(self, cfg: AgentVmConfig) -> None:
+        agent = await self._new_agent(cfg)
         self.attach_agent(agent)
         t = time.monotonic()
         try:
@@ -337,6 +353,8 @@ class TaskSession:
     async def _before_model_call(self) -> None:
         """A ``.git`` the guest made last turn leaves the folder, then the turn is recorded."""
         if (agent := self.agent) is not None:
+            # A remote VM's folder changes come here first, so the checkpoint sees them.
+            await agent.sync_folder()
             await agent.move_aside_new_git()
             self._report_moved_git(agent)
         await self.checkpoints.before_model_call()

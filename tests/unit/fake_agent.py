@@ -120,3 +120,6 @@ class FakeAgent:
 
     def preview_mux(self) -> None:
         return None
+
+    async def sync_folder(self) -> None:
+        return None

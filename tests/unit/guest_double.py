@@ -129,6 +129,9 @@ class DoubleAgent(PiDoor):
     def preview_mux(self) -> None:
         return None
 
+    async def sync_folder(self) -> None:
+        return None
+
     @property
     def git_scan_seconds(self) -> float | None:
         return None

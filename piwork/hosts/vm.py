@@ -1,0 +1,564 @@
+"""A task's VM on a remote host: QEMU there, everything that talks to it here.
+
+:class:`RemoteMachine` stands where :class:`piwork.vm.machine.VirtualMachine`
+stands for a local VM (the same methods :class:`piwork.agent.AgentVm` calls);
+:class:`RemoteAgentVm` is an ``AgentVm`` whose VM, RPC channel and netmux are
+the remote ones. QMP, the serial console, the supervisor's RPC port and the
+netmux port are QEMU unix sockets in the remote run directory, each reached
+through an SSH direct-streamlocal channel (:mod:`piwork.hosts.streams`). The
+netmux streams are connected to the model gateway and egress proxy on *this*
+machine, so no key, token or policy ever goes to the remote: QEMU's argv holds
+only remote paths, and its environment is the SSH session's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import posixpath
+import secrets
+import shlex
+import socket
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+from qemu.qmp import QMPClient, Runstate
+
+from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
+from piwork.hosts import store
+from piwork.hosts.check import HostReport, run_check
+from piwork.hosts.connect import Confirm, connect
+from piwork.hosts.packs import PackUpload, Progress, ensure_pack
+from piwork.hosts.remote import remote_root, run
+from piwork.hosts.store import Host, HostError
+from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
+from piwork.hosts.sync import Conflict, FolderSync, SyncResult
+from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu, sweep
+from piwork.vm.channel import GuestChannel
+from piwork.vm.command import Transport, VmSpec, build_command, console_socket
+from piwork.vm.machine import STAGE_RE, BootStalled, ConsoleLog, VmError, VmExited, tail_file
+from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
+
+log = logging.getLogger(__name__)
+
+
+RECONNECT_SECONDS = 60.0
+"""How long a dropped SSH connection is retried before the run gives up on the host."""
+
+
+@dataclass
+class RemoteLink:
+    """One host's SSH connection, its piwork root and what ``check`` found there.
+
+    A dropped connection is made again in the background (the host key checked
+    as strictly as the first time); ``conn`` is then the new one, and everything
+    that opens channels asks for ``link.conn`` each time, so RPC, netmux and
+    heartbeat carry on through it.
+    """
+
+    host: Host
+    conn: asyncssh.SSHClientConnection
+    root: str
+    report: HostReport
+    reconnects: int = 0
+    lost: str | None = None
+    """Why the host is unreachable for good (reconnecting gave up), else None."""
+
+    def __post_init__(self) -> None:
+        self._closing = False
+        self._watch: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(cls, host: Host, confirm: Confirm | None = None) -> RemoteLink:
+        conn = await connect(host, confirm)
+        try:
+            root = await remote_root(conn, host, create=True)
+            # No socket probe here: a refusal shows at the first channel, with the fix.
+            report = await run_check(conn, root, probe_sockets=False)
+            swept = await sweep(conn, root)
+            if swept:
+                log.info("removed run dirs left by a killed piwork on %s: %s", host.name, swept)
+        except BaseException:
+            conn.close()
+            raise
+        link = cls(host, conn, root, report)
+        link._watch = asyncio.create_task(link._keep_up(), name=f"ssh-link {host.name}")
+        return link
+
+    async def _keep_up(self) -> None:
+        while not self._closing:
+            await self.conn.wait_closed()
+            if self._closing:
+                return
+            log.warning("SSH connection to %s dropped; reconnecting", self.host.name)
+            deadline = time.monotonic() + RECONNECT_SECONDS
+            while not self._closing:
+                try:
+                    self.conn = await connect(self.host, None)
+                    self.reconnects += 1
+                    break
+                except (HostError, OSError, asyncssh.Error) as exc:
+                    if time.monotonic() > deadline:
+                        self.lost = (
+                            f"{self.host.name} unreachable for {RECONNECT_SECONDS:.0f}s: {exc}"
+                        )
+                        log.error("%s", self.lost)
+                        return
+                    await asyncio.sleep(1)
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watch
+        self.conn.close()
+        with contextlib.suppress(Exception):
+            await self.conn.wait_closed()
+
+
+def remote_argv(spec: VmSpec) -> list[str]:
+    """QEMU's argv for the remote: the console is a listening socket too, and QEMU waits.
+
+    Locally QEMU connects to piwork's console listener; nothing may listen on the
+    remote for us, so QEMU listens and piwork connects through SSH. ``-S`` holds
+    the CPUs until that console is connected, so no boot output is lost.
+    """
+    argv = build_command(spec)
+    cons = f"socket,id=console,path={console_socket(spec)}"
+    i = argv.index(cons)
+    argv[i] = cons + ",server=on,wait=off"
+    return [argv[0], "-S", *argv[1:]]
+
+
+class _RemoteProc:
+    """The little of ``asyncio.subprocess.Process`` AgentVm uses (``wait``, ``returncode``)."""
+
+    def __init__(self, qemu: RemoteQemu) -> None:
+        self._qemu = qemu
+
+    @property
+    def pid(self) -> int | None:
+        return self._qemu.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._qemu.returncode
+
+    async def wait(self) -> int:
+        code = await self._qemu.wait()
+        return -1 if code is None else code
+
+
+class RemoteMachine:
+    """QEMU on a remote host under the watchdog, controlled through SSH channels."""
+
+    def __init__(
+        self,
+        link: RemoteLink,
+        spec: VmSpec,
+        *,
+        run_id: str,
+        lease: int = LEASE_SECONDS,
+        on_stage: Any = None,
+    ) -> None:
+        self.link = link
+        self.spec = spec
+        self.argv = remote_argv(spec)
+        self.on_stage = on_stage
+        self.stages: dict[str, float] = {}
+        self.started_at = 0.0
+        self.qemu = RemoteQemu(lambda: link.conn, link.root, self.argv, lease=lease, run_id=run_id)
+        self.proc = _RemoteProc(self.qemu)
+        self.qmp: QMPClient | None = None
+        self.console = ConsoleLog(spec.console_log)
+        self._console_task: asyncio.Task[None] | None = None
+        self._console_writer: asyncio.StreamWriter | None = None
+        self._stage_seen = asyncio.Event()
+
+    @property
+    def running(self) -> bool:
+        return self.qemu.running
+
+    @property
+    def pid(self) -> int | None:
+        return self.qemu.pid
+
+    def console_tail(self) -> str:
+        return tail_file(self.spec.console_log)
+
+    def _error(self, message: str, cls: type[VmError] = VmError) -> VmError:
+        return cls(f"{message} (on {self.link.host.name})", argv=self.argv,
+                   console_tail=self.console_tail())  # fmt: skip
+
+    async def launch(self) -> None:
+        log_path = self.spec.console_log
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if log_path.exists():
+            os.replace(log_path, log_path.with_suffix(".prev.log"))
+        self.console._open()  # the bounded writer; its data comes over SSH, not a listener
+        self.started_at = time.monotonic()
+        try:
+            await self.qemu.start()
+        except (asyncssh.Error, OSError, RuntimeError) as exc:
+            raise self._error(f"could not start QEMU on the remote: {exc}") from exc
+        try:
+            console = await open_retrying(
+                self.link.conn, str(console_socket(self.spec)), alive=lambda: self.running
+            )
+            self._console_task = asyncio.create_task(self._read_console(console))
+            qmp_sock = await open_retrying(
+                self.link.conn, str(self.spec.qmp_socket), alive=lambda: self.running
+            )
+            self.qmp = QMPClient(self.spec.name)
+            await self.qmp.connect(qmp_sock)
+            if not self.spec.incoming:
+                await self.qmp.execute("cont")
+        except BaseException as exc:
+            await self.kill()
+            if isinstance(exc, ConnectionError | OSError):
+                raise self._error(f"cannot reach the remote QEMU's sockets: {exc}") from exc
+            raise
+
+    async def _read_console(self, first: socket.socket) -> None:
+        """Copy the console into console.log; after a dropped link, connect again."""
+        sock: socket.socket | None = first
+        while self.running:
+            if sock is None:
+                try:
+                    sock = await open_retrying(
+                        self.link.conn, str(console_socket(self.spec)),
+                        alive=lambda: self.running, timeout=RECONNECT_SECONDS,
+                    )  # fmt: skip
+                except (ConnectionError, OSError):
+                    return
+            # Keep the writer: a collected StreamWriter closes the socket under the reader.
+            reader, self._console_writer = await asyncio.open_unix_connection(sock=sock)
+            await self._copy_console(reader)
+            self._console_writer.close()
+            sock = None
+            await asyncio.sleep(0.5)
+
+    async def _copy_console(self, reader: asyncio.StreamReader) -> None:
+        buf = b""
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(65536):
+                try:
+                    self.console.write(data)
+                except OSError as exc:
+                    log.warning("console.log: %s", exc)
+                buf = (buf + data)[-8192:]
+                for m in STAGE_RE.finditer(buf):
+                    name = m.group(1).decode()
+                    if name not in self.stages:
+                        self.stages[name] = time.monotonic() - self.started_at
+                        self._stage_seen.set()
+                        if self.on_stage:
+                            self.on_stage(name, self.stages[name])
+                buf = buf[buf.rfind(b"\n") + 1 :] if b"\n" in buf else buf
+
+    async def wait_booted(self, stall_timeout: float = 90.0) -> None:
+        last = time.monotonic()
+        while "supervisor" not in self.stages:
+            if not self.running:
+                raise self._error(
+                    f"the VM stopped while booting (exit status {self.qemu.returncode})", VmExited
+                )
+            if self._stage_seen.is_set():
+                self._stage_seen.clear()
+                last = time.monotonic()
+            elif time.monotonic() - last > stall_timeout:
+                seen = ", ".join(self.stages) or "none"
+                raise self._error(
+                    f"no boot progress for {stall_timeout:.0f}s (stages seen: {seen})", BootStalled
+                )
+            await asyncio.sleep(0.1)
+
+    async def qmp_execute(self, cmd: str, args: dict[str, Any] | None = None) -> Any:
+        if self.qmp is None:
+            raise self._error(f"QMP is not connected (cannot run {cmd})")
+        if self.qmp.runstate is not Runstate.RUNNING and self.running:
+            await self._reconnect_qmp()  # its SSH channel went with a dropped connection
+        return await self.qmp.execute(cmd, args)
+
+    async def _reconnect_qmp(self) -> None:
+        if self.qmp is not None:
+            with contextlib.suppress(Exception):
+                await self.qmp.disconnect()
+        sock = await open_retrying(
+            self.link.conn, str(self.spec.qmp_socket), alive=lambda: self.running
+        )
+        self.qmp = QMPClient(self.spec.name)
+        await self.qmp.connect(sock)
+
+    async def wait_exit(self, timeout: float) -> bool:
+        if self.qemu.pid is None:
+            return True
+        return await self.qemu.wait(timeout) is not None
+
+    async def kill(self) -> None:
+        await self.qemu.kill()
+
+    async def shutdown(self, grace: float = 10.0) -> None:
+        try:
+            if self.running and not await self.wait_exit(min(grace, 0.5)):
+                if self.qmp is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(self.qmp.execute("quit"), 3)
+                await self.wait_exit(max(grace - 0.5, 1.0))
+        finally:
+            await self.qemu.close()  # kills QEMU if it still runs
+            if self._console_writer is not None:
+                self._console_writer.close()
+            if self._console_task is not None:
+                self._console_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._console_task
+            if self.qmp is not None:
+                with contextlib.suppress(Exception):
+                    await self.qmp.disconnect()
+                self.qmp = None
+            await self.console.close()
+
+
+def remote_dirs(rundir: str, local: TaskDirs) -> TaskDirs:
+    share = posixpath.join(rundir, "share")
+    return TaskDirs(
+        state=Path(share, "state"),
+        outputs=Path(share, "outputs"),
+        uploads=Path(share, "uploads"),
+        work=Path(share, "work") if local.work is not None else None,
+    )
+
+
+class RemoteAgentVm(AgentVm):
+    """An :class:`AgentVm` whose QEMU runs on ``link``'s host.
+
+    The hook into AgentVm is the three factories it already has (the VM, the
+    channel, the netmux) plus a step before ``start``: the pack is made present
+    and verified there, and the task folders are sent into the run directory.
+    Warm start is off for now (the saved VM is not made on remotes yet).
+    """
+
+    def __init__(
+        self,
+        cfg: AgentVmConfig,
+        link: RemoteLink,
+        *,
+        lease: int = LEASE_SECONDS,
+        progress: Progress | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.link = link
+        self.run_id = secrets.token_hex(4)
+        self.rundir = posixpath.join(link.root, "run", self.run_id)
+        self.progress = progress
+        self.pack_upload: PackUpload | None = None
+        self.folder_sync: FolderSync | None = None
+        cfg = replace(cfg, warm_start=False, accel=link.report.accel)
+        super().__init__(cfg, **kwargs)
+        self.remote_dirs = remote_dirs(self.rundir, cfg.dirs)
+        self.spec = replace(
+            self.spec,
+            pack_dir=Path(link.root, "packs", cfg.manifest.pack_id),
+            qmp_socket=Path(self.rundir, "qmp.sock"),
+            rpc_socket=Path(self.rundir, "rpc.sock"),
+            net_socket=Path(self.rundir, "net.sock"),
+            shares=self.remote_dirs.shares(),
+        )
+        self.vm = RemoteMachine(  # type: ignore[assignment]
+            link, self.spec, run_id=self.run_id, lease=lease, on_stage=self.on_stage
+        )
+
+    def _sock(self, name: str) -> str:
+        return posixpath.join(self.rundir, name)
+
+    def _new_netmux(self) -> NetMux:
+        targets = {TARGET_GATEWAY: self.cfg.gateway_port}
+        if self.cfg.egress_port is not None:
+            targets[TARGET_EGRESS] = self.cfg.egress_port
+        return RemoteNetMux(
+            lambda: self.link.conn, self._sock("net.sock"), targets, alive=lambda: self.vm.running
+        )
+
+    def _new_channel(self) -> GuestChannel:
+        return GuestChannel(
+            RemoteEndpoint(lambda: self.link.conn, self._sock("rpc.sock")),
+            self._on_pi_line,
+            self._on_supervisor_event,
+            alive=lambda: self.vm.running,
+            prepare_pi_line=self.rpc.prepare_line,
+            on_prepared_pi_line=self._on_prepared_pi_line,
+        )
+
+    async def start(self) -> None:
+        conn = self.link.conn
+        self.pack_upload = await ensure_pack(
+            conn, self.link.root, self.cfg.pack_dir, self.cfg.manifest, self.progress
+        )
+        if self.progress:
+            self.progress(self.pack_upload.describe())
+        dirs = [d for _l, d, _w in _pairs(self.cfg.dirs, self.remote_dirs)]
+        if self.remote_dirs.work is not None:
+            dirs.append(str(self.remote_dirs.work))
+        mk = " ".join(shlex.quote(d) for d in [*dirs, str(self.remote_dirs.state / "home")])
+        await run(conn, f"umask 077 && mkdir -p -- {mk}")
+        await upload_tree(conn, self.cfg.dirs, self.remote_dirs)
+        if self.cfg.dirs.work is not None and self.remote_dirs.work is not None:
+            self.folder_sync = FolderSync(self.cfg.dirs.work, str(self.remote_dirs.work))
+            sent = await self.folder_sync.upload(conn)
+            if self.progress:
+                self.progress(f"working folder sent to {self.link.host.name}: {sent} files")
+        await super().start()
+
+    async def sync_folder(self) -> SyncResult | None:
+        """Bring the agent's changes to the working folder here (three-way; see hosts.sync).
+
+        The runner calls it before each model call is forwarded (the guest is waiting
+        for the model then, so its side is still) and the agent calls it at stop.
+        A failure is reported, not fatal: the next sync tries again.
+        """
+        if self.folder_sync is None:
+            return None
+
+        def conflict(c: Conflict) -> None:
+            if self.progress:
+                self.progress(c.describe())
+
+        try:
+            return await self.folder_sync.sync_back(self.link.conn, conflict)
+        except (asyncssh.Error, OSError, HostError) as exc:
+            if self.progress:
+                self.progress(f"could not bring the folder back from {self.link.host.name}: {exc}")
+            return None
+
+    async def stop(self, *, graceful: bool = True) -> None:
+        try:
+            await super().stop(graceful=graceful)
+        finally:
+            await self.sync_folder()
+            with contextlib.suppress(asyncssh.Error, OSError):
+                await download_tree(self.link.conn, self.remote_dirs, self.cfg.dirs)
+            await self.link.conn.run(f"rm -rf -- {shlex.quote(self.rundir)}", check=False)
+
+
+def _pairs(local: TaskDirs, remote: TaskDirs) -> list[tuple[Path, str, bool]]:
+    """(local dir, remote dir, guest-writable) for the task's own folders.
+
+    The working folder is not among them: :class:`FolderSync` carries it, three-way.
+    """
+    return [
+        (local.state, str(remote.state), True),
+        (local.outputs, str(remote.outputs), True),
+        (local.uploads, str(remote.uploads), False),
+    ]
+
+
+async def upload_tree(
+    conn: asyncssh.SSHClientConnection, local: TaskDirs, remote: TaskDirs
+) -> None:
+    """Send the task folders into the remote run dir (regular files and dirs; links skipped)."""
+    async with conn.start_sftp_client() as sftp:
+        for src, dst, _w in _pairs(local, remote):
+            for path in await asyncio.to_thread(_walk_regular, src):
+                rel = path.relative_to(src).as_posix()
+                target = posixpath.join(dst, rel)
+                await sftp.makedirs(posixpath.dirname(target), exist_ok=True)
+                await sftp.put(str(path), target)
+
+
+def _walk_regular(top: Path) -> list[Path]:
+    out = []
+    for dirpath, dirs, files in os.walk(top):  # os.walk does not follow links to dirs
+        dirs[:] = [d for d in dirs if not (Path(dirpath) / d).is_symlink()]
+        for f in files:
+            p = Path(dirpath) / f
+            if p.is_file() and not p.is_symlink():
+                out.append(p)
+    return out
+
+
+async def download_tree(
+    conn: asyncssh.SSHClientConnection, remote: TaskDirs, local: TaskDirs
+) -> list[str]:
+    """Bring the guest-writable folders back here; a symlink made there is never followed.
+
+    Remote entries are listed with lstat (no link is followed there); a local
+    target is written only through :mod:`piwork.sharefs`-style checks: its parent
+    chain must be real directories inside the task folder, never a link.
+    """
+    skipped: list[str] = []
+    async with conn.start_sftp_client() as sftp:
+        for dst, src, writable in _pairs(local, remote):
+            if not writable:
+                continue
+            skipped += await _get_dir(sftp, src, dst, dst)
+    return skipped
+
+
+async def _get_dir(sftp: asyncssh.SFTPClient, src: str, dst: Path, top: Path) -> list[str]:
+    skipped: list[str] = []
+    for entry in await sftp.readdir(src):
+        name = str(entry.filename)
+        if name in (".", "..") or "/" in name:
+            continue
+        attrs = entry.attrs
+        rsrc = posixpath.join(src, name)
+        ldst = dst / name
+        if ldst.is_symlink():
+            skipped.append(str(ldst))
+            continue
+        if attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY:
+            try:
+                ldst.mkdir(exist_ok=True)
+            except OSError:  # a file of the same name here: kept, the remote dir is not
+                skipped.append(rsrc)
+                continue
+            if ldst.is_symlink() or not ldst.is_dir():
+                skipped.append(str(ldst))
+                continue
+            skipped += await _get_dir(sftp, rsrc, ldst, top)
+        elif attrs.type == asyncssh.FILEXFER_TYPE_REGULAR:
+            tmp = dst / f".{name}.piwork-sync"
+            try:
+                await sftp.get(rsrc, str(tmp), follow_symlinks=False)
+                os.replace(tmp, ldst)  # replaces a file; never writes through a link
+            except (OSError, asyncssh.SFTPError):
+                tmp.unlink(missing_ok=True)
+                skipped.append(rsrc)
+        else:  # links, sockets, devices: never brought over
+            skipped.append(rsrc)
+    return skipped
+
+
+async def open_remote_agent(
+    host_name: str,
+    cfg: AgentVmConfig,
+    stack: contextlib.AsyncExitStack,
+    *,
+    notice: Progress,
+    **kwargs: Any,
+) -> RemoteAgentVm:
+    """The runner's door to a remote host: connect (strictly), check, and make the agent.
+
+    The connection closes with ``stack`` (after the agent has stopped). An unknown
+    host key is refused here: ``piwork hosts add`` / ``check`` is where a person
+    accepts one, never in the middle of a run.
+    """
+    host = store.get(host_name)
+    if cfg.transport is not Transport.VIRTIO:
+        raise HostError("a remote host needs the virtio transport (leave out --transport tcp)")
+    link = await RemoteLink.open(host, None)
+    stack.push_async_callback(link.close)
+    if not link.report.ok:
+        raise HostError(f"{host.name} cannot run a VM: " + "; ".join(link.report.problems))
+    accel = link.report.accel
+    notice(
+        f"running on {host.name} ({host.target}): accelerator {accel.accel.value} ({accel.reason})"
+    )
+    return RemoteAgentVm(cfg, link, progress=notice, **kwargs)

@@ -378,6 +378,12 @@ class RemoteAgentVm(AgentVm):
     def _sock(self, name: str) -> str:
         return posixpath.join(self.rundir, name)
 
+    def _say_boot_mode(self, message: str, data: dict[str, Any]) -> None:
+        if data.get("cold_reason") == "warm start is off":  # we turned it off, not the person
+            reason = f"the saved VM is not made on remote hosts yet ({self.link.host.name})"
+            message, data = f"cold boot: {reason}", {**data, "cold_reason": reason}
+        super()._say_boot_mode(message, data)
+
     def _new_netmux(self) -> NetMux:
         targets = {TARGET_GATEWAY: self.cfg.gateway_port}
         if self.cfg.egress_port is not None:

@@ -146,6 +146,11 @@ WRITES = [
     "cp * d",
     "tar -xf links.tar && echo x > link/f",
     "tar xf links.tar; touch link/g",
+    "tar --file=../outside/o.tar -c src",
+    "tar -xf links.tar --directory=../outside",
+    "cp --target-directory=../outside a.txt",
+    "cp -t../outside a.txt",
+    "cp --target-directory=src a.txt",
 ]
 # Ways to move the shell, or to seem to: the gate must know where a write lands.
 CDS = [

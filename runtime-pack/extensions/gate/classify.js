@@ -1187,11 +1187,13 @@ function classifySimpleCommand(cmd, ctx, effects) {
   // Commands whose options can run programs: a write only when every option
   // is known not to (./writes.js), and no word may split into new options.
   if (isKnownWrite(name) || name === "patch" || name === "7z") {
-    const why = writeRisk(name, words, ctx);
-    if (why) {
-      effects.push(effect("exec", { command, reason: why }));
+    const checked = writeRisk(name, words, ctx);
+    if (checked.reason) {
+      effects.push(effect("exec", { command, reason: checked.reason }));
       return;
     }
+    // option arguments that name where it writes (tar --file=X, -C X, unzip -dX)
+    for (const f of checked.files) effects.push(pathEffect(f.op, f.word, ctx, command, f.reason));
   } else if (FILE_CHANGERS.has(name)) {
     // no option of these runs a program, but a word that becomes options can
     // move the target: `cp * x` with a file named `-t..` copies into the parent
@@ -1226,17 +1228,18 @@ function classifySimpleCommand(cmd, ctx, effects) {
   // moves
   if (name === "mv" || name === "rename" || name === "prename" || name === "file-rename") {
     let pos = positionals(words, optsFor("mv"));
-    const tIdx = words.findIndex((w) => w.text === "-t" || w.text === "--target-directory");
+    const target = targetDirectory(words);
     if (name !== "mv") pos = pos.slice(1); // rename EXPR files...
     for (const t of pos) effects.push(pathEffect("move", t, ctx, command, name === "mv" ? "moves or renames" : "renames"));
-    if (tIdx >= 0 && words[tIdx + 1]) effects.push(pathEffect("move", words[tIdx + 1], ctx, command, "moves into"));
+    if (target) effects.push(pathEffect("move", target, ctx, command, "moves into"));
     return;
   }
 
   // writes
   if (name === "cp" || name === "ln" || name === "install" || name === "rsync" || name === "scp") {
     const pos = positionals(words, optsFor(name));
-    const tIdx = words.findIndex((w) => w.text === "-t" || w.text === "--target-directory");
+    const target = targetDirectory(words);
+    const tIdx = target ? 0 : -1;
     if (name === "rsync" || name === "scp") {
       const remote = pos.filter((w) => /^[^/]*[^/\\]:/.test(w.text) && !/^[A-Za-z]:\\/.test(w.text));
       if (remote.length || pos.some((w) => /^rsync:\/\//.test(w.text))) {
@@ -1250,7 +1253,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
       pos.length = 0;
       pos.push(...local);
     }
-    const dest = tIdx >= 0 ? words[tIdx + 1] : pos[pos.length - 1];
+    const dest = target ?? pos[pos.length - 1];
     const sources = tIdx >= 0 ? pos : pos.slice(0, -1);
     // `ln -s`: a relative target is relative to the link's directory, not the cwd
     // (`cd a/b && ln -s .. ../../up` makes /mnt/work/up -> /mnt). Judge where the
@@ -1927,16 +1930,31 @@ function classifyFind(words, ctx, effects, command) {
 // runs a program (GNU and busybox). Deletes and moves always ask.
 const FILE_CHANGERS = new Set(["cp", "ln", "touch", "mkdir", "mkfifo", "mknod", "chmod", "chown", "chgrp", "chattr", "tee", "sponge", "csplit", "dd"]);
 
-/** Why a write command may do more than write files, or null. */
-function writeRisk(name, words, ctx) {
-  if (name === "patch") return "patch writes the files its input names and may run ed for ed-style patches";
-  if (name === "7z") return "7z: options not inspected";
-  const split = firstSplit(words, ctx);
-  if (split) return splitReason(name, split);
-  const checked = checkWriteArgs(name, words, (w) => mayBeOption(w, ctx));
-  if (!checked.ok) return checked.reason;
-  if (name === "tar" && !words.some((w) => w.text === "--force-local") && words.slice(1).some((w) => !w.text.startsWith("-") && /^[^/]*:/.test(w.text))) return "tar reaches host:file archives through a remote shell";
+/**
+ * The directory `-t DIR`, `-tDIR`, `--target-directory DIR` or
+ * `--target-directory=DIR` names (cp, ln, mv, install), as a word, or null.
+ */
+function targetDirectory(words) {
+  for (let k = 1; k < words.length; k++) {
+    const t = words[k].text;
+    if (t === "--") break;
+    if (t === "--target-directory" || /^-[A-Za-z]*t$/.test(t)) return words[k + 1] ?? null;
+    const m = /^(?:--target-directory=|-[A-Za-z]*t)(.+)$/.exec(t);
+    if (m && !t.startsWith("--") === /^-[A-Za-z]*t/.test(t)) return { ...words[k], text: m[1] };
+  }
   return null;
+}
+
+/** `{ reason }` when a write command may do more than write files, else `{ reason: null, files }` (the write targets its options name). */
+function writeRisk(name, words, ctx) {
+  if (name === "patch") return { reason: "patch writes the files its input names and may run ed for ed-style patches" };
+  if (name === "7z") return { reason: "7z: options not inspected" };
+  const split = firstSplit(words, ctx);
+  if (split) return { reason: splitReason(name, split) };
+  const checked = checkWriteArgs(name, words, (w) => mayBeOption(w, ctx));
+  if (!checked.ok) return { reason: checked.reason };
+  if (name === "tar" && !words.some((w) => w.text === "--force-local") && words.slice(1).some((w) => !w.text.startsWith("-") && /^[^/]*:/.test(w.text))) return { reason: "tar reaches host:file archives through a remote shell" };
+  return { reason: null, files: checked.files };
 }
 
 function classifyGit(words, ctx, effects, command) {

@@ -663,6 +663,14 @@ describe("security review: commands that were reads and delete, overwrite or run
       assert.equal(bash(cmd).action, "outside-scope", cmd);
     }
   });
+  test("a cd that may not happen leaves the directory unknown for what runs either way", () => {
+    for (const cmd of ["cd /etc; false && cd @WORK@; echo x > f", "cd /etc; cd @WORK@/missing; echo x > f", "cd /etc; true || cd @WORK@ && echo x > f", "cd /etc; : || cd @WORK@; echo x > f"]) {
+      assert.equal(bash(cmd.split("@WORK@").join(work)).action, "outside-scope", cmd);
+    }
+    assert.equal(bash("cd src && echo x > f").action, "write", "&& runs only if the cd did");
+    assert.equal(bash("cd src; echo x > f").action, "write", "an existing folder");
+    assert.deepEqual(actions(bash("cd src && ls | head")), ["read"]);
+  });
   test("csplit's prefix names where it writes", () => {
     for (const cmd of ["csplit -f ../elsewhere/x a.txt 1", "csplit --prefix=../elsewhere/x a.txt 1", "csplit -f../elsewhere/x a.txt 1", "csplit -b '/../../x%02d' a.txt 1"]) {
       notAutoRead(cmd);

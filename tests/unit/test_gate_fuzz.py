@@ -165,6 +165,10 @@ CDS = [
     "cd ../outside; eval cd ../work; ",
     "pushd ../outside; pushd ../work; pushd +1; ",
     "cd ../outside; { cd ../work; } | cat; ",
+    "cd ../outside; false && cd ../work; ",
+    "cd ../outside; cd ../work/missing; ",
+    "cd ../outside; true || cd ../work && ",
+    ": || cd src; ",
 ]
 
 
@@ -275,6 +279,7 @@ def test_generated_reads_change_nothing_and_writes_only_what_they_name_in_both_s
     @example("echo x < a.txt > /dev/fd/0")
     @example("tar -xf links.tar && echo x > link/f")
     @example("cd ../outside; (cd ../work); echo x > out.txt")
+    @example(": || cd src; echo x > out.txt")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
         if verdict["needsDecision"] and not verdict["autoAllowed"]:

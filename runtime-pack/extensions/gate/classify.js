@@ -247,12 +247,17 @@ class Lexer {
       // (`{ cd x; } | cat`, `while …; done &`): where its cds run is not followed
       if (this.lastOp === ")" || (first && !first.quoted && ["}", "done", "fi", "esac"].includes(first.text) && this.cur.words.length === 1)) this.compoundChild = true;
     }
-    if (this.cur.words.length || this.cur.redirects.length) {
+    const pushed = this.cur.words.length > 0 || this.cur.redirects.length > 0;
+    if (pushed) {
       this.cur.child = child || this.pipedNext || this.sawCase;
       this.cur.frames = [...this.frames];
+      // the operator before this command: whether it runs depends on the one before
+      this.cur.sep = this.sepNext ?? ";";
       this.commands.push(this.cur);
       this.pipedNext = op === "|" || op === "|&";
     }
+    if (op) this.sepNext = op;
+    else if (pushed) this.sepNext = ";";
     this.cur = { words: [], redirects: [] };
   }
 
@@ -1120,7 +1125,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
       return;
     }
     // `builtin cd`, `command cd` (and bash's `time` keyword) run in this shell
-    if (["builtin", "command", "time"].includes(name)) classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    if (["builtin", "command", "time"].includes(name)) classifySimple({ words: inner, redirects: [], sep: cmd.sep }, ctx, effects);
     else classifyChild({ words: inner, redirects: [] }, ctx, effects);
     return;
   }
@@ -1170,6 +1175,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
   }
   // cd: update the virtual cwd
   if (name === "cd" || name === "pushd") {
+    const before = ctx.cwd;
     const target = positionals(words)[0];
     // pushd with no directory, or +N/-N, rotates the stack: a directory this
     // classifier may not know
@@ -1181,6 +1187,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
       else if (ctx.cwd === null && !path.isAbsolute(v) && !v.startsWith("~")) ctx.cwd = null;
       else ctx.cwd = resolvePath(v, ctx.cwd ?? "/", { home: ctx.home });
     }
+    noteUncertainCd(cmd, ctx, before);
     return;
   }
 
@@ -1837,6 +1844,37 @@ function unwrap(words, spec, ctx) {
 }
 
 /**
+ * A cd may not happen: its folder may not exist (yet), or it runs only if
+ * the command before it succeeded (`a && cd x`) or failed (`a || cd x`).
+ * Commands chained to it with `&&` run only if it did; any other command
+ * after it may run in either folder (`cd elsewhere; cd missing; echo x > f`
+ * writes in elsewhere), so the directory becomes unknown for them.
+ */
+function noteUncertainCd(cmd, ctx, before) {
+  if (ctx.cwd === before) return;
+  const sep = cmd.sep ?? ";";
+  let exists = false;
+  try {
+    exists = ctx.cwd !== null && fs.statSync(ctx.cwd).isDirectory();
+  } catch {
+    exists = false;
+  }
+  if (exists && (sep === ";" || sep === "\n")) return;
+  const earlier = ctx.pendingCd;
+  ctx.pendingCd = { before: earlier ? earlier.before : before, viaOr: sep === "||" || (earlier?.viaOr ?? false) };
+}
+
+/** Before classifying `cmd`: settle a pending uncertain cd (see noteUncertainCd). */
+function settleUncertainCd(cmd, ctx) {
+  const p = ctx.pendingCd;
+  if (!p) return;
+  const sep = cmd.sep ?? ";";
+  if ((sep === "&&" || sep === "|" || sep === "|&") && !p.viaOr) return;
+  if (p.before !== ctx.cwd) ctx.cwd = null;
+  ctx.pendingCd = null;
+}
+
+/**
  * Classify a command another program runs (a wrapper's, xargs', find -exec's):
  * a `cd` there moves that child, not this shell, so the working directory
  * this classifier tracks becomes unknown rather than wrong.
@@ -2101,6 +2139,7 @@ export function classifyCommandEffects(commandText, ctx) {
       saved.push(ctx.cwd);
       frames.push(f[frames.length]);
     }
+    settleUncertainCd(cmd, ctx);
     classifySimple(cmd, ctx, effects);
   }
   while (frames.length) {

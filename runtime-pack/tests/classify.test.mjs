@@ -652,6 +652,25 @@ describe("security review: commands that were reads and delete, overwrite or run
       assert.ok(r.effects.some((e) => e.op === "write" && e.action === "outside-scope"), JSON.stringify(r.effects));
     });
   }
+  test("every spelling of a target directory names where cp, ln, install and mv write", () => {
+    for (const cmd of ["cp --target-directory=../elsewhere a.txt", "cp -t../elsewhere a.txt", "cp -at ../elsewhere a.txt", "ln -s --target-directory=../elsewhere a.txt", "install --target-directory=../elsewhere a.txt", "mv --target-directory=../elsewhere a.txt"]) {
+      assert.equal(bash(cmd).action, "outside-scope", cmd);
+    }
+    assert.equal(bash("cp -rt src a.txt").action, "write");
+  });
+  test("tar's archive and directory, in every spelling, are write targets", () => {
+    for (const cmd of ["tar --file=../elsewhere/o.tar -c src", "tar cf ../elsewhere/o.tar src", "tar -xf a.tar --directory=../elsewhere", "tar -xf a.tar --directory ../elsewhere", "unzip -d../elsewhere a.zip"]) {
+      assert.equal(bash(cmd).action, "outside-scope", cmd);
+    }
+  });
+  test("a cd that may not happen leaves the directory unknown for what runs either way", () => {
+    for (const cmd of ["cd /etc; false && cd @WORK@; echo x > f", "cd /etc; cd @WORK@/missing; echo x > f", "cd /etc; true || cd @WORK@ && echo x > f", "cd /etc; : || cd @WORK@; echo x > f"]) {
+      assert.equal(bash(cmd.split("@WORK@").join(work)).action, "outside-scope", cmd);
+    }
+    assert.equal(bash("cd src && echo x > f").action, "write", "&& runs only if the cd did");
+    assert.equal(bash("cd src; echo x > f").action, "write", "an existing folder");
+    assert.deepEqual(actions(bash("cd src && ls | head")), ["read"]);
+  });
   test("csplit's prefix names where it writes", () => {
     for (const cmd of ["csplit -f ../elsewhere/x a.txt 1", "csplit --prefix=../elsewhere/x a.txt 1", "csplit -f../elsewhere/x a.txt 1", "csplit -b '/../../x%02d' a.txt 1"]) {
       notAutoRead(cmd);

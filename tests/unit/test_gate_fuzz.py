@@ -146,6 +146,11 @@ WRITES = [
     "cp * d",
     "tar -xf links.tar && echo x > link/f",
     "tar xf links.tar; touch link/g",
+    "tar --file=../outside/o.tar -c src",
+    "tar -xf links.tar --directory=../outside",
+    "cp --target-directory=../outside a.txt",
+    "cp -t../outside a.txt",
+    "cp --target-directory=src a.txt",
 ]
 # Ways to move the shell, or to seem to: the gate must know where a write lands.
 CDS = [
@@ -160,6 +165,10 @@ CDS = [
     "cd ../outside; eval cd ../work; ",
     "pushd ../outside; pushd ../work; pushd +1; ",
     "cd ../outside; { cd ../work; } | cat; ",
+    "cd ../outside; false && cd ../work; ",
+    "cd ../outside; cd ../work/missing; ",
+    "cd ../outside; true || cd ../work && ",
+    ": || cd src; ",
 ]
 
 
@@ -270,6 +279,7 @@ def test_generated_reads_change_nothing_and_writes_only_what_they_name_in_both_s
     @example("echo x < a.txt > /dev/fd/0")
     @example("tar -xf links.tar && echo x > link/f")
     @example("cd ../outside; (cd ../work); echo x > out.txt")
+    @example(": || cd src; echo x > out.txt")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
         if verdict["needsDecision"] and not verdict["autoAllowed"]:

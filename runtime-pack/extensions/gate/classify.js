@@ -247,12 +247,17 @@ class Lexer {
       // (`{ cd x; } | cat`, `while …; done &`): where its cds run is not followed
       if (this.lastOp === ")" || (first && !first.quoted && ["}", "done", "fi", "esac"].includes(first.text) && this.cur.words.length === 1)) this.compoundChild = true;
     }
-    if (this.cur.words.length || this.cur.redirects.length) {
+    const pushed = this.cur.words.length > 0 || this.cur.redirects.length > 0;
+    if (pushed) {
       this.cur.child = child || this.pipedNext || this.sawCase;
       this.cur.frames = [...this.frames];
+      // the operator before this command: whether it runs depends on the one before
+      this.cur.sep = this.sepNext ?? ";";
       this.commands.push(this.cur);
       this.pipedNext = op === "|" || op === "|&";
     }
+    if (op) this.sepNext = op;
+    else if (pushed) this.sepNext = ";";
     this.cur = { words: [], redirects: [] };
   }
 
@@ -1120,7 +1125,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
       return;
     }
     // `builtin cd`, `command cd` (and bash's `time` keyword) run in this shell
-    if (["builtin", "command", "time"].includes(name)) classifySimple({ words: inner, redirects: [] }, ctx, effects);
+    if (["builtin", "command", "time"].includes(name)) classifySimple({ words: inner, redirects: [], sep: cmd.sep }, ctx, effects);
     else classifyChild({ words: inner, redirects: [] }, ctx, effects);
     return;
   }
@@ -1170,6 +1175,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
   }
   // cd: update the virtual cwd
   if (name === "cd" || name === "pushd") {
+    const before = ctx.cwd;
     const target = positionals(words)[0];
     // pushd with no directory, or +N/-N, rotates the stack: a directory this
     // classifier may not know
@@ -1181,17 +1187,20 @@ function classifySimpleCommand(cmd, ctx, effects) {
       else if (ctx.cwd === null && !path.isAbsolute(v) && !v.startsWith("~")) ctx.cwd = null;
       else ctx.cwd = resolvePath(v, ctx.cwd ?? "/", { home: ctx.home });
     }
+    noteUncertainCd(cmd, ctx, before);
     return;
   }
 
   // Commands whose options can run programs: a write only when every option
   // is known not to (./writes.js), and no word may split into new options.
   if (isKnownWrite(name) || name === "patch" || name === "7z") {
-    const why = writeRisk(name, words, ctx);
-    if (why) {
-      effects.push(effect("exec", { command, reason: why }));
+    const checked = writeRisk(name, words, ctx);
+    if (checked.reason) {
+      effects.push(effect("exec", { command, reason: checked.reason }));
       return;
     }
+    // option arguments that name where it writes (tar --file=X, -C X, unzip -dX)
+    for (const f of checked.files) effects.push(pathEffect(f.op, f.word, ctx, command, f.reason));
   } else if (FILE_CHANGERS.has(name)) {
     // no option of these runs a program, but a word that becomes options can
     // move the target: `cp * x` with a file named `-t..` copies into the parent
@@ -1226,17 +1235,18 @@ function classifySimpleCommand(cmd, ctx, effects) {
   // moves
   if (name === "mv" || name === "rename" || name === "prename" || name === "file-rename") {
     let pos = positionals(words, optsFor("mv"));
-    const tIdx = words.findIndex((w) => w.text === "-t" || w.text === "--target-directory");
+    const target = targetDirectory(words);
     if (name !== "mv") pos = pos.slice(1); // rename EXPR files...
     for (const t of pos) effects.push(pathEffect("move", t, ctx, command, name === "mv" ? "moves or renames" : "renames"));
-    if (tIdx >= 0 && words[tIdx + 1]) effects.push(pathEffect("move", words[tIdx + 1], ctx, command, "moves into"));
+    if (target) effects.push(pathEffect("move", target, ctx, command, "moves into"));
     return;
   }
 
   // writes
   if (name === "cp" || name === "ln" || name === "install" || name === "rsync" || name === "scp") {
     const pos = positionals(words, optsFor(name));
-    const tIdx = words.findIndex((w) => w.text === "-t" || w.text === "--target-directory");
+    const target = targetDirectory(words);
+    const tIdx = target ? 0 : -1;
     if (name === "rsync" || name === "scp") {
       const remote = pos.filter((w) => /^[^/]*[^/\\]:/.test(w.text) && !/^[A-Za-z]:\\/.test(w.text));
       if (remote.length || pos.some((w) => /^rsync:\/\//.test(w.text))) {
@@ -1250,7 +1260,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
       pos.length = 0;
       pos.push(...local);
     }
-    const dest = tIdx >= 0 ? words[tIdx + 1] : pos[pos.length - 1];
+    const dest = target ?? pos[pos.length - 1];
     const sources = tIdx >= 0 ? pos : pos.slice(0, -1);
     // `ln -s`: a relative target is relative to the link's directory, not the cwd
     // (`cd a/b && ln -s .. ../../up` makes /mnt/work/up -> /mnt). Judge where the
@@ -1834,6 +1844,37 @@ function unwrap(words, spec, ctx) {
 }
 
 /**
+ * A cd may not happen: its folder may not exist (yet), or it runs only if
+ * the command before it succeeded (`a && cd x`) or failed (`a || cd x`).
+ * Commands chained to it with `&&` run only if it did; any other command
+ * after it may run in either folder (`cd elsewhere; cd missing; echo x > f`
+ * writes in elsewhere), so the directory becomes unknown for them.
+ */
+function noteUncertainCd(cmd, ctx, before) {
+  if (ctx.cwd === before) return;
+  const sep = cmd.sep ?? ";";
+  let exists = false;
+  try {
+    exists = ctx.cwd !== null && fs.statSync(ctx.cwd).isDirectory();
+  } catch {
+    exists = false;
+  }
+  if (exists && (sep === ";" || sep === "\n")) return;
+  const earlier = ctx.pendingCd;
+  ctx.pendingCd = { before: earlier ? earlier.before : before, viaOr: sep === "||" || (earlier?.viaOr ?? false) };
+}
+
+/** Before classifying `cmd`: settle a pending uncertain cd (see noteUncertainCd). */
+function settleUncertainCd(cmd, ctx) {
+  const p = ctx.pendingCd;
+  if (!p) return;
+  const sep = cmd.sep ?? ";";
+  if ((sep === "&&" || sep === "|" || sep === "|&") && !p.viaOr) return;
+  if (p.before !== ctx.cwd) ctx.cwd = null;
+  ctx.pendingCd = null;
+}
+
+/**
  * Classify a command another program runs (a wrapper's, xargs', find -exec's):
  * a `cd` there moves that child, not this shell, so the working directory
  * this classifier tracks becomes unknown rather than wrong.
@@ -1927,16 +1968,31 @@ function classifyFind(words, ctx, effects, command) {
 // runs a program (GNU and busybox). Deletes and moves always ask.
 const FILE_CHANGERS = new Set(["cp", "ln", "touch", "mkdir", "mkfifo", "mknod", "chmod", "chown", "chgrp", "chattr", "tee", "sponge", "csplit", "dd"]);
 
-/** Why a write command may do more than write files, or null. */
-function writeRisk(name, words, ctx) {
-  if (name === "patch") return "patch writes the files its input names and may run ed for ed-style patches";
-  if (name === "7z") return "7z: options not inspected";
-  const split = firstSplit(words, ctx);
-  if (split) return splitReason(name, split);
-  const checked = checkWriteArgs(name, words, (w) => mayBeOption(w, ctx));
-  if (!checked.ok) return checked.reason;
-  if (name === "tar" && !words.some((w) => w.text === "--force-local") && words.slice(1).some((w) => !w.text.startsWith("-") && /^[^/]*:/.test(w.text))) return "tar reaches host:file archives through a remote shell";
+/**
+ * The directory `-t DIR`, `-tDIR`, `--target-directory DIR` or
+ * `--target-directory=DIR` names (cp, ln, mv, install), as a word, or null.
+ */
+function targetDirectory(words) {
+  for (let k = 1; k < words.length; k++) {
+    const t = words[k].text;
+    if (t === "--") break;
+    if (t === "--target-directory" || /^-[A-Za-z]*t$/.test(t)) return words[k + 1] ?? null;
+    const m = /^(?:--target-directory=|-[A-Za-z]*t)(.+)$/.exec(t);
+    if (m && !t.startsWith("--") === /^-[A-Za-z]*t/.test(t)) return { ...words[k], text: m[1] };
+  }
   return null;
+}
+
+/** `{ reason }` when a write command may do more than write files, else `{ reason: null, files }` (the write targets its options name). */
+function writeRisk(name, words, ctx) {
+  if (name === "patch") return { reason: "patch writes the files its input names and may run ed for ed-style patches" };
+  if (name === "7z") return { reason: "7z: options not inspected" };
+  const split = firstSplit(words, ctx);
+  if (split) return { reason: splitReason(name, split) };
+  const checked = checkWriteArgs(name, words, (w) => mayBeOption(w, ctx));
+  if (!checked.ok) return { reason: checked.reason };
+  if (name === "tar" && !words.some((w) => w.text === "--force-local") && words.slice(1).some((w) => !w.text.startsWith("-") && /^[^/]*:/.test(w.text))) return { reason: "tar reaches host:file archives through a remote shell" };
+  return { reason: null, files: checked.files };
 }
 
 function classifyGit(words, ctx, effects, command) {
@@ -2083,6 +2139,7 @@ export function classifyCommandEffects(commandText, ctx) {
       saved.push(ctx.cwd);
       frames.push(f[frames.length]);
     }
+    settleUncertainCd(cmd, ctx);
     classifySimple(cmd, ctx, effects);
   }
   while (frames.length) {

@@ -32,6 +32,7 @@ from pathlib import Path
 import asyncssh
 
 from piwork import sharefs
+from piwork.checkpoints.shadow import refused_prefix
 from piwork.hosts.remote import RemoteError
 
 MAX_FILE_BYTES = 256 << 20
@@ -157,6 +158,12 @@ class FolderSync:
         theirs = await remote_hashes(conn, self.remote)
         async with conn.start_sftp_client() as sftp:
             for rel, rsha in sorted(theirs.items()):
+                if refused_prefix(rel) is not None:
+                    # Git metadata (``.git`` in any spelling git accepts): the agent may
+                    # commit in the remote copy, but a config written there would run on
+                    # this machine at the person's next ``git status``. It never comes back.
+                    res.skipped.append(rel)
+                    continue
                 base = self.baseline.get(rel)
                 if rsha == base:
                     continue  # the agent left it alone
@@ -188,6 +195,8 @@ class FolderSync:
                 self.baseline[rel] = rsha
             for rel in sorted(set(self.baseline) - set(theirs)):
                 base = self.baseline.pop(rel)
+                if refused_prefix(rel) is not None:
+                    continue  # the person's git metadata is theirs: never deleted from here
                 mine = await asyncio.to_thread(_local_hash, self.local, rel)
                 if mine == base:
                     await asyncio.to_thread(sharefs.unlink_beneath, self.local, rel)

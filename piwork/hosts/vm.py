@@ -30,6 +30,7 @@ import asyncssh
 from qemu.qmp import QMPClient, Runstate
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
+from piwork.checkpoints.shadow import refused_prefix
 from piwork.hosts import store
 from piwork.hosts.check import HostReport, run_check
 from piwork.hosts.connect import Confirm, connect
@@ -39,6 +40,7 @@ from piwork.hosts.store import Host, HostError
 from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
 from piwork.hosts.sync import Conflict, FolderSync, SyncResult
 from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu, sweep
+from piwork.vm import gitguard
 from piwork.vm.channel import GuestChannel
 from piwork.vm.command import Transport, VmSpec, build_command, console_socket
 from piwork.vm.machine import STAGE_RE, BootStalled, ConsoleLog, VmError, VmExited, tail_file
@@ -176,6 +178,9 @@ class RemoteMachine:
         self.qemu = RemoteQemu(lambda: link.conn, link.root, self.argv, lease=lease, run_id=run_id)
         self.proc = _RemoteProc(self.qemu)
         self.qmp: QMPClient | None = None
+        self.git_protection: gitguard.Protection | None = None
+        """None: QEMU there never sees this machine's folder, only a copy; the copy's git
+        metadata never comes back (:mod:`piwork.hosts.sync` skips it)."""
         self.console = ConsoleLog(spec.console_log)
         self._console_task: asyncio.Task[None] | None = None
         self._console_writer: asyncio.StreamWriter | None = None
@@ -512,6 +517,9 @@ async def _get_dir(sftp: asyncssh.SFTPClient, src: str, dst: Path, top: Path) ->
     for entry in await sftp.readdir(src):
         name = str(entry.filename)
         if name in (".", "..") or "/" in name:
+            continue
+        if refused_prefix(name) is not None:  # git metadata: host git would run its config
+            skipped.append(posixpath.join(src, name))
             continue
         attrs = entry.attrs
         rsrc = posixpath.join(src, name)

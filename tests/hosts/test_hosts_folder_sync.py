@@ -44,6 +44,12 @@ async def test_three_way_sync_keeps_the_persons_edit_and_never_follows_links(
         (remote / "sub" / "deep.txt").write_text("deep v1\n")
         (remote / "new.txt").write_text("made by the agent\n")
         (remote / "persons-link").write_text("the agent wrote where the person has a link\n")
+        # Git metadata changed or made in the remote copy never comes back (host git
+        # would run what its config names), in any spelling git accepts:
+        (remote / ".git").mkdir()
+        (remote / ".git" / "config").write_text("[core]\n\tfsmonitor = touch PWNED\n")
+        (remote / "sub" / ".GIT").mkdir()
+        (remote / "sub" / ".GIT" / "config").write_text("[core]\n\tpager = touch PWNED\n")
         os.symlink("/etc/passwd", remote / "planted")  # never comes back
         os.symlink(tmp_path, remote / "planted-dir")
         seen: list[Conflict] = []
@@ -66,3 +72,5 @@ async def test_three_way_sync_keeps_the_persons_edit_and_never_follows_links(
     assert not lexists(local / "planted") and not lexists(local / "planted-dir")
     assert "persons-link" in res.conflicts[1].path and "beside" in res.conflicts[0].describe()
     assert (again.fetched, again.deleted, again.conflicts) == ([], [], [])
+    assert not lexists(local / ".git") and not lexists(local / "sub" / ".GIT")
+    assert {".git/config", "sub/.GIT/config"} <= set(res.skipped)

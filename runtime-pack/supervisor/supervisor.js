@@ -14,6 +14,7 @@ process.env.UV_THREADPOOL_SIZE = process.env.UV_THREADPOOL_SIZE || "8";
 
 const fs = require("node:fs");
 const net = require("node:net");
+const os = require("node:os");
 const path = require("node:path");
 const crypto = require("node:crypto");
 const { spawn, spawnSync } = require("node:child_process");
@@ -285,6 +286,13 @@ function startWorkbench(mode) {
       cwd: "/",
       stdio: ["ignore", "ignore", "pipe"],
     });
+    // Niced (its children inherit it): pi's own start, the task's first reply,
+    // comes first on the guest's CPUs.
+    try {
+      os.setPriority(child.pid, 10);
+    } catch {
+      /* runs at normal priority */
+    }
   } catch (err) {
     outbox.event({ ev: "workbench", ok: false, error: `cannot start: ${err.message}` });
     return;

@@ -61,6 +61,10 @@ if [ "$MODE" = disk ]; then
 else
     mounted "$DISK" || mount -t tmpfs -o mode=0755 tmpfs "$DISK" || fail "cannot make a tmpfs upper layer"
 fi
+# Long commands: their writes reach the disk within seconds, not 30 s (the
+# bash wrapper syncs when each command ends).
+echo 300 > /proc/sys/vm/dirty_expire_centisecs
+echo 100 > /proc/sys/vm/dirty_writeback_centisecs
 mkdir -p "$DISK/upper" "$DISK/work"
 if ! mounted "$ROOT"; then
     mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$DISK/upper,workdir=$DISK/work" "$ROOT" \

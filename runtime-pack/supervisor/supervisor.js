@@ -322,7 +322,6 @@ function startPi(msg) {
   }
   if (msg.clock) setClock(msg.clock);
   if (msg.mount === true) mountShares();
-  if (msg.workbench === "disk" || msg.workbench === "tmpfs") startWorkbench(msg.workbench);
   const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
   const env = childEnv(msg.env);
   const cwd = typeof msg.cwd === "string" && msg.cwd ? msg.cwd : "/root";
@@ -359,6 +358,9 @@ function startPi(msg) {
     }
   }
   pi = child;
+  // After "go": pi's start is not delayed by spawning the setup. Still in this
+  // tick, so the bash wrapper's "started" mark exists before pi can run a command.
+  if (msg.workbench === "disk" || msg.workbench === "tmpfs") startWorkbench(msg.workbench);
   let reported = false;
   const out = new LineSplitter((line) => outbox.add(line));
   const errSplit = new LineSplitter((line) => {

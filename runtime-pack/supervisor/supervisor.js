@@ -32,6 +32,10 @@ const PI_CLI =
   "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
 const NODE = process.env.PIWORK_NODE || process.execPath;
 const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs";
+// WebAssembly bounds checks in code, not through guard pages and a SIGSEGV
+// handler: pi's image tool (photon, wasm) crashed pi with SIGSEGV under TCG
+// in one of three runs (tests/vm/test_vm_workbench.py).
+const NODE_FLAGS = ["--disable-wasm-trap-handler"];
 const EXTENSIONS_DIR = process.env.PIWORK_EXTENSIONS_DIR || "/opt/piwork/extensions";
 // 9p tags the host may give the VM, and where they are mounted (on "start").
 const SHARES = { pwstate: "/mnt/state", pwwork: "/mnt/work", pwout: "/mnt/outputs", pwup: "/mnt/uploads" };
@@ -172,7 +176,7 @@ function spawnLauncher() {
   } catch {
     /* no extensions to warm */
   }
-  const child = spawn(NODE, [LAUNCHER], {
+  const child = spawn(NODE, [...NODE_FLAGS, LAUNCHER], {
     cwd: "/",
     env: childEnv({ PIWORK_WARM_EXTENSIONS: warm.join(":") }),
     stdio: ["pipe", "pipe", "pipe", "pipe"],
@@ -346,7 +350,7 @@ function startPi(msg) {
     entry.ctl.write(`${JSON.stringify({ op: "go", argv, env, cwd })}\n`);
   } else {
     try {
-      child = spawn(NODE, [PI_CLI, ...argv], {
+      child = spawn(NODE, [...NODE_FLAGS, PI_CLI, ...argv], {
         cwd,
         env,
         stdio: ["pipe", "pipe", "pipe"],

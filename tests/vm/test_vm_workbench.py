@@ -279,7 +279,11 @@ async def test_installs_persist_across_a_crash_a_resume_and_a_new_task_until_res
             run = asyncio.create_task(s.run(first, *steps))
             n_before = len(server.chat_requests)
             # The model is asked for the last step (the sleep) once the others ran.
-            await wait_for(lambda: len(server.chat_requests) - n_before >= len(steps), 1500)
+            # (or the run ends early: pi died, and waiting on would only hide why)
+            await wait_for(
+                lambda: run.done() or len(server.chat_requests) - n_before >= len(steps), 1500
+            )
+            assert not run.done(), f"the first task ended early: {run.result()[0]}"
             await asyncio.sleep(3)
             last = server.chat_requests[-1]
             results = [

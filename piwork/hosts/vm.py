@@ -43,7 +43,14 @@ from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu, sweep
 from piwork.vm import gitguard
 from piwork.vm.channel import GuestChannel
 from piwork.vm.command import Transport, VmSpec, build_command, console_socket
-from piwork.vm.machine import STAGE_RE, BootStalled, ConsoleLog, VmError, VmExited, tail_file
+from piwork.vm.machine import (
+    BootStalled,
+    ConsoleLog,
+    VmError,
+    VmExited,
+    record_stages,
+    tail_file,
+)
 from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
 
 log = logging.getLogger(__name__)
@@ -258,14 +265,9 @@ class RemoteMachine:
                 except OSError as exc:
                     log.warning("console.log: %s", exc)
                 buf = (buf + data)[-8192:]
-                for m in STAGE_RE.finditer(buf):
-                    name = m.group(1).decode()
-                    if name not in self.stages:
-                        self.stages[name] = time.monotonic() - self.started_at
-                        self._stage_seen.set()
-                        if self.on_stage:
-                            self.on_stage(name, self.stages[name])
-                buf = buf[buf.rfind(b"\n") + 1 :] if b"\n" in buf else buf
+                buf = record_stages(
+                    buf, self.started_at, self.stages, self._stage_seen, self.on_stage
+                )
 
     async def wait_booted(self, stall_timeout: float = 90.0) -> None:
         last = time.monotonic()

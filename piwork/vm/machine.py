@@ -176,6 +176,28 @@ def tail_file(path: Path, max_bytes: int = 4000) -> str:
 BootCallback = Callable[[str, float], None]
 
 
+def record_stages(
+    buf: bytes,
+    t0: float,
+    stages: dict[str, float],
+    seen: asyncio.Event,
+    on_stage: Callable[[str, float], None] | None,
+) -> bytes:
+    """Note each ``piwork: stage=NAME`` marker in ``buf`` once (seconds since ``t0``).
+
+    Returns the unfinished last line, to be prefixed to the next chunk. Used for a
+    local console log and for a remote one read over SSH alike.
+    """
+    for m in STAGE_RE.finditer(buf):
+        name = m.group(1).decode()
+        if name not in stages:
+            stages[name] = time.monotonic() - t0
+            seen.set()
+            if on_stage:
+                on_stage(name, stages[name])
+    return buf[buf.rfind(b"\n") + 1 :] if b"\n" in buf else buf
+
+
 class VirtualMachine:
     """A QEMU VM built from a :class:`VmSpec`.
 
@@ -305,14 +327,9 @@ class VirtualMachine:
             if chunk:
                 pos += len(chunk)
                 buf = (buf + chunk)[-8192:]
-                for m in STAGE_RE.finditer(buf):
-                    name = m.group(1).decode()
-                    if name not in self.stages:
-                        self.stages[name] = time.monotonic() - self.started_at
-                        self._stage_seen.set()
-                        if self.on_stage:
-                            self.on_stage(name, self.stages[name])
-                buf = buf[buf.rfind(b"\n") + 1 :] if b"\n" in buf else buf
+                buf = record_stages(
+                    buf, self.started_at, self.stages, self._stage_seen, self.on_stage
+                )
             if "supervisor" in self.stages:
                 return
             await asyncio.sleep(0.1)

@@ -19,7 +19,31 @@ from piwork.agent import AgentVmConfig, VmExit
 from piwork.rpc import models as m
 
 
-class FakeAgent:
+class NoVmDoors:
+    """The agent door's parts that need a VM (git guard, previews, a remote folder):
+    nothing behind them in a test double."""
+
+    def git_readonly_notice(self) -> str | None:
+        return None
+
+    @property
+    def git_scan_seconds(self) -> float | None:
+        return None
+
+    async def move_aside_new_git(self) -> list[Any]:
+        return []
+
+    def take_git_reports(self) -> tuple[list[Any], str | None]:
+        return [], None
+
+    def preview_mux(self) -> None:
+        return None
+
+    async def sync_folder(self) -> None:
+        return None
+
+
+class FakeAgent(NoVmDoors):
     """Plays ``script`` (pi's lines) for every prompt; records what the session asked."""
 
     def __init__(
@@ -102,24 +126,4 @@ class FakeAgent:
 
     @property
     def qemu_pid(self) -> int | None:
-        return None
-
-    # No VM, so no git guard and no netmux behind this agent.
-    def git_readonly_notice(self) -> str | None:
-        return None
-
-    @property
-    def git_scan_seconds(self) -> float | None:
-        return None
-
-    async def move_aside_new_git(self) -> list[Any]:
-        return []
-
-    def take_git_reports(self) -> tuple[list[Any], str | None]:
-        return [], None
-
-    def preview_mux(self) -> None:
-        return None
-
-    async def sync_folder(self) -> None:
         return None

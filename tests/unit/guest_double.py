@@ -20,6 +20,7 @@ import orjson
 from piwork.agent import AgentVm, PiDoor
 from piwork.rpc.client import RpcClient
 from piwork.vm.channel import Endpoint, GuestChannel
+from tests.unit.fake_agent import NoVmDoors
 
 
 class FakeGuest:
@@ -92,7 +93,7 @@ class FakeGuest:
         self.writer.close()
 
 
-class DoubleAgent(PiDoor):
+class DoubleAgent(NoVmDoors, PiDoor):
     """The run's door to pi (``piwork.agent.PiDoor``, the real one) over the fake guest.
 
     No VM behind it: pausing and diagnosing a VM exit are not what these tests
@@ -122,25 +123,6 @@ class DoubleAgent(PiDoor):
     @property
     def qemu_pid(self) -> int | None:
         return None
-
-    def git_readonly_notice(self) -> str | None:
-        return None
-
-    def preview_mux(self) -> None:
-        return None
-
-    async def sync_folder(self) -> None:
-        return None
-
-    @property
-    def git_scan_seconds(self) -> float | None:
-        return None
-
-    async def move_aside_new_git(self) -> list[Any]:
-        return []
-
-    def take_git_reports(self) -> tuple[list[Any], str | None]:
-        return [], None
 
 
 class Host:

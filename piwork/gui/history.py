@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
+from piwork.gui.words import permission_line, stopped_words
 from piwork.run.digest import EventKind, replay_pi_record
 from piwork.tasks.transcript import read_records
 
@@ -64,12 +65,15 @@ def load_history(path: Path, sink: Sink) -> int:
             if not _replay_pi(d, sink):
                 continue
         elif rec.kind == "permission":
-            sink.notice(
-                f"permission {d.get('action')} {d.get('target')}: {d.get('decision')}"
-                f" by {d.get('by')}"
-            )
+            # The same words as the live run (piwork.gui.words), not the record's fields.
+            line = permission_line(d)
+            if line is None:
+                continue
+            sink.notice(line)
         elif rec.kind == "status" and d.get("to") == "stopped":
-            sink.notice(f"— stopped ({d.get('reason') or 'done'}) —")
+            raw_stop = d.get("stop")
+            stop: dict[str, Any] = raw_stop if isinstance(raw_stop, dict) else {}
+            sink.notice(f"— {stopped_words(str(stop.get('reason') or d.get('reason') or ''))} —")
         else:
             continue
         used += 1

@@ -68,3 +68,13 @@ def permission_line(d: dict[str, Any]) -> str | None:
         "Always allow everywhere": " (always, everywhere)",
     }.get(dec, "")
     return f"You allowed{how}: {deed}"
+
+
+def stopped_words(reason: str) -> str:
+    """How a stopped run ended, said to the person ("Stopped by you", not "cancelled")."""
+    return {
+        "completed": "Done",
+        "cancelled": "Stopped by you",  # a Stop, Esc, Ctrl-C or quit: always the person
+        "error": "Failed",
+        "limit": "Stopped at a limit",
+    }.get(reason, "Stopped")

@@ -110,3 +110,26 @@ def test_the_setup_screen_keeps_cpu_flags_in_a_tooltip(qtbot: QtBot, gui_paths: 
     item = screen.list.item(0)
     assert "vmx/svm" not in item.text() and "software emulation" in item.text()
     assert "vmx/svm" in item.toolTip()
+
+
+def test_a_reopened_task_says_its_decisions_and_stops_in_the_same_words(tmp_path: Path) -> None:
+    from piwork.gui.history import load_history
+    from piwork.tasks.transcript import TranscriptWriter
+
+    path = tmp_path / "transcript.jsonl"
+    base = {"action": "write", "tool": "write", "target": "write /mnt/work/notes.txt"}
+    with TranscriptWriter(path) as w:
+        w.append("permission", {**base, "decision": "ask", "by": None})
+        w.append("permission", {**base, "decision": "Allow once", "by": "person"})
+        w.append("status", {"from": "running", "to": "stopped", "stop": {"reason": "cancelled"}})
+
+    class Notices:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def notice(self, text: str, kind: str = "notice") -> None:
+            self.lines.append(text)
+
+    sink = Notices()
+    load_history(path, sink)  # type: ignore[arg-type]
+    assert sink.lines == ["You allowed: change notes.txt", "— Stopped by you —"]

@@ -381,16 +381,24 @@ class ContextPanel(QWidget):
                 w.deleteLater()
         self.preview_buttons = {}
         for port, url in sorted(previews.items()):
+            # Port and button on one line, the URL on its own (a narrow panel must not
+            # cut it: it is what the person may copy into another browser).
             row = QWidget()
-            rl = QHBoxLayout(row)
-            rl.setContentsMargins(0, 0, 0, 0)
-            text = QLabel(f"port {port}: {url}")
-            text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-            rl.addWidget(text, 1)
+            rv = QVBoxLayout(row)
+            rv.setContentsMargins(0, 0, 0, 2)
+            rv.setSpacing(0)
+            top = QHBoxLayout()
+            top.addWidget(QLabel(f"Port {port}"), 1)
             btn = QPushButton("Open")
             btn.setToolTip(url)
             btn.clicked.connect(lambda _=False, u=url: open_preview(u))
-            rl.addWidget(btn)
+            top.addWidget(btn)
+            rv.addLayout(top)
+            link = QLabel(url)
+            link.setObjectName("previewUrl")
+            link.setToolTip(url)
+            link.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            rv.addWidget(link)
             self.preview_buttons[port] = btn
             self.previews_rows.addWidget(row)
         self.previews_box.setVisible(bool(previews))

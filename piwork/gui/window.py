@@ -453,6 +453,7 @@ class MainWindow(QMainWindow):
         self.stack.setCurrentWidget(self.empty)
         self.new_folder = None
         self.folder_lbl.setText("no folder")
+        self._fill_hosts()  # a host added with `piwork hosts add` meanwhile is offered
         self._update_composer()
         self.composer.setFocus()
 
@@ -657,10 +658,12 @@ class MainWindow(QMainWindow):
         """ "This computer" and the stored hosts (read from the hosts file: nothing connects
         until a task starts on one)."""
         names, error = host_names()
+        chosen = self.host_pick.currentData()
         self.host_pick.clear()
         self.host_pick.addItem("This computer", None)
         for name in names:
             self.host_pick.addItem(name, name)
+        self.host_pick.setCurrentIndex(max(0, self.host_pick.findData(chosen)) if chosen else 0)
         self.host_pick.setToolTip(
             error or "Where a new task's VM runs (add a host: piwork hosts add NAME user@box)"
         )

@@ -88,9 +88,17 @@ def test_the_picker_lists_stored_hosts_and_a_new_task_runs_on_the_chosen_one(
     qloop.run_until_complete(asyncio.wait_for(again(), 30))
     assert RecordingSession.requests[1].host == "gpu"
 
-    # "This computer" is no host at all.
+    # A host added meanwhile (``piwork hosts add``) is offered for the next new task.
+    store.save({**store.load(), "lab": store.parse_target("lab", "me@lab.example")})
     win.new_task()
     assert pick.isEnabled()
+    assert [pick.itemText(i) for i in range(pick.count())] == [
+        "This computer",
+        "box",
+        "gpu",
+        "lab",
+    ]
+    # "This computer" is no host at all.
     pick.setCurrentIndex(0)
 
     async def local() -> None:

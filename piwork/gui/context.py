@@ -68,7 +68,7 @@ from piwork.checkpoints import (
 )
 from piwork.config import Paths, get_paths
 from piwork.gui.text import sanitize
-from piwork.gui.widgets import InertBrowser, file_kind, set_inert_markdown
+from piwork.gui.widgets import InertBrowser, file_kind, open_preview, set_inert_markdown
 from piwork.tasks.store import TaskStoreError
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,18 @@ class ContextPanel(QWidget):
         self.open_btn.clicked.connect(self._open_folder)
         self.open_btn.setEnabled(False)  # until a task with a folder is shown
         lay.addWidget(self.open_btn)
+        # Previews: the selected task's open previews (hidden when it has none).
+        self.previews_box = QWidget()
+        self.previews_box.setObjectName("previews")
+        pl = QVBoxLayout(self.previews_box)
+        pl.setContentsMargins(0, 4, 0, 4)
+        pl.addWidget(QLabel("Previews"))
+        self.previews_rows = QVBoxLayout()
+        pl.addLayout(self.previews_rows)
+        self.preview_buttons: dict[int, QPushButton] = {}  # port -> its "Open" button
+        self._previews_shown: dict[int, str] = {}
+        self.previews_box.hide()
+        lay.addWidget(self.previews_box)
         self.tabs = QTabWidget()
         self.tabs.setObjectName("contextTabs")
         # Files: what changed in the folder (live, by watchfiles), previewed below.
@@ -355,6 +367,41 @@ class ContextPanel(QWidget):
             # and is recorded (see _undo_done), the new task's turns load after it.
             self._again = True
         self.refresh_checkpoints()
+
+    def set_previews(self, previews: dict[int, str]) -> None:
+        """Show these open previews (port -> URL) of the selected task, nothing else."""
+        if previews == self._previews_shown:
+            return
+        self._previews_shown = dict(previews)
+        while self.previews_rows.count():
+            item = self.previews_rows.takeAt(0)
+            w = item.widget() if item is not None else None
+            if w is not None:
+                w.hide()
+                w.deleteLater()
+        self.preview_buttons = {}
+        for port, url in sorted(previews.items()):
+            # Port and button on one line, the URL on its own (a narrow panel must not
+            # cut it: it is what the person may copy into another browser).
+            row = QWidget()
+            rv = QVBoxLayout(row)
+            rv.setContentsMargins(0, 0, 0, 2)
+            rv.setSpacing(0)
+            top = QHBoxLayout()
+            top.addWidget(QLabel(f"Port {port}"), 1)
+            btn = QPushButton("Open")
+            btn.setToolTip(url)
+            btn.clicked.connect(lambda _=False, u=url: open_preview(u))
+            top.addWidget(btn)
+            rv.addLayout(top)
+            link = QLabel(url)
+            link.setObjectName("previewUrl")
+            link.setToolTip(url)
+            link.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+            rv.addWidget(link)
+            self.preview_buttons[port] = btn
+            self.previews_rows.addWidget(row)
+        self.previews_box.setVisible(bool(previews))
 
     def watch(self, task_id: str, folder: Path | None, outputs: Path | None) -> None:
         """Record changes under the task's folder and outputs, selected or not."""

@@ -16,14 +16,16 @@ import contextlib
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from PySide6.QtCore import QObject, Signal
 
 from piwork.errors import describe
 from piwork.policy import Choice, PermissionRequest
+from piwork.preview import PreviewChoice, PreviewQuestion
 from piwork.run.pool import CLOSE, Pool
 from piwork.runner import EventKind, Outcome, RunEvent, RunRequest, TaskSession
 from piwork.tasks import TaskBusy
@@ -63,6 +65,33 @@ class PendingQuestion:
     future: asyncio.Future[str | bool | None]
 
 
+@dataclass
+class PendingPreview:
+    question: PreviewQuestion
+    future: asyncio.Future[PreviewChoice | None]
+
+
+def preview_url(url: object) -> str | None:
+    """The URL of a preview event if it is one piwork builds (http on loopback), else None.
+
+    The event comes from this process, but its port numbers came from the guest: the
+    window opens nothing but plain ``http://`` addresses under ``.localhost``.
+    """
+    if not isinstance(url, str) or len(url) > 300:
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname or ""
+    if parts.scheme != "http" or port is None:
+        return None
+    if host not in ("localhost", "127.0.0.1") and not host.endswith(".localhost"):
+        return None
+    return url
+
+
 class GuiAsker:
     """The runner's ``Asker``: each question becomes a future the window answers."""
 
@@ -80,6 +109,20 @@ class GuiAsker:
         finally:
             with contextlib.suppress(ValueError):
                 self.ctl.permissions.remove(pending)
+            self.ctl.changed.emit()
+
+    async def preview(self, q: PreviewQuestion) -> PreviewChoice | None:
+        """The preview question (three answers, each showing the rule it stores)."""
+        fut: asyncio.Future[PreviewChoice | None] = asyncio.get_running_loop().create_future()
+        pending = PendingPreview(q, fut)
+        self.ctl.preview_questions.append(pending)
+        self.ctl.changed.emit()
+        self.ctl.preview_asked.emit(pending)
+        try:
+            return await fut
+        finally:
+            with contextlib.suppress(ValueError):
+                self.ctl.preview_questions.remove(pending)
             self.ctl.changed.emit()
 
     async def question(
@@ -124,6 +167,8 @@ class RunOptions:
     memory_mb: int = 1024
     cpus: int = 2
     accel: str | None = None
+    host: str | None = None
+    """A remote host's name (``piwork hosts``); None: this computer."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -134,6 +179,7 @@ class TaskController(QObject):
     changed = Signal()
     permission_asked = Signal(object)  # PendingPermission
     question_asked = Signal(object)  # PendingQuestion
+    preview_asked = Signal(object)  # PendingPreview
     finished = Signal(object)  # Outcome | Exception
     closed = Signal()  # the session ended (VM powered off)
 
@@ -156,9 +202,12 @@ class TaskController(QObject):
         self.reason = reason
         self.folder = folder
         self.model = model
+        self.host: str | None = None  # the remote host it runs on (None: this computer)
         self.session: TaskSession | None = None
         self.permissions: list[PendingPermission] = []
         self.question: PendingQuestion | None = None
+        self.preview_questions: list[PendingPreview] = []
+        self.previews: dict[int, str] = {}  # open previews of the live session: port -> URL
         self.last_activity = ""
         self.tokens = 0
         self.cost = 0.0
@@ -184,7 +233,7 @@ class TaskController(QObject):
     def label(self) -> str:
         if self.paused:
             return "paused"
-        if self.permissions or self.question:
+        if self.permissions or self.question or self.preview_questions:
             return "waiting for you"
         return status_label(self.status, self.reason)
 
@@ -242,9 +291,21 @@ class TaskController(QObject):
             self.cost = float(d.get("cost") or 0.0)
         elif ev.kind is EventKind.DONE:
             self.tokens = int(d.get("tokens") or self.tokens)
+        elif ev.kind is EventKind.PREVIEW:
+            self._preview_event(d)
         self.last_activity = time.strftime("%H:%M")
         self.run_event.emit(ev)
         self.changed.emit()
+
+    def _preview_event(self, d: dict[str, Any]) -> None:
+        port = d.get("port")
+        if not isinstance(port, int) or isinstance(port, bool):
+            return
+        url = preview_url(d.get("url"))
+        if d.get("state") == "opened" and url is not None:
+            self.previews[port] = url
+        else:
+            self.previews.pop(port, None)
 
     # ------------------------------------------------------------ running
     def submit(self, prompt: str, opts: RunOptions) -> None:
@@ -260,6 +321,9 @@ class TaskController(QObject):
             return
         if self.live:
             raise RuntimeError("the task is running: steer or queue a follow-up instead")
+        if opts.host is None and self.host is not None:
+            opts = replace(opts, host=self.host)  # a follow-up runs where the task ran
+        self.host = opts.host
         self._opts = opts
         if not self.pool.has_slot(self):
             self._queued_prompt = prompt
@@ -298,6 +362,7 @@ class TaskController(QObject):
             memory_mb=opts.memory_mb,
             cpus=opts.cpus,
             accel=opts.accel,
+            host=opts.host,
             **opts.extra,
         )
         result: Outcome | BaseException | None = None
@@ -336,6 +401,7 @@ class TaskController(QObject):
             self.finished.emit(exc)
         finally:
             self.session = None
+            self.previews.clear()  # the session's previews closed with it
             self._clock_for("stopped")
             self._cancel_questions()
             self.closed.emit()
@@ -348,8 +414,15 @@ class TaskController(QObject):
                 p.future.set_result(None)
         if self.question is not None and not self.question.future.done():
             self.question.future.set_result(None)
+        for pv in list(self.preview_questions):
+            if not pv.future.done():
+                pv.future.set_result(None)
 
     def answer_permission(self, pending: PendingPermission, choice: Choice) -> None:
+        if not pending.future.done():
+            pending.future.set_result(choice)
+
+    def answer_preview(self, pending: PendingPreview, choice: PreviewChoice | None) -> None:
         if not pending.future.done():
             pending.future.set_result(choice)
 

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import shutil
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -64,6 +64,7 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self._policy_tab(), "Permissions")
         self.tabs.addTab(self._limits_tab(), "Limits and VM")
         self.tabs.addTab(self._packs_tab(), "Packs")
+        self.tabs.addTab(self._hosts_tab(), "Remote hosts")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
@@ -390,6 +391,31 @@ class SettingsDialog(QDialog):
         self.pack_status.setWordWrap(True)
         lay.addWidget(self.pack_status)
         self._fill_packs()
+        return w
+
+    def _hosts_tab(self) -> QWidget:
+        """The stored remote hosts, read-only: adding one checks the host's key and
+        login, which is ``piwork hosts add``'s job in a terminal."""
+        from piwork.gui.hosts import ADD_HINT, host_lines
+
+        w = QWidget()
+        lay = QVBoxLayout(w)
+        self.hosts = QListWidget()
+        self.hosts.setObjectName("hostList")
+        lines, error = host_lines()
+        for line in lines:
+            self.hosts.addItem(line)
+        lay.addWidget(self.hosts, 1)
+        note = QLabel(
+            (error + "\n" if error else "")
+            + ("" if lines else "No remote hosts yet. ")
+            + ADD_HINT
+            + " (in a terminal). A new task's host is chosen next to its model."
+        )
+        note.setObjectName("hostsNote")
+        note.setWordWrap(True)
+        note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(note)
         return w
 
     def _fill_packs(self) -> None:

@@ -38,6 +38,7 @@ from PySide6.QtWidgets import (
 
 from piwork.gui.text import rule_text, sanitize
 from piwork.policy import Choice, Rule
+from piwork.preview import PreviewChoice, PreviewQuestion
 
 _COLOURS: list[tuple[object, str]] = [
     (Comment, "#6a737d"),
@@ -414,6 +415,98 @@ class PermissionSheet(QFrame):
             self.answered.emit(Choice.DENY)
             return
         super().keyPressEvent(e)
+
+
+class PreviewSheet(QFrame):
+    """The preview question: the permission sheet's look, three answers, and under each
+    answer the rule it stores, in plain words. Enter answers "Never" (the default)."""
+
+    answered = Signal(object)  # PreviewChoice
+
+    def __init__(self, q: PreviewQuestion, queued: int = 0) -> None:
+        super().__init__()
+        self.setObjectName("permissionSheet")
+        self.setFrameShape(QFrame.Shape.StyledPanel)
+        lay = QVBoxLayout(self)
+        title = QLabel("Open a preview?" + (f"  ({queued} more waiting)" if queued else ""))
+        title.setObjectName("sheetTitle")
+        lay.addWidget(title)
+        self.what = plain_label(sanitize(q.question, limit=600))
+        self.what.setWordWrap(True)
+        self.what.setObjectName("sheetWhat")
+        lay.addWidget(self.what)
+        row = QHBoxLayout()
+        self.buttons: dict[PreviewChoice, QPushButton] = {}
+        self.rule_labels: dict[PreviewChoice, QLabel] = {}
+        for choice in PreviewChoice:
+            col = QVBoxLayout()
+            b = QPushButton(choice.value)
+            b.setAutoDefault(choice is PreviewChoice.NEVER)
+            b.setDefault(choice is PreviewChoice.NEVER)
+            b.clicked.connect(lambda _=False, c=choice: self.answered.emit(c))
+            self.buttons[choice] = b
+            col.addWidget(b)
+            rule = q.rules.get(choice)
+            hint = plain_label(rule.human() if rule is not None else "")
+            hint.setObjectName("sheetRule")
+            hint.setWordWrap(True)
+            self.rule_labels[choice] = hint
+            col.addWidget(hint)
+            col.addStretch(1)
+            row.addLayout(col, 1)
+        lay.addLayout(row)
+
+    def keyPressEvent(self, e: QKeyEvent) -> None:
+        if e.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter):
+            self.answered.emit(PreviewChoice.NEVER)
+            return
+        super().keyPressEvent(e)
+
+
+def open_preview(url: str) -> None:
+    """Open a preview in the person's browser (the URL is piwork's own loopback address)."""
+    QDesktopServices.openUrl(QUrl(url))
+
+
+class PreviewRow(QFrame):
+    """A preview in the conversation: "Preview of port N" and a button that opens it;
+    greyed once the preview closes, the reason shown when it was refused."""
+
+    def __init__(self, port: int, url: str | None) -> None:
+        super().__init__()
+        self.setObjectName("previewRow")
+        self.port = port
+        self.url = url
+        lay = QHBoxLayout(self)
+        lay.setContentsMargins(8, 2, 8, 2)
+        self.label = plain_label(f"Preview of port {port}")
+        lay.addWidget(self.label, 1)
+        self.open_btn = QPushButton("Open preview")
+        self.open_btn.clicked.connect(self._open)
+        lay.addWidget(self.open_btn)
+        self.set_open(url)
+
+    def set_open(self, url: str | None) -> None:
+        self.url = url
+        self.open_btn.setEnabled(url is not None)
+        self.open_btn.setToolTip(url or "")
+        self.label.setText(f"Preview of port {self.port}" + ("" if url else " (not open)"))
+
+    def set_closed(self, reason: str | None = None) -> None:
+        self.url = None
+        self.open_btn.setEnabled(False)
+        why = f": {sanitize(reason, limit=200, keep_newlines=False)}" if reason else ""
+        self.label.setText(f"Preview of port {self.port} (closed{why})")
+
+    def set_refused(self, reason: str) -> None:
+        self.url = None
+        self.open_btn.setEnabled(False)
+        why = sanitize(reason, limit=200, keep_newlines=False)
+        self.label.setText(f"Preview of port {self.port} refused: {why}")
+
+    def _open(self) -> None:
+        if self.url is not None:
+            open_preview(self.url)
 
 
 class QuestionBar(QFrame):

@@ -37,12 +37,14 @@ from piwork.gui.appstate import NEW, AppState, Crash
 from piwork.gui.context import ContextPanel
 from piwork.gui.controller import (
     PendingPermission,
+    PendingPreview,
     PendingQuestion,
     RunOptions,
     TaskController,
     spawn,
 )
 from piwork.gui.history import load_history
+from piwork.gui.hosts import host_names
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.text import always_rules, plain_request, rule_text, sanitize
 from piwork.gui.welcome import DEMO_PROMPT, WelcomePage, demo_folder
@@ -51,12 +53,15 @@ from piwork.gui.widgets import (
     MessageView,
     NoticeRow,
     PermissionSheet,
+    PreviewRow,
+    PreviewSheet,
     QuestionBar,
     ToolRow,
 )
 from piwork.gui.words import permission_line, person_paths
 from piwork.models.defaults import DEMO
 from piwork.policy import Choice, needs_confirmation
+from piwork.preview import PreviewChoice
 from piwork.run.pool import Pool
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
@@ -130,6 +135,7 @@ class Conversation(QScrollArea):
         self.setWidget(inner)
         self.current: MessageView | None = None
         self.tools: dict[str, ToolRow] = {}
+        self.previews: dict[int, PreviewRow] = {}  # the latest row of each guest port
         self.boot_row: NoticeRow | None = None
         self.boot_details: list[str] = []
         self.verticalScrollBar().rangeChanged.connect(self._stick)
@@ -190,6 +196,27 @@ class Conversation(QScrollArea):
 
     def notice(self, text: str, kind: str = "notice") -> None:
         self.add(NoticeRow(text, kind))
+
+    def preview(self, port: int, state: str, url: str | None, reason: str | None) -> None:
+        """A preview event: "opened" adds a row (or reopens the port's row), "closed"
+        greys it, "refused" says why."""
+        row = self.previews.get(port)
+        if state == "opened":
+            if row is None or row.url is None:
+                row = PreviewRow(port, url)
+                self.previews[port] = row
+                self.add(row)
+            else:
+                row.set_open(url)
+        elif state == "closed":
+            if row is not None:
+                row.set_closed(reason)
+        elif state == "refused":
+            if row is None or row.url is not None:
+                row = PreviewRow(port, None)
+                self.previews[port] = row
+                self.add(row)
+            row.set_refused(reason or "not opened")
 
     def messages(self) -> list[MessageView]:
         out = []
@@ -293,6 +320,10 @@ class MainWindow(QMainWindow):
         self.model_pick.setToolTip("Model for a new task")
         self._fill_models()
         bar.addWidget(self.model_pick)
+        self.host_pick = QComboBox()
+        self.host_pick.setObjectName("hostPick")
+        self._fill_hosts()
+        bar.addWidget(self.host_pick)
         self.folder_btn = QPushButton("Folder…")
         self.folder_btn.setToolTip("Working folder for a new task")
         self.folder_btn.clicked.connect(self._pick_folder)
@@ -400,6 +431,7 @@ class MainWindow(QMainWindow):
         ctl.changed.connect(self._refresh_rail)
         ctl.permission_asked.connect(lambda p, c=ctl: self._on_permission(c, p))
         ctl.question_asked.connect(lambda q, c=ctl: self._on_question(c, q))
+        ctl.preview_asked.connect(lambda q, c=ctl: self._on_preview_question(c, q))
         ctl.finished.connect(lambda r, c=ctl: self._on_finished(c, r))
         ctl.closed.connect(lambda c=ctl: self.context.unwatch(c.task_id or ""))
         self.tasks.insert(0, ctl)
@@ -421,6 +453,7 @@ class MainWindow(QMainWindow):
         self.stack.setCurrentWidget(self.empty)
         self.new_folder = None
         self.folder_lbl.setText("no folder")
+        self._fill_hosts()  # a host added with `piwork hosts add` meanwhile is offered
         self._update_composer()
         self.composer.setFocus()
 
@@ -551,8 +584,8 @@ class MainWindow(QMainWindow):
             label = ctl.label
             spin = SPINNER[self._spin % len(SPINNER)] + " " if ctl.busy and not ctl.paused else ""
             badge = ""
-            if (ctl.permissions or ctl.question) and ctl is not sel:
-                n = len(ctl.permissions) + (1 if ctl.question else 0)
+            if (ctl.permissions or ctl.question or ctl.preview_questions) and ctl is not sel:
+                n = len(ctl.permissions) + len(ctl.preview_questions) + (1 if ctl.question else 0)
                 badge = f"  ⚠ {n}"
             when = f" · {ctl.last_activity}" if ctl.last_activity else ""
             item.setText(
@@ -568,10 +601,12 @@ class MainWindow(QMainWindow):
             self.header.setToolTip(f"model: {sel.model}" if sel.model else "")
             self.context.set_usage(sel.tokens, sel.cost, sel.elapsed)
             self.context.set_running(sel.busy, warm=sel.warm)
+            self.context.set_previews(sel.previews)
         else:
             self.header.setText("New task")
             self.header.setToolTip("")
             self.context.set_usage(None, None, None)
+            self.context.set_previews({})
         self._update_composer()
 
     def _tick(self) -> None:
@@ -596,6 +631,14 @@ class MainWindow(QMainWindow):
         self.send_btn.setText("Stop" if running else "Send")
         self.model_pick.setEnabled(ctl is None)
         self.folder_btn.setEnabled(ctl is None)
+        self.host_pick.setEnabled(ctl is None)
+        if ctl is not None:  # the task's own host, not the new-task choice
+            host = ctl.host
+            i = self.host_pick.findData(host) if host else 0
+            if host and i < 0:
+                self.host_pick.addItem(host, host)
+                i = self.host_pick.count() - 1
+            self.host_pick.setCurrentIndex(i)
         if ctl is not None:  # show the task's own model and folder, not the new-task choice
             ref = ctl.model or "demo"
             i = self.model_pick.findData(ref)
@@ -610,6 +653,20 @@ class MainWindow(QMainWindow):
         self.pause_btn.setText("Continue" if ctl is not None and ctl.paused else "Pause")
         self.end_btn.setVisible(ctl is not None and ctl.warm)
         self.composer.setPlaceholderText(composer_hint(ctl))
+
+    def _fill_hosts(self) -> None:
+        """ "This computer" and the stored hosts (read from the hosts file: nothing connects
+        until a task starts on one)."""
+        names, error = host_names()
+        chosen = self.host_pick.currentData()
+        self.host_pick.clear()
+        self.host_pick.addItem("This computer", None)
+        for name in names:
+            self.host_pick.addItem(name, name)
+        self.host_pick.setCurrentIndex(max(0, self.host_pick.findData(chosen)) if chosen else 0)
+        self.host_pick.setToolTip(
+            error or "Where a new task's VM runs (add a host: piwork hosts add NAME user@box)"
+        )
 
     async def _release_vm(self, task_id: str) -> None:
         ctl = next((c for c in self.tasks if c.task_id == task_id), None)
@@ -649,10 +706,11 @@ class MainWindow(QMainWindow):
         if text:
             self._send_text(text)
 
-    def run_options(self, model: str | None) -> RunOptions:
+    def run_options(self, model: str | None, host: str | None = None) -> RunOptions:
         return RunOptions(
             model=model,
             folder=self.new_folder,
+            host=host,
             memory_mb=self.prefs.memory_mb,
             cpus=self.prefs.cpus,
             accel=self.prefs.accel or None,
@@ -667,9 +725,10 @@ class MainWindow(QMainWindow):
             ctl = TaskController(
                 self.pool, title=text.splitlines()[0][:80], folder=self.new_folder, model=model
             )
+            host = self.host_pick.currentData()
             self._add(ctl)
             self.select(ctl)
-            ctl.submit(text, self.run_options(model))
+            ctl.submit(text, self.run_options(model, host))
             return
         if ctl.busy:
             if ctl.session is None:  # still booting: keep the text rather than drop it
@@ -794,6 +853,16 @@ class MainWindow(QMainWindow):
             )
         elif k is EventKind.CHANGES and ctl.task_id:  # a turn ended: its files and counts
             self.context.on_changes_event(d, task_id=ctl.task_id)
+        elif k is EventKind.PREVIEW:
+            port = d.get("port")
+            if isinstance(port, int) and not isinstance(port, bool):
+                reason = d.get("reason")
+                conv.preview(
+                    port,
+                    str(d.get("state")),
+                    ctl.previews.get(port),  # the checked URL (http on loopback), or None
+                    str(reason) if reason else None,
+                )
 
     def _notify(self, ctl: TaskController, what: str) -> None:
         if self.isActiveWindow():
@@ -820,6 +889,10 @@ class MainWindow(QMainWindow):
         self._notify(ctl, "waiting for your permission")
         self._show_sheets()
 
+    def _on_preview_question(self, ctl: TaskController, q: PendingPreview) -> None:
+        self._notify(ctl, "asks to open a preview")
+        self._show_sheets()
+
     def _on_question(self, ctl: TaskController, q: PendingQuestion) -> None:
         self._notify(ctl, "the agent asks you something")
         self._show_sheets()
@@ -838,6 +911,7 @@ class MainWindow(QMainWindow):
         self._clear(self.question_host)
         self.sheet: PermissionSheet | None = None
         self.question_bar: QuestionBar | None = None
+        self.preview_sheet: PreviewSheet | None = None
         ctl = self.current()
         if ctl is None:
             return
@@ -858,6 +932,14 @@ class MainWindow(QMainWindow):
             self.sheet_host.addWidget(sheet)
             self.sheet = sheet
             sheet.buttons[Choice.DENY].setFocus()
+        previews = [p for p in ctl.preview_questions if not p.future.done()]
+        if previews and self.sheet is None:
+            pv = previews[0]
+            psheet = PreviewSheet(pv.question, queued=len(previews) - 1)
+            psheet.answered.connect(lambda c, p=pv, t=ctl: self._answer_preview(t, p, c))
+            self.sheet_host.addWidget(psheet)
+            self.preview_sheet = psheet
+            psheet.buttons[PreviewChoice.NEVER].setFocus()
         q = ctl.question
         if q is not None and not q.future.done():
             bar = QuestionBar(q.method, q.title, q.message, q.options)
@@ -893,6 +975,12 @@ class MainWindow(QMainWindow):
 
         box.finished.connect(answered)
         box.open()
+
+    def _answer_preview(
+        self, ctl: TaskController, p: PendingPreview, c: PreviewChoice | None
+    ) -> None:
+        ctl.answer_preview(p, c)
+        QTimer.singleShot(0, self._show_sheets)
 
     def _answer_q(self, ctl: TaskController, answer: object) -> None:
         ctl.answer_question(answer)  # type: ignore[arg-type]

@@ -25,7 +25,14 @@ from typing import Any
 import orjson
 
 from piwork import sharefs
-from piwork.agent import GATE_EXTENSION, GUEST_EXTENSIONS, AgentVmConfig, TaskDirs
+from piwork.agent import (
+    GATE_EXTENSION,
+    GUEST_EXTENSIONS,
+    Agent,
+    AgentFactory,
+    AgentVmConfig,
+    TaskDirs,
+)
 from piwork.auth import KeyStore
 from piwork.config import Paths
 from piwork.env import TaskEnv, store_for
@@ -51,6 +58,7 @@ from piwork.proxy.egress import (
 )
 from piwork.proxy.gateway import ModelGateway, UsageRecord
 from piwork.run.digest import EventKind
+from piwork.run.request import RunError
 from piwork.tasks import Task
 from piwork.vm.accel import AccelChoice, probe
 from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
@@ -179,8 +187,14 @@ class Environment:
             env=env,
         )
 
-    def task_env(
-        self, paths: Paths, task: Task, folder: Path | None, *, clean: bool
+    async def task_env(
+        self,
+        paths: Paths,
+        task: Task,
+        folder: Path | None,
+        emit: Callable[..., None],
+        *,
+        clean: bool,
     ) -> TaskEnv | None:
         """The task's writable workbench disk (piwork.env), or None for a pack without one.
 
@@ -189,7 +203,12 @@ class Environment:
         """
         if not self.manifest.workbench:
             return None
-        return store_for(paths).prepare(task.dir, folder, clean=clean)
+        t = time.monotonic()  # in the timings as "env_disk" (piwork bench's stages)
+        env = await asyncio.to_thread(store_for(paths).prepare, task.dir, folder, clean=clean)
+        self.timings["env_disk"] = time.monotonic() - t
+        if env.note:
+            emit(EventKind.NOTICE, message=f"environment: {env.note}")
+        return env
 
 
 async def prepare(
@@ -285,3 +304,36 @@ __all__ = [
     "resolve_model",
     "write_state_file",
 ]
+
+
+async def open_agent(
+    cfg: AgentVmConfig,
+    factory: AgentFactory,
+    stack: contextlib.AsyncExitStack,
+    emit: Callable[..., None],
+    on_supervisor_event: Callable[[dict[str, Any]], None],
+    *,
+    host: str | None = None,
+) -> Agent:
+    """The agent door: this machine's VM, or (``host``) one on a remote over SSH.
+
+    On a remote host only QEMU moves: the gateway, the egress proxy and the keys
+    stay on this machine (piwork.hosts).
+    """
+    callbacks: dict[str, Any] = dict(
+        on_stage=lambda name, secs: emit(EventKind.BOOT, stage=name, seconds=secs),
+        on_supervisor_event=on_supervisor_event,
+        # "restored in 1.2 s" / "cold boot: <reason>" (data: warm, restored, cold_reason)
+        on_boot_mode=lambda msg, data: emit(EventKind.NOTICE, message=msg, **data),
+    )
+    if host is None:
+        return factory(cfg, **callbacks)
+    from piwork.hosts.store import HostError
+    from piwork.hosts.vm import open_remote_agent
+
+    try:
+        return await open_remote_agent(
+            host, cfg, stack, notice=lambda msg: emit(EventKind.NOTICE, message=msg), **callbacks
+        )
+    except HostError as exc:
+        raise RunError(str(exc)) from exc

@@ -31,6 +31,7 @@ from piwork.policy.request import (
     validate_request,
 )
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
+from piwork.preview import Previews
 from piwork.proxy.egress import (
     AllowNetError,
     EgressDecision,
@@ -40,7 +41,7 @@ from piwork.proxy.egress import (
 from piwork.rpc import models as m
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
-from piwork.tasks import TaskStatus
+from piwork.tasks import Task, TaskStatus
 
 
 class Asker(Protocol):
@@ -124,6 +125,17 @@ class PermissionBridge:
         self.assume_yes = assume_yes
         self.allow_net = allow_net
         self.context = TaskContext()
+
+    def previews(self, task: Task) -> Previews:
+        """The task's previews, decided under the same policy, audit log and ``--yes``."""
+        return Previews(
+            task.id,
+            task.dir,
+            self.context,
+            self.decider.store,
+            self.decider.audit,
+            assume_yes=self.assume_yes or isinstance(self.asker, AllowAsker),
+        )
 
     @classmethod
     def for_run(

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from piwork.agent import Agent
 from piwork.checkpoints import RunRecorder
 from piwork.rpc.framing import MalformedLine
 from piwork.run.digest import EventKind
@@ -128,4 +129,38 @@ class FolderCheckpoints:
         self._emit(EventKind.CHANGES, **data)
 
 
-__all__ = ["FolderCheckpoints", "TranscriptNotes"]
+class FolderGuard:
+    """What keeps the person's folder safe around each turn, through the agent door.
+
+    Before a model call: a VM on another host brings its folder changes here
+    (three-way, piwork.hosts.sync), and a ``.git`` the guest created is moved
+    aside (piwork.vm.gitguard); both come before the checkpoint, so the turn's
+    record sees the folder as the person will. Each move is told once.
+    """
+
+    def __init__(self, emit: Callable[..., None], note: Callable[[str, Any], None]) -> None:
+        self._emit = emit
+        self._note = note
+
+    def started(self, agent: Agent, timings: dict[str, float]) -> None:
+        if (scan := agent.git_scan_seconds) is not None:
+            timings["git_scan"] = scan
+        if (notice := agent.git_readonly_notice()) is not None:
+            self._emit(EventKind.NOTICE, message=notice)
+
+    async def before_model_call(self, agent: Agent) -> None:
+        await agent.sync_folder()
+        await agent.move_aside_new_git()
+        self.report(agent)
+
+    def report(self, agent: Agent) -> None:
+        """Say where a ``.git`` the guest created went, once each."""
+        moved, error = agent.take_git_reports()
+        for item in moved:
+            self._note("git_moved_aside", {"from": str(item.original), "to": str(item.now)})
+            self._emit(EventKind.NOTICE, message=item.note())
+        if error is not None:
+            self._emit(EventKind.ERROR, message=error)
+
+
+__all__ = ["FolderCheckpoints", "FolderGuard", "TranscriptNotes"]

@@ -32,12 +32,11 @@ from piwork.rpc import models as m
 from piwork.run import environment
 from piwork.run.digest import EventKind, EventSink, PiItem, RunEvent, digest
 from piwork.run.permissions import (
-    AllowAsker,
     Asker,
     PermissionBridge,
     allowed_domains,
 )
-from piwork.run.records import FolderCheckpoints, TranscriptNotes
+from piwork.run.records import FolderCheckpoints, FolderGuard, TranscriptNotes
 from piwork.run.request import (
     DEFAULT_RESUME_PROMPT,
     Outcome,
@@ -102,6 +101,7 @@ class TaskSession:
         self._closing = False
         self.transcript = TranscriptNotes(self.store, self.emit, self._disk_full)
         self.checkpoints = FolderCheckpoints(self.emit, self.note)
+        self.guard = FolderGuard(self.emit, self.note)
         self._status_lock = asyncio.Lock()
         self._abort_inflight: asyncio.Future[Any] | None = None
         self._start_failure: str | None = None  # why start() failed: the task's stop message
@@ -278,14 +278,8 @@ class TaskSession:
         except environment.ModelNotFound as exc:
             raise RunError(str(exc)) from exc
         self.usage.gateway_prices = env.gateway_prices
+        task_env = await env.task_env(self.paths, task, folder, self.emit, clean=self.req.clean_env)
         self.timings.update(env.timings)
-        t = time.monotonic()
-        task_env = await asyncio.to_thread(
-            env.task_env, self.paths, task, folder, clean=self.req.clean_env
-        )
-        if task_env is not None and task_env.note:
-            self.emit(EventKind.NOTICE, message=f"environment: {task_env.note}")
-        self.timings["env_disk"] = time.monotonic() - t
         await self.set_status(TaskStatus.RUNNING)
         r = self.req
         cfg = env.agent_config(task, folder, transport=r.transport, memory_mb=r.memory_mb,
@@ -293,30 +287,11 @@ class TaskSession:
                                warm_start=r.warm_start, env=task_env)  # fmt: skip
         await self._boot(cfg)
 
-    async def _new_agent(self, cfg: AgentVmConfig) -> Agent:
-        """The agent door: this machine's VM, or (``--host``) one on a remote over SSH."""
-        callbacks: dict[str, Any] = dict(
-            on_stage=lambda name, secs: self.emit(EventKind.BOOT, stage=name, seconds=secs),
-            on_supervisor_event=self._on_supervisor_event,
-            # "restored in 1.2 s" / "cold boot: <reason>" (data: warm, restored, cold_reason)
-            on_boot_mode=lambda msg, data: self.emit(EventKind.NOTICE, message=msg, **data),
-        )
-        if self.req.host is None:
-            return self.agent_factory(cfg, **callbacks)
-        # issue 21: QEMU on a remote host; the gateway, the proxy and the keys stay here
-        from piwork.hosts.store import HostError
-        from piwork.hosts.vm import open_remote_agent
-
-        try:
-            return await open_remote_agent(
-                self.req.host, cfg, self._stack,
-                notice=lambda msg: self.emit(EventKind.NOTICE, message=msg), **callbacks,
-            )  # fmt: skip
-        except HostError as exc:
-            raise RunError(str(exc)) from exc
-
     async def _boot(self, cfg: AgentVmConfig) -> None:
-        agent = await self._new_agent(cfg)
+        agent = await environment.open_agent(
+            cfg, self.agent_factory, self._stack, self.emit, self._on_supervisor_event,
+            host=self.req.host,
+        )  # fmt: skip
         self.attach_agent(agent)
         t = time.monotonic()
         try:
@@ -328,45 +303,23 @@ class TaskSession:
         self.timings["boot_to_pi_ready"] = time.monotonic() - t
         self.timings["start_to_pi_ready"] = time.monotonic() - self.t0
         self.timings.update({f"vm_{k}": v for k, v in agent.timings.items()})
-        if (scan := agent.git_scan_seconds) is not None:
-            self.timings["git_scan"] = scan
-        if (notice := agent.git_readonly_notice()) is not None:
-            self.emit(EventKind.NOTICE, message=notice)
+        self.guard.started(agent, self.timings)
         self.emit(EventKind.READY, seconds=self.timings["start_to_pi_ready"],
                   session=state.session_file, messages=state.message_count)  # fmt: skip
 
     def _start_previews(self, agent: Agent) -> None:
         """Guest servers the person allows open on loopback URLs (piwork.preview)."""
         mux = agent.preview_mux()
-        if mux is None or self.task is None:
-            return
-        self.previews = Previews(
-            self.task.id,
-            self.task.dir,
-            self.permissions.context,
-            self.permissions.decider.store,
-            self.permissions.decider.audit,
-            assume_yes=self.permissions.assume_yes or isinstance(self.asker, AllowAsker),
-        )
-        self.previews.start(mux, self.asker, lambda d: self.emit(EventKind.PREVIEW, **d))
+        if mux is not None and self.task is not None:
+            self.previews = self.permissions.previews(self.task)
+            self.previews.start(mux, self.asker, lambda d: self.emit(EventKind.PREVIEW, **d))
 
     async def _before_model_call(self) -> None:
-        """A ``.git`` the guest made last turn leaves the folder, then the turn is recorded."""
-        if (agent := self.agent) is not None:
-            # A remote VM's folder changes come here first, so the checkpoint sees them.
-            await agent.sync_folder()
-            await agent.move_aside_new_git()
-            self._report_moved_git(agent)
+        """The folder is made safe and brought here first (records.FolderGuard), then the
+        turn is recorded: the gateway holds the model call until both are done."""
+        if self.agent is not None:
+            await self.guard.before_model_call(self.agent)
         await self.checkpoints.before_model_call()
-
-    def _report_moved_git(self, agent: Agent) -> None:
-        """Say where a ``.git`` the guest created went (piwork.vm.gitguard), once each."""
-        moved, error = agent.take_git_reports()
-        for item in moved:
-            self.note("git_moved_aside", {"from": str(item.original), "to": str(item.now)})
-            self.emit(EventKind.NOTICE, message=item.note())
-        if error is not None:
-            self.emit(EventKind.ERROR, message=error)
 
     async def _vm_start_failed(self, agent: Agent, exc: Exception) -> Exception:
         """A start that failed because QEMU exited says so, and what to do next."""
@@ -389,7 +342,7 @@ class TaskSession:
         try:
             if self.agent is not None:
                 await self.agent.stop(graceful=graceful)
-                self._report_moved_git(self.agent)
+                self.guard.report(self.agent)
         finally:
             self.agent = None
             # Record the end (a no-op if the run already did); a second Ctrl-C

@@ -71,12 +71,15 @@ def install_tools(source: Path, scratch: Path) -> Path:
     return scratch
 
 
-KEPT_EXTERNAL: frozenset[str] = frozenset({"@silvia-odwyer/photon-node"})
+KEPT_EXTERNAL: frozenset[str] = frozenset()
 """Packages the bundle must import from the pack's tree at run time, not inline.
 
-photon-node (pi's image resizing, WebAssembly) is CommonJS that reads its
-``.wasm`` beside itself through ``__dirname``: inlined into an ES module chunk,
-``__dirname`` is not defined and pi silently stops resizing images."""
+Not photon-node (pi's image resizing, WebAssembly), on purpose, for now. Loaded
+from the tree it works (inlined, its ``__dirname`` is undefined and pi silently
+sends images unresized), but under TCG its WebAssembly crashed pi itself
+(SIGSEGV or SIGILL, with and without ``--disable-wasm-trap-handler``) in 3 of 5
+full scenario runs here: a dead agent is worse than an unresized image. Adding
+``"@silvia-odwyer/photon-node"`` here turns it back on."""
 
 
 def external_patterns(dropped: frozenset[str]) -> list[str]:

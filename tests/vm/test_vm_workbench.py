@@ -6,7 +6,7 @@ API the CLI uses) with the real pi and a scripted model:
 1. a new task on a folder: bash, git, gcc, a venv + ``pip install`` of a wheel
    from PyPI, ``npm install -g``, ``apt-get install``, rg, jq, a real sdist's
    own test suite (six, fetched from PyPI by the test) with ``pip install -e .``
-   and pytest, pi's image resizing (photon, item 6); then kill -9 QEMU;
+   and pytest; then kill -9 QEMU;
 2. ``resume``: the restored VM (a warm start: the saved template) reads back
    everything installed, a random blob byte for byte;
 3. a new task on the same folder starts from that environment;
@@ -33,12 +33,10 @@ import io
 import os
 import re
 import signal
-import struct
 import subprocess
 import sys
 import tarfile
 import urllib.request
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -49,7 +47,6 @@ from piwork.config import Paths, get_paths
 from piwork.env import store_for
 from piwork.env.registries import registry_rules
 from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
-from piwork.models.scripted import read as read_tool
 from piwork.policy import Choice
 from piwork.policy.request import PermissionRequest
 from piwork.policy.rules import Action, Rule, Scope, Verdict
@@ -72,24 +69,6 @@ CHECK_ALL = (
     'node -e \'console.log("is-number", require("/usr/local/lib/node_modules/is-number")(42))\'; '
     "/root/hello; sha256sum /root/blob; git -C /root/proj log --format=%s"
 )
-
-
-def png(width: int, height: int) -> bytes:
-    """A grey RGB PNG, written here (no imaging library needed)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-        )
-
-    rows = b"".join(b"\0" + b"\x80" * (3 * width) for _ in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
 
 
 def fetch_sdist(dest: Path) -> None:
@@ -233,7 +212,6 @@ async def test_installs_persist_across_a_crash_a_resume_and_a_new_task_until_res
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "hello.c").write_text(HELLO_C)
-    (folder / "wide.png").write_bytes(png(2400, 100))
     fetch_sdist(folder)
     copy_local_cas(folder)
     server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
@@ -270,7 +248,6 @@ async def test_installs_persist_across_a_crash_a_resume_and_a_new_task_until_res
                 "python3 -m pytest -q test_six.py 2>&1 | tail -n 2"
             ),
             sh("head -c 1048576 /dev/urandom > /root/blob && sha256sum /root/blob"),
-            ToolCalls([read_tool("wide.png")]),
             sh("sleep 600; echo never"),
         ]
         async with s.open() as first:
@@ -306,8 +283,6 @@ async def test_installs_persist_across_a_crash_a_resume_and_a_new_task_until_res
         assert " passed" in results[7] and "failed" not in results[7], results[7]
         blob_hash = results[8].split()[0]
         assert len(blob_hash) == 64
-        # pi's image tool resized the picture (photon loads from the pack's tree).
-        assert "[Image: original 2400x100, displayed at 2000x83." in results[9], results[9]
         assert network_questions(s.asker) == []
 
         # ---- 2: resume after the crash: a restored VM with a non-empty environment

@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 MAX_WAITING = 64
 """Connections still sending their first head (or waiting for a thaw); more are closed."""
 
+BACKLOG = 64
+"""The listen backlog; asyncio also accepts up to this many at once before the
+ones over ``MAX_WAITING`` are closed, so it bounds the transient descriptors too."""
+
 
 class Mux(Protocol):
     """What a preview needs of :class:`piwork.vm.netmux.NetMux`."""
@@ -79,7 +83,7 @@ class PreviewServer:
     async def start(self) -> None:
         # Loopback only; limit bounds the first head (readuntil) and the reader's buffer.
         self._server = await asyncio.start_server(
-            self._accept, "127.0.0.1", 0, limit=gate.MAX_HEAD, backlog=64
+            self._accept, "127.0.0.1", 0, limit=gate.MAX_HEAD, backlog=BACKLOG
         )
         self.host_port = int(self._server.sockets[0].getsockname()[1])
         self.host = gate.preview_host(self.task_id, self.guest_port, self.host_port)
@@ -87,7 +91,7 @@ class PreviewServer:
         # first: listen there too when the port is free on it (loopback still).
         with contextlib.suppress(OSError):
             self._server6 = await asyncio.start_server(
-                self._accept, "::1", self.host_port, limit=gate.MAX_HEAD, backlog=64
+                self._accept, "::1", self.host_port, limit=gate.MAX_HEAD, backlog=BACKLOG
             )
 
     async def close(self) -> None:

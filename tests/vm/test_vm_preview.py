@@ -30,6 +30,7 @@ from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text,
 from piwork.policy import Choice
 from piwork.preview import PreviewChoice, PreviewQuestion
 from piwork.preview.manager import MAX_PORTS, MAX_REPORTED
+from piwork.preview.server import BACKLOG, MAX_WAITING
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
 from piwork.vm.netmux import MAX_STREAMS
 
@@ -184,19 +185,43 @@ async def test_the_agents_page_and_websocket_open_through_the_preview_url(
             for _ in range(20):
                 await asyncio.sleep(0.25)
                 peak_fds = max(peak_fds, fds(pid))
-            busy = 0
-            for r, _w in conns:
-                with contextlib.suppress(TimeoutError, ConnectionError):
-                    got = await asyncio.wait_for(r.read(), 0.05)
-                    busy += got.startswith(b"HTTP/1.1 503")
+
+            # A connection the netmux cannot take is turned away promptly: answered
+            # 503, or (beyond MAX_WAITING heads in flight at once, which a loaded host
+            # reaches) closed at accept. Either way it ends; the held ones do not.
+            async def outcome(r: asyncio.StreamReader) -> bytes:
+                try:
+                    return await r.read()
+                except ConnectionError:
+                    return b""
+
+            reads = [asyncio.ensure_future(outcome(r)) for r, _w in conns]
+            for _ in range(80):  # up to 20 s on a loaded host; the held ones never end
+                if sum(t.done() for t in reads) >= 200 - MAX_STREAMS:
+                    break
+                await asyncio.sleep(0.25)
+            ended = [t for t in reads if t.done()]
+            answers = [t.result() for t in ended]
+            busy = sum(a.startswith(b"HTTP/1.1 503") for a in answers)
+            assert all(a == b"" or a.startswith(b"HTTP/1.1 503") for a in answers), {
+                a[:40] for a in answers
+            }
+            for t in reads:
+                t.cancel()
             for _r, w in conns:
                 w.close()
             await asyncio.sleep(1.0)
             held = await stats()  # every stream was busy with a long poll until now
-            print(f"\n--- 200 connections: fds {fd0} -> peak {peak_fds}, guest {held}, 503: {busy}")
+            print(
+                f"\n--- 200 connections: fds {fd0} -> peak {peak_fds}, guest {held}, "
+                f"turned away: {len(ended)} (503: {busy})"
+            )
             assert held["peak"] <= MAX_STREAMS, held
-            assert busy >= 200 - MAX_STREAMS
-            assert peak_fds - fd0 <= MAX_STREAMS + 64 + 16, (fd0, peak_fds)
+            assert len(ended) >= 200 - MAX_STREAMS
+            # Bounded by constants, not by the 200: streams, heads in flight, one
+            # accept burst not yet closed, and a few of the task's own.
+            bound = MAX_STREAMS + MAX_WAITING + BACKLOG + 16
+            assert peak_fds - fd0 <= bound, (fd0, peak_fds, bound)
             async with http.get(base + "/release") as resp:
                 assert resp.status == 200
             assert rss_mib(pid) - rss0 < 64

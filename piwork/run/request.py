@@ -49,9 +49,9 @@ class RunRequest:
     warm_start: bool = True
     """Restore the pack's saved VM template instead of booting (cold boot if it cannot)."""
     clean_env: bool = False
+    """A new task starts from a clean workbench, not the folder's last environment (piwork.env)."""
     host: str | None = None
     """Run the VM on this remote host (``piwork hosts``), not here."""
-    """A new task starts from a clean workbench, not the folder's last environment (piwork.env)."""
 
 
 @dataclass

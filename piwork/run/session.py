@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import logging
 import time
 from collections.abc import Callable
@@ -46,16 +45,21 @@ from piwork.run.request import (
     VmStartFailed,
     ending,
     open_task,
-    pi_gone_reason,
-    transition,
+)
+from piwork.run.status import (
+    LEFT_CANCELLED,
+    LEFT_RUNNING,
+    StatusRecorder,
+    end_not_recorded,
+    leaving_status,
+    run_ended_by,
 )
 from piwork.run.usage import UsageMeter, refuse_if_used_up
 from piwork.tasks import StopReason, Task, TaskStatus, TaskStore, TaskWriteError
 from piwork.tasks.model import LimitKind
 
 log = logging.getLogger(__name__)
-LEFT_RUNNING = "piwork stopped before the task finished"
-LEFT_CANCELLED = "stopped by the person before the task finished"
+__all__ = ["ABORT_CONFIRM_S", "LEFT_CANCELLED", "LEFT_RUNNING", "TaskSession", "run_task"]
 
 ABORT_CONFIRM_S = 1.5
 """How long a stop waits for pi to confirm the abort before ending the run anyway."""
@@ -102,7 +106,7 @@ class TaskSession:
         self.transcript = TranscriptNotes(self.store, self.emit, self._disk_full)
         self.checkpoints = FolderCheckpoints(self.emit, self.note)
         self.guard = FolderGuard(self.emit, self.note)
-        self._status_lock = asyncio.Lock()
+        self.status = StatusRecorder(self.store, self.emit)
         self._abort_inflight: asyncio.Future[Any] | None = None
         self._start_failure: str | None = None  # why start() failed: the task's stop message
         self.previews: Previews | None = None
@@ -173,21 +177,10 @@ class TaskSession:
         limit: LimitKind | None = None,
     ) -> None:
         assert self.task is not None
-        # task.json is read and rewritten (lock wait, two fsyncs) off the event loop;
-        # the lock keeps status changes in the order they were asked for.
-        async with self._status_lock:
-            task = await asyncio.to_thread(
-                transition, self.store, self.task.id, status, reason, message, limit
-            )
-        if task is None:
-            return
-        self.task = task
-        self.emit(
-            EventKind.STATUS,
-            status=status.value,
-            reason=reason.value if reason else None,
-            message=message,
+        task = await self.status.set(
+            self.task.id, status, reason=reason, message=message, limit=limit
         )
+        self.task = task or self.task
 
     # ------------------------------------------------------------ open and start
     async def __aenter__(self) -> TaskSession:
@@ -349,21 +342,11 @@ class TaskSession:
             # here must not skip the cleanup below.
             with contextlib.suppress(asyncio.CancelledError):
                 await self.checkpoints.end(self.timings)
-            try:
-                current = self.store.get(self.task.id).record.status if self.task else None
-            except Exception as exc:  # task.json unreadable: still release everything below
-                log.error("cannot read the task's state while closing: %s", exc)
-                current = None
-            if current in (TaskStatus.STOPPED, TaskStatus.IDLE, TaskStatus.INTERRUPTED, None):
-                pass
-            elif cancelled:  # leaving while the task is live (crash, Ctrl-C twice): say so
+            now = self.status.current(self.task_id)
+            leaving = leaving_status(now, cancelled=cancelled, start_failure=self._start_failure)
+            if leaving is not None:  # the task is still live: say how it was left
                 with contextlib.suppress(Exception):
-                    await self.set_status(TaskStatus.STOPPED, reason=StopReason.CANCELLED,
-                                          message=LEFT_CANCELLED)  # fmt: skip
-            else:
-                with contextlib.suppress(Exception):
-                    await self.set_status(TaskStatus.STOPPED, reason=StopReason.ERROR,
-                                          message=self._start_failure or LEFT_RUNNING)  # fmt: skip
+                    await self.set_status(TaskStatus.STOPPED, reason=leaving[0], message=leaving[1])
             await self._stack.aclose()
             self.store.close()
 
@@ -427,23 +410,14 @@ class TaskSession:
                 raise
             limit.cancel()
             clock.cancel()
+            if self._stop is None:
+                self._stop = run_ended_by(work, pi_gone, agent.stderr_tail, self.task.id)
             if work not in done:
-                if pi_gone in done and self._stop is None:
-                    self._stop = pi_gone_reason(pi_gone.result(), agent.stderr_tail, self.task.id)
                 with contextlib.suppress(Exception):
                     await self._abort_run()
                 work.cancel()
                 with contextlib.suppress(BaseException):
                     await work
-            else:
-                exc = work.exception()
-                if exc is not None and self._stop is None:
-                    # pi or its VM died: that (not the lost connection it caused) is the error.
-                    self._stop = (
-                        pi_gone_reason(pi_gone.result(), agent.stderr_tail, self.task.id)
-                        if pi_gone.done()
-                        else (StopReason.ERROR, f"{type(exc).__name__}: {exc}", None)
-                    )
             self.timings["prompt_to_idle"] = time.monotonic() - t
             await self.checkpoints.end(self.timings)
             if self.usage is not None:
@@ -461,17 +435,8 @@ class TaskSession:
         status: TaskStatus | None = None
         try:
             await self.set_status(TaskStatus.STOPPED, reason=reason, message=message, limit=limit)
-        except TaskWriteError as exc:
-            # task.json keeps its last state (the disk is full, or gone): the run
-            # still ends, and says why. Once this process lets the task go, the
-            # next look at it (`piwork tasks`, resume) finds it interrupted.
-            full = exc.errno == errno.ENOSPC
-            self.emit(
-                EventKind.ERROR,
-                message=f"cannot record the end of the task ({exc}); "
-                + ("free some disk space, then " if full else "")
-                + f"`piwork resume {self.task.id}` continues it",
-            )
+        except TaskWriteError as exc:  # task.json keeps its last state; the run still ends
+            self.emit(EventKind.ERROR, message=end_not_recorded(exc, self.task.id))
             status = TaskStatus.INTERRUPTED
         self._stop = None
         self._limit_hit.clear()

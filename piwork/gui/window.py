@@ -46,7 +46,13 @@ from piwork.gui.controller import (
 from piwork.gui.history import load_history
 from piwork.gui.hosts import host_names
 from piwork.gui.prefs import Prefs, model_choices
-from piwork.gui.text import always_rules, plain_request, rule_text, sanitize
+from piwork.gui.text import (
+    always_rules,
+    plain_request,
+    registry_rules_offered,
+    rule_text,
+    sanitize,
+)
 from piwork.gui.welcome import DEMO_PROMPT, WelcomePage, demo_folder
 from piwork.gui.widgets import (
     Composer,
@@ -927,6 +933,7 @@ class MainWindow(QMainWindow):
                 always_rules(req, Choice.ALWAYS_FOLDER),
                 always_rules(req, Choice.ALWAYS_EVERYWHERE),
                 queued=len(pending) - 1,
+                registry_rules=registry_rules_offered(req),
             )
             sheet.answered.connect(lambda c, p=p, t=ctl: self._answer(t, p, c))
             self.sheet_host.addWidget(sheet)

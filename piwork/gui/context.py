@@ -303,6 +303,7 @@ class ContextPanel(QWidget):
         # The task's environment disk (what it installed), as `piwork tasks show` says it.
         self.env_label = QLabel()
         self.env_label.setObjectName("taskEnv")
+        self.env_label.setWordWrap(True)  # the panel can be narrow: never cut the size off
         self.env_label.setToolTip(
             "What this task installed (apt, pip, npm) lives on its own disk; "
             "Settings → Environments lists each folder's"

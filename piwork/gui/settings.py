@@ -414,7 +414,7 @@ class SettingsDialog(QDialog):
         self.envs = QTreeWidget()
         self.envs.setObjectName("envTree")
         self.envs.setColumnCount(3)
-        self.envs.setHeaderLabels(["Folder / layer", "Size", ""])
+        self.envs.setHeaderLabels(["Folder / layer", "Size", "Details"])
         self.envs.setRootIsDecorated(True)
         self.envs.itemSelectionChanged.connect(self._env_selected)
         lay.addWidget(self.envs, 1)

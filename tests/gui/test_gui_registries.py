@@ -166,3 +166,18 @@ def test_always_shows_the_path_relative_to_the_persons_folder(qtbot: QtBot, tmp_
     decider.record_answer(req, Choice.ALWAYS_FOLDER, ctx)
     [saved] = PolicyStore(policy).load()
     assert saved.pattern == "/mnt/work/docs/old.txt"
+
+
+def test_the_conversation_says_what_the_one_answer_did() -> None:
+    from piwork.gui.words import permission_line
+
+    line = permission_line(
+        {
+            "decision": "Allow the package registries",
+            "by": "person",
+            "action": "network",
+            "tool": "network",
+            "target": "network pypi.org",
+        }
+    )
+    assert line == "You allowed (the package registries, in this folder): reach pypi.org"

@@ -282,8 +282,10 @@ class Decider:
         request = validate_request(request, ctx)
         if choice.persists:
             created = list(self.proposed_rules(request, choice, ctx, patterns=patterns))
+        elif choice is Choice.ALLOW_REGISTRIES:
+            created = list(rules)[:MAX_RULES_PER_ANSWER]
         else:
-            created = list(rules)[:MAX_RULES_PER_ANSWER] if choice.allows else []
+            created = []  # "Allow once" and "Deny" remember nothing, whatever is passed
         if created:
             self.store.add_many(created)
         verdict = Verdict.ALLOW if choice.allows else Verdict.DENY

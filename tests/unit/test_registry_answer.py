@@ -227,3 +227,19 @@ async def test_registries_already_allowed_are_not_saved_twice(session: TaskSessi
     assert "deb.debian.org" not in offered and "pypi.org" in offered
     assert len([r for r in _policy(session) if r.pattern == "deb.debian.org"]) == 1
     session.store.close()
+
+
+def test_only_the_registries_answer_stores_the_rules_it_is_given(tmp_path: Path) -> None:
+    """``record_answer(rules=...)`` is the bundle's door only: "Allow once" and "Deny"
+    remember nothing, whatever a caller passes."""
+    from piwork.policy import Decider
+
+    decider = Decider(PolicyStore(tmp_path / "p.json"), AuditLog(tmp_path / "a.jsonl"))
+    ctx = TaskContext(task_id="t1", working_folder=tmp_path)
+    req = _gate_request(PIP_INSTALL[0])
+    bundle = registry_rules(Scope.folder(tmp_path))
+    for choice in (Choice.ALLOW_ONCE, Choice.DENY):
+        assert decider.record_answer(req, choice, ctx, rules=bundle).created_rules == ()
+    assert PolicyStore(tmp_path / "p.json").load() == []
+    done = decider.record_answer(req, Choice.ALLOW_REGISTRIES, ctx, rules=bundle)
+    assert [r.describe() for r in done.created_rules] == [r.describe() for r in bundle]

@@ -56,11 +56,22 @@ def shown_rule(rule: Rule) -> Rule:
     if rule.action not in PATH_ACTIONS or pattern is None or m is None:
         return rule
     # Only the leading guest folder: the rest of the path is the person's own names.
-    shown = person_paths(m.group(0)) + pattern[m.end() :]
-    return dataclasses.replace(rule, pattern=shown)
+    return dataclasses.replace(rule, pattern=person_paths(m.group(0)) + pattern[m.end() :])
 
 
 _GUEST_PREFIX = re.compile(r"/mnt/(?:work|outputs)(?:/|\Z)")
+
+
+def person_path(path: str) -> str:
+    """A validated guest path as the person knows it: their folder itself is "your
+    folder" (not "."), a path in it is relative to it, the outputs are ``outputs/…``;
+    any other path (``/etc/hosts``) as it is."""
+    if path == "/mnt/work":
+        return "your folder"
+    if path == "/mnt/outputs":
+        return "the task's outputs"
+    m = _GUEST_PREFIX.match(path)
+    return person_paths(m.group(0)) + path[m.end() :] if m else path
 
 
 def rule_text(rules: Sequence[Rule]) -> str:
@@ -84,5 +95,5 @@ def plain_request(request: PermissionRequest) -> str:
     there), then the command it runs. The guest's question is shown separately."""
     from piwork.policy.prompt import command_line, headline
 
-    lines = [headline(request), command_line(request)]
+    lines = [headline(request, person_path), command_line(request)]
     return sanitize("\n".join(line for line in lines if line), limit=900)

@@ -181,3 +181,25 @@ def test_the_conversation_says_what_the_one_answer_did() -> None:
         }
     )
     assert line == "You allowed (the package registries, in this folder): reach pypi.org"
+
+
+def test_the_sheets_headline_names_the_persons_folder_not_the_guests(tmp_path: Path) -> None:
+    """The headline is still built from the host-validated targets (policy.prompt); only
+    the words for a path in the person's folder change."""
+    from piwork.gui.text import plain_request
+    from piwork.policy.rules import Target
+
+    pip = dataclasses.replace(
+        permission_request(Action.NETWORK, None, "pip install six"),
+        targets=(
+            Target(Action.NETWORK, op="network", domain="pypi.org", command="pip install six"),
+            Target(Action.WRITE, op="write", path="/mnt/work", command="pip install six"),
+        ),
+    )
+    assert plain_request(pip).splitlines()[0] == (
+        "The agent wants to connect to pypi.org; change or create your folder"
+    )
+    rm = permission_request(Action.DELETE, "/mnt/work/docs/old.txt", "rm -r docs/old.txt")
+    assert plain_request(rm).splitlines()[0] == "The agent wants to delete docs/old.txt"
+    outside = permission_request(Action.OUTSIDE_SCOPE, "/etc/hosts", "echo x > /etc/hosts")
+    assert "/etc/hosts" in plain_request(outside).splitlines()[0]

@@ -197,3 +197,21 @@ def test_start_clean_reaches_the_new_tasks_run_request_and_is_for_new_tasks_only
     win._send_text("another")
     qloop.run_until_complete(until(lambda: len(seen) == 2, 10, "the second run starts"))
     assert seen[1].clean_env is False
+
+
+def test_start_clean_says_what_the_new_task_would_otherwise_start_from(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    from piwork.gui.window import CLEAN_ENV_TIP, MainWindow
+
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    _two_tasks(gui_paths, folder)
+    win = MainWindow(paths=gui_paths, tray=False)
+    qtbot.addWidget(win)
+    win.new_task()
+    assert win.clean_env.toolTip() == CLEAN_ENV_TIP  # no folder yet
+    win.new_folder = folder
+    win._show_folder_env()
+    tip = win.clean_env.toolTip()
+    assert "starts from what task t2 left" in tip and " MB)" in tip and CLEAN_ENV_TIP in tip

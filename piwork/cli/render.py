@@ -152,6 +152,8 @@ class TerminalRenderer:
         self._line(text, err=True)
 
 
+REGISTRIES_LABEL = "[r] the package registries (Debian, PyPI, npm: apt, pip, npm)"
+
 ALWAYS_LABELS = {
     Choice.ALWAYS_FOLDER: "[a] always in this folder",
     Choice.ALWAYS_EVERYWHERE: "[e] always everywhere",
@@ -175,7 +177,24 @@ def permission_prompt_text(request: PermissionRequest, *, color: bool = True) ->
         for choice, label in ALWAYS_LABELS.items():
             rules = request.proposals.get(choice, ())
             lines.append(f"  {label} stores: {sanitize(describe_rules(rules), one_line=True)}")
+    registries = request.proposals.get(Choice.ALLOW_REGISTRIES, ())
+    if registries:
+        lines.append(f"  {REGISTRIES_LABEL} stores {len(registries)} rules:")
+        lines += [f"      {sanitize(r.human(), one_line=True)}" for r in registries]
     return "\n".join(lines)
+
+
+def permission_keys_line(request: PermissionRequest) -> str:
+    """The answer keys; ``[r]`` only when the host offered the package registries."""
+    registries = "  [r] the package registries" if registry_offered(request) else ""
+    return (
+        "  [y] allow once  [a] always in this folder  [e] always everywhere"
+        f"{registries}  [n] deny > "
+    )
+
+
+def registry_offered(request: PermissionRequest) -> bool:
+    return bool(request.proposals.get(Choice.ALLOW_REGISTRIES))
 
 
 def renderer_for(json_mode: bool) -> JsonRenderer | TerminalRenderer:

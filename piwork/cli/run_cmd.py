@@ -15,7 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from piwork.cli.render import permission_prompt_text, renderer_for
+from piwork.cli.render import (
+    permission_keys_line,
+    permission_prompt_text,
+    registry_offered,
+    renderer_for,
+)
 from piwork.policy import Choice, describe_rules, needs_confirmation
 from piwork.policy.request import PermissionRequest
 from piwork.preview import PreviewChoice, PreviewQuestion
@@ -36,6 +41,7 @@ PERMISSION_KEYS = {
     "a": Choice.ALWAYS_FOLDER,
     "e": Choice.ALWAYS_EVERYWHERE,
     "n": Choice.DENY,
+    "r": Choice.ALLOW_REGISTRIES,  # only when the host offered it (registry_offered)
 }
 
 
@@ -192,13 +198,13 @@ class TerminalAsker:
     async def _permission(self, request: PermissionRequest) -> Choice | None:
         print(permission_prompt_text(request), file=sys.stderr)
         while True:
-            answer = await self.console.ask(
-                "  [y] allow once  [a] always in this folder  [e] always everywhere  [n] deny > "
-            )
+            answer = await self.console.ask(permission_keys_line(request))
             if answer is None:
                 return None
             choice = PERMISSION_KEYS.get(answer.strip().lower()[:1])
-            if choice is None:
+            if choice is None or (
+                choice is Choice.ALLOW_REGISTRIES and not registry_offered(request)
+            ):
                 continue
             rules = request.proposals.get(choice, ())
             if choice is Choice.ALWAYS_EVERYWHERE and needs_confirmation(rules):

@@ -5,11 +5,19 @@ apt, pip and npm in the guest reach these through the egress proxy (their
 domain is asked about under the person's policy like any other; ``piwork env
 allow-registries`` answers for all of them at once by saving exactly these
 rules (it prints them), so a task that installs packages asks nothing.
+
+The same one answer is offered in the prompt itself (``registry_offer``): when
+all a request still asks about is a registry domain (the egress proxy's
+question for ``pypi.org``, or the gate's for ``pip install``), the person can
+pick "Allow the package registries" instead of answering once per domain, and
+sees the exact rules it saves first.
 """
 
 from __future__ import annotations
 
-from piwork.policy.rules import Action, Rule, Scope, Verdict
+from piwork.policy.decider import Decider
+from piwork.policy.request import Choice, PermissionRequest
+from piwork.policy.rules import Action, Rule, Scope, Target, TaskContext, Verdict, winning_rule
 
 REGISTRIES: dict[str, tuple[str, ...]] = {
     # apt: the workbench's sources.list (bookworm, -updates, -security) on one host.
@@ -38,3 +46,33 @@ def registry_rules(scope: Scope) -> list[Rule]:
         for name, domains in REGISTRIES.items()
         for domain in domains
     ]
+
+
+def registry_offer(
+    decider: Decider, request: PermissionRequest, ctx: TaskContext
+) -> tuple[Rule, ...]:
+    """The rules "Allow the package registries" saves for ``request``; empty: not offered.
+
+    Offered only when every target the policy still asks about is a connection
+    to a registry domain (judged on the host-validated targets, so a guest
+    request cannot dress another host up as PyPI), and nothing in it is denied.
+    The rules apply where "Always allow in this folder" would (the task's folder,
+    else the task: a global network rule needs a second confirmation, and this
+    is one answer). A registry domain the policy already allows or denies gets no
+    rule: the answer never lifts a deny the person made.
+    """
+    decision = decider.evaluate(request, ctx)
+    asked = [td for td in decision.targets if td.verdict is Verdict.ASK]
+    domains = set(registry_domains())
+    if decision.verdict is not Verdict.ASK or not asked:
+        return ()
+    if not all(td.target.action is Action.NETWORK and td.target.domain in domains for td in asked):
+        return ()
+    policy = decider.store.effective_rules()
+
+    def still_asks(domain: str) -> bool:
+        rule = winning_rule(policy, Target(Action.NETWORK, op="network", domain=domain), ctx)
+        return rule is None or rule.verdict is Verdict.ASK
+
+    scope = Decider.scope_for(Choice.ALWAYS_FOLDER, ctx)
+    return tuple(r for r in registry_rules(scope) if r.pattern and still_asks(r.pattern))

@@ -300,6 +300,15 @@ class ContextPanel(QWidget):
         self.usage = QLabel()
         self.usage.setObjectName("usage")
         lay.addWidget(self.usage)
+        # The task's environment disk (what it installed), as `piwork tasks show` says it.
+        self.env_label = QLabel()
+        self.env_label.setObjectName("taskEnv")
+        self.env_label.setWordWrap(True)  # the panel can be narrow: never cut the size off
+        self.env_label.setToolTip(
+            "What this task installed (apt, pip, npm) lives on its own disk; "
+            "Settings → Environments lists each folder's"
+        )
+        lay.addWidget(self.env_label)
         self.root: Path | None = None
         self.outputs: Path | None = None
         self.task_id: str | None = None
@@ -347,6 +356,7 @@ class ContextPanel(QWidget):
             f"Working folder: {folder}" if folder else "Working folder: (none for this task)"
         )
         self.open_btn.setEnabled(folder is not None)
+        self.refresh_env()
         self._gen += 1
         self._again = False
         self._note = None
@@ -590,6 +600,18 @@ class ContextPanel(QWidget):
             if was and not running:
                 self.refresh_checkpoints()  # the VM is off: its last turn is recorded
             self._show_checkpoint_state()
+        self.refresh_env()  # the disk grows while the agent installs
+
+    def refresh_env(self) -> None:
+        """The shown task's environment size (one stat: cheap enough for every redraw)."""
+        from piwork.gui.envs import task_env_line
+
+        try:
+            line = task_env_line(self.paths, self.task_id)
+        except (OSError, ValueError, TypeError):  # a torn env.json: say nothing, keep the panel
+            line = ""
+        self.env_label.setText(line)
+        self.env_label.setVisible(bool(line))
 
     @property
     def loading(self) -> bool:

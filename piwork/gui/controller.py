@@ -169,6 +169,8 @@ class RunOptions:
     accel: str | None = None
     host: str | None = None
     """A remote host's name (``piwork hosts``); None: this computer."""
+    clean_env: bool = False
+    """A new task starts from the clean workbench, not the folder's saved environment."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -363,6 +365,7 @@ class TaskController(QObject):
             cpus=opts.cpus,
             accel=opts.accel,
             host=opts.host,
+            clean_env=opts.clean_env and not self.task_id,  # a resume keeps its own disk
             **opts.extra,
         )
         result: Outcome | BaseException | None = None

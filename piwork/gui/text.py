@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 
 from piwork import textsafe
+from piwork.gui.words import person_paths
 from piwork.policy import Choice, PermissionRequest, Rule, describe_rules
+from piwork.policy.rules import PATH_ACTIONS
 
 MAX_GUEST_TEXT = 4000
 
@@ -34,9 +38,47 @@ def always_rules(request: PermissionRequest, choice: Choice) -> tuple[Rule, ...]
     return tuple(request.proposals.get(choice, ())) if choice.persists else ()
 
 
+def registry_rules_offered(request: PermissionRequest) -> tuple[Rule, ...]:
+    """The rules "Allow the package registries" saves; empty when the host did not offer it
+    (``piwork.env.registries.registry_offer``, attached by the runner like ``proposals``)."""
+    return tuple(request.proposals.get(Choice.ALLOW_REGISTRIES, ()))
+
+
+def shown_rule(rule: Rule) -> Rule:
+    """``rule`` with its path pattern as the person knows it: ``/mnt/work/a.txt`` is
+    ``a.txt`` in their folder, ``/mnt/outputs/x`` is ``outputs/x`` (``person_paths``).
+
+    For display only: the policy stores the guest path (it is what requests carry), and
+    the app never saves the copy. A pattern elsewhere (``/etc/hosts``) is left as it is.
+    """
+    pattern = rule.pattern
+    m = _GUEST_PREFIX.match(pattern or "")
+    if rule.action not in PATH_ACTIONS or pattern is None or m is None:
+        return rule
+    # Only the leading guest folder: the rest of the path is the person's own names.
+    return dataclasses.replace(rule, pattern=person_paths(m.group(0)) + pattern[m.end() :])
+
+
+_GUEST_PREFIX = re.compile(r"/mnt/(?:work|outputs)(?:/|\Z)")
+
+
+def person_path(path: str) -> str:
+    """A validated guest path as the person knows it: their folder itself is "your
+    folder" (not "."), a path in it is relative to it, the outputs are ``outputs/…``;
+    any other path (``/etc/hosts``) as it is."""
+    if path == "/mnt/work":
+        return "your folder"
+    if path == "/mnt/outputs":
+        return "the task's outputs"
+    m = _GUEST_PREFIX.match(path)
+    return person_paths(m.group(0)) + path[m.end() :] if m else path
+
+
 def rule_text(rules: Sequence[Rule]) -> str:
     """What storing ``rules`` allows in plain words (``describe_rules``, as the CLI says it),
-    then each rule as ``piwork policy list`` and Settings show it."""
+    then each rule as ``piwork policy list`` and Settings show it; paths in the person's
+    folder shown relative to it (``shown_rule``)."""
+    rules = [shown_rule(r) for r in rules]
     if not rules:
         return sanitize(describe_rules(rules), limit=400, keep_newlines=False)
     exact = "; ".join(r.describe() for r in rules)
@@ -53,5 +95,5 @@ def plain_request(request: PermissionRequest) -> str:
     there), then the command it runs. The guest's question is shown separately."""
     from piwork.policy.prompt import command_line, headline
 
-    lines = [headline(request), command_line(request)]
+    lines = [headline(request, person_path), command_line(request)]
     return sanitize("\n".join(line for line in lines if line), limit=900)

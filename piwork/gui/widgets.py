@@ -336,9 +336,10 @@ class NoticeRow(QLabel):
 
 
 class PermissionSheet(QFrame):
-    """One permission request: plain words, the rule "Always" would save, four answers.
+    """One permission request: plain words, the rule "Always" would save, four answers, and
+    "Allow the package registries" with the rules it saves when the host offered it.
 
-    Enter answers "Deny" (the default button); it is never an "Always" button.
+    Enter answers "Deny" (the default button); it is never a button that saves rules.
     """
 
     answered = Signal(object)  # Choice
@@ -351,6 +352,7 @@ class PermissionSheet(QFrame):
         folder_rules: Sequence[Rule],
         everywhere_rules: Sequence[Rule],
         queued: int = 0,
+        registry_rules: Sequence[Rule] = (),
     ) -> None:
         super().__init__()
         self.setObjectName("permissionSheet")
@@ -370,20 +372,36 @@ class PermissionSheet(QFrame):
             d.setObjectName("sheetDetail")
             lay.addWidget(d)
         lay.addWidget(plain_label(f"Working folder: {folder or '(none)'}"))
-        # Verbatim: the exact rule "Always" stores (guest paths included) is the promise.
+        # The exact rules "Always" stores, paths in the person's folder relative to it.
         self.rule_label = plain_label(self._rule_text(folder_rules, everywhere_rules))
         self.rule_label.setObjectName("sheetRule")
         self.rule_label.setWordWrap(True)
         self.rule_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         lay.addWidget(self.rule_label)
-        row = QHBoxLayout()
-        self.buttons: dict[Choice, QPushButton] = {}
-        for choice, label in (
+        self.registry_label: QLabel | None = None
+        choices = [
             (Choice.ALLOW_ONCE, "Allow once"),
             (Choice.ALWAYS_FOLDER, "Always allow in this folder"),
             (Choice.ALWAYS_EVERYWHERE, "Always allow everywhere"),
-            (Choice.DENY, "Deny"),
-        ):
+        ]
+        if registry_rules:
+            # One answer for apt, pip and npm: every rule it saves, before it is picked.
+            self.registry_label = plain_label(
+                f"“Allow the package registries” (apt, pip, npm) saves {len(registry_rules)} "
+                "rules:\n"
+                + "\n".join(f"    {sanitize(r.human(), limit=300)}" for r in registry_rules)
+            )
+            self.registry_label.setObjectName("sheetRegistries")
+            self.registry_label.setWordWrap(True)
+            self.registry_label.setTextInteractionFlags(
+                Qt.TextInteractionFlag.TextSelectableByMouse
+            )
+            lay.addWidget(self.registry_label)
+            choices.append((Choice.ALLOW_REGISTRIES, "Allow the package registries"))
+        choices.append((Choice.DENY, "Deny"))
+        row = QHBoxLayout()
+        self.buttons: dict[Choice, QPushButton] = {}
+        for choice, label in choices:
             b = QPushButton(label)
             b.setAutoDefault(choice is Choice.DENY)
             b.setDefault(choice is Choice.DENY)
@@ -409,7 +427,7 @@ class PermissionSheet(QFrame):
             focused = self.focusWidget()
             # Enter on a focused "Allow once" button answers it; anywhere else it denies.
             for choice, b in self.buttons.items():
-                if b is focused and not choice.persists:
+                if b is focused and choice is Choice.ALLOW_ONCE:
                     self.answered.emit(choice)
                     return
             self.answered.emit(Choice.DENY)

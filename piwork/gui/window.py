@@ -12,6 +12,7 @@ from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QApplication,
+    QCheckBox,
     QComboBox,
     QFileDialog,
     QFrame,
@@ -46,7 +47,13 @@ from piwork.gui.controller import (
 from piwork.gui.history import load_history
 from piwork.gui.hosts import host_names
 from piwork.gui.prefs import Prefs, model_choices
-from piwork.gui.text import always_rules, plain_request, rule_text, sanitize
+from piwork.gui.text import (
+    always_rules,
+    plain_request,
+    registry_rules_offered,
+    rule_text,
+    sanitize,
+)
 from piwork.gui.welcome import DEMO_PROMPT, WelcomePage, demo_folder
 from piwork.gui.widgets import (
     Composer,
@@ -67,6 +74,10 @@ from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+CLEAN_ENV_TIP = (
+    "Start the new task from the clean workbench, not from what the folder's last task "
+    "installed (piwork run --clean-env)"
+)
 ICON = Path(__file__).with_name("icons") / "piwork.svg"
 STYLE = """
 #rail { background: #f4f5f7; border: none; }
@@ -330,6 +341,10 @@ class MainWindow(QMainWindow):
         bar.addWidget(self.folder_btn)
         self.folder_lbl = QLabel("no folder")
         bar.addWidget(self.folder_lbl, 1)
+        self.clean_env = QCheckBox("Start clean")
+        self.clean_env.setObjectName("startClean")
+        self.clean_env.setToolTip(CLEAN_ENV_TIP)
+        bar.addWidget(self.clean_env)
         self.pause_btn = QPushButton("Pause")
         self.pause_btn.clicked.connect(self._pause_clicked)
         bar.addWidget(self.pause_btn)
@@ -453,6 +468,8 @@ class MainWindow(QMainWindow):
         self.stack.setCurrentWidget(self.empty)
         self.new_folder = None
         self.folder_lbl.setText("no folder")
+        self.clean_env.setChecked(False)
+        self._show_folder_env()
         self._fill_hosts()  # a host added with `piwork hosts add` meanwhile is offered
         self._update_composer()
         self.composer.setFocus()
@@ -632,6 +649,7 @@ class MainWindow(QMainWindow):
         self.model_pick.setEnabled(ctl is None)
         self.folder_btn.setEnabled(ctl is None)
         self.host_pick.setEnabled(ctl is None)
+        self.clean_env.setVisible(ctl is None)  # a task's environment is chosen once
         if ctl is not None:  # the task's own host, not the new-task choice
             host = ctl.host
             i = self.host_pick.findData(host) if host else 0
@@ -696,6 +714,23 @@ class MainWindow(QMainWindow):
         if d:
             self.new_folder = Path(d)
             self.folder_lbl.setText(d)
+            self._show_folder_env()
+
+    def _show_folder_env(self) -> None:
+        """The "Start clean" box says what the new task would otherwise start from."""
+        from piwork.gui.envs import folder_env, mb
+
+        info = None
+        if self.new_folder is not None:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):  # plain tip
+                info = folder_env(self.paths, self.new_folder)
+        if info is None or not info.bytes:
+            self.clean_env.setToolTip(CLEAN_ENV_TIP)
+            return
+        self.clean_env.setToolTip(
+            f"{sanitize(str(info.folder), limit=300)}: {info.next_start()} ({mb(info.bytes)}). "
+            + CLEAN_ENV_TIP
+        )
 
     def _send_clicked(self) -> None:
         ctl = self.current()
@@ -714,6 +749,7 @@ class MainWindow(QMainWindow):
             memory_mb=self.prefs.memory_mb,
             cpus=self.prefs.cpus,
             accel=self.prefs.accel or None,
+            clean_env=self.clean_env.isChecked(),
             extra=dict(self.extra_run_args),
         )
 
@@ -927,6 +963,7 @@ class MainWindow(QMainWindow):
                 always_rules(req, Choice.ALWAYS_FOLDER),
                 always_rules(req, Choice.ALWAYS_EVERYWHERE),
                 queued=len(pending) - 1,
+                registry_rules=registry_rules_offered(req),
             )
             sheet.answered.connect(lambda c, p=p, t=ctl: self._answer(t, p, c))
             self.sheet_host.addWidget(sheet)

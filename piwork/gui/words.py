@@ -66,6 +66,7 @@ def permission_line(d: dict[str, Any]) -> str | None:
     how = {
         "Always allow in this folder": " (always, in this folder)",
         "Always allow everywhere": " (always, everywhere)",
+        "Allow the package registries": " (the package registries, in this folder)",
     }.get(dec, "")
     return f"You allowed{how}: {deed}"
 

@@ -18,6 +18,7 @@ from piwork.policy.decider import (
     record_answer,
 )
 from piwork.policy.request import (
+    GATE_CHOICES,
     Choice,
     PermissionPayloadError,
     PermissionRequest,
@@ -42,6 +43,7 @@ from piwork.policy.store import PolicyCorruptError, PolicyError, PolicyStore
 
 __all__ = [
     "DEFAULT_RULES",
+    "GATE_CHOICES",
     "Action",
     "AuditEntry",
     "AuditLog",

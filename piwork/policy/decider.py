@@ -224,7 +224,7 @@ class Decider:
         if not choice.persists:
             return ()
         request = validate_request(request, ctx)
-        scope = self._scope_for(choice, ctx)
+        scope = self.scope_for(choice, ctx)
         created: list[Rule] = []
         for td in self.evaluate(request, ctx).targets:
             if td.verdict is Verdict.ALLOW:
@@ -266,6 +266,7 @@ class Decider:
         *,
         decided_by: str = DecidedBy.PERSON,
         patterns: dict[Target, str | None] | None = None,
+        rules: Sequence[Rule] = (),
     ) -> Decision:
         """Record the answer to an asked request: persist "Always allow" rules and audit.
 
@@ -274,10 +275,17 @@ class Decider:
         the task has no working folder); "everywhere" makes global ones; one rule
         per host-validated target that was not already allowed and can be
         remembered. ``patterns`` lets a front end override a target's pattern.
+        ``rules`` are what an answer the policy does not derive stores instead
+        (``Choice.ALLOW_REGISTRIES``: the host's registry rules, never guest text).
         """
         choice = Choice(choice)
         request = validate_request(request, ctx)
-        created = list(self.proposed_rules(request, choice, ctx, patterns=patterns))
+        if choice.persists:
+            created = list(self.proposed_rules(request, choice, ctx, patterns=patterns))
+        elif choice is Choice.ALLOW_REGISTRIES:
+            created = list(rules)[:MAX_RULES_PER_ANSWER]
+        else:
+            created = []  # "Allow once" and "Deny" remember nothing, whatever is passed
         if created:
             self.store.add_many(created)
         verdict = Verdict.ALLOW if choice.allows else Verdict.DENY
@@ -299,7 +307,9 @@ class Decider:
     # -- helpers ---------------------------------------------------------
 
     @staticmethod
-    def _scope_for(choice: Choice, ctx: TaskContext) -> Scope:
+    def scope_for(choice: Choice, ctx: TaskContext) -> Scope:
+        """Where an answer's rules apply: everywhere, else the task's folder (its task
+        when it has none)."""
         if choice is Choice.ALWAYS_EVERYWHERE:
             return Scope.global_()
         if ctx.working_folder is not None:

@@ -18,6 +18,8 @@ permission sheet (``piwork.gui.text.plain_request``) both use them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from piwork.policy.request import PermissionRequest, clean_command, validate_request
 from piwork.policy.rules import Action, Target
 from piwork.textsafe import sanitize
@@ -52,8 +54,11 @@ def _clip(text: str) -> str:
     return text if len(text) <= MAX_TARGET_CHARS else text[: MAX_TARGET_CHARS - 1] + "…"
 
 
-def target_phrase(target: Target) -> str:
-    """``delete /mnt/work/build``, ``connect to pypi.org``, ``run `make```: one validated target."""
+def target_phrase(target: Target, shown_path: Callable[[str], str] | None = None) -> str:
+    """``delete /mnt/work/build``, ``connect to pypi.org``, ``run `make```: one validated target.
+
+    ``shown_path`` words a validated path as the front end's reader knows it (the app
+    says ``build`` for ``/mnt/work/build``); the target itself is the host's."""
     t = target
     if t.action is Action.NETWORK:
         what = t.domain or "a host it did not name"
@@ -64,7 +69,8 @@ def target_phrase(target: Target) -> str:
     elif t.action is Action.OUTSIDE_SCOPE and t.path is None:
         what = "a path it did not name or that is not a plain path"
     else:
-        what = t.path or "a path it did not name"
+        shown = shown_path(t.path) if shown_path and t.path else t.path
+        what = shown or "a path it did not name"
     return f"{_VERBS[t.action]} {sanitize(_clip(what), one_line=True)}"
 
 
@@ -83,10 +89,10 @@ def headline_targets(request: PermissionRequest) -> list[Target]:
     return out
 
 
-def headline(request: PermissionRequest) -> str:
+def headline(request: PermissionRequest, shown_path: Callable[[str], str] | None = None) -> str:
     """One line: what allowing this request actually lets the agent do."""
     targets = headline_targets(request)
-    phrases = [target_phrase(t) for t in targets[:MAX_HEADLINE_TARGETS]]
+    phrases = [target_phrase(t, shown_path) for t in targets[:MAX_HEADLINE_TARGETS]]
     if len(targets) > MAX_HEADLINE_TARGETS:
         phrases.append(f"and {len(targets) - MAX_HEADLINE_TARGETS} more")
     return "The agent wants to " + "; ".join(phrases)

@@ -39,12 +39,17 @@ PROTOCOL_VERSION = 1
 
 
 class Choice(StrEnum):
-    """The select options; the value is the exact text sent back to pi."""
+    """The person's answers. The gate's four select options (``GATE_CHOICES``) are the
+    exact text sent back to pi; the others are the host's own and reach pi as
+    :attr:`gate_reply`."""
 
     ALLOW_ONCE = "Allow once"
     ALWAYS_FOLDER = "Always allow in this folder"
     ALWAYS_EVERYWHERE = "Always allow everywhere"
     DENY = "Deny"
+    ALLOW_REGISTRIES = "Allow the package registries"
+    """Offered only when all a request still asks about is a package registry domain
+    (``piwork.env.registries``): saves one rule per registry domain, in this folder."""
 
     @property
     def allows(self) -> bool:
@@ -52,7 +57,25 @@ class Choice(StrEnum):
 
     @property
     def persists(self) -> bool:
+        """An "Always": the policy derives the rules to store from the request's targets."""
         return self in (Choice.ALWAYS_FOLDER, Choice.ALWAYS_EVERYWHERE)
+
+    @property
+    def gate_reply(self) -> Choice:
+        """What pi's gate is sent: one of its own options (it knows no others; the
+        rules an answer stores live on the host, never in the guest)."""
+        if self in GATE_CHOICES:
+            return self
+        return Choice.ALLOW_ONCE if self.allows else Choice.DENY
+
+
+GATE_CHOICES: tuple[Choice, ...] = (
+    Choice.ALLOW_ONCE,
+    Choice.ALWAYS_FOLDER,
+    Choice.ALWAYS_EVERYWHERE,
+    Choice.DENY,
+)
+"""The gate's select options (runtime-pack/extensions/gate/classify.js ``OPTION_LIST``)."""
 
 
 class PermissionPayloadError(ValueError, ProtocolError):
@@ -189,7 +212,7 @@ def parse_request(message: Mapping[str, Any] | Any) -> PermissionRequest | None:
 
 def build_reply(request_id: str, choice: Choice | str) -> dict[str, Any]:
     """The ``extension_ui_response`` that picks ``choice``."""
-    value = choice.value if isinstance(choice, Choice) else Choice(choice).value
+    value = Choice(choice).gate_reply.value
     return {"type": "extension_ui_response", "id": request_id, "value": value}
 
 

@@ -17,20 +17,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 from piwork.config import Paths
-from piwork.policy import AuditLog, Choice, DecidedBy, Decider, PolicyStore
+from piwork.env.registries import registry_offer
+from piwork.policy import GATE_CHOICES, AuditLog, Choice, DecidedBy, Decider, PolicyStore
 from piwork.policy.request import (
     PermissionPayloadError,
     PermissionRequest,
     parse_request,
     validate_request,
 )
-from piwork.policy.rules import Action, Target, TaskContext, Verdict
+from piwork.policy.rules import Action, Rule, Target, TaskContext, Verdict
 from piwork.preview import Previews
 from piwork.proxy.egress import (
     AllowNetError,
@@ -167,7 +169,8 @@ class PermissionBridge:
                 )
                 return m.ui_value(req.id, Choice.DENY.value)
             if perm is not None:
-                return m.ui_value(req.id, (await self.answer_permission(perm)).value)
+                answer = await self.answer_permission(perm)
+                return m.ui_value(req.id, answer.gate_reply.value)
         return await self.answer_question(req)
 
     async def answer_permission(self, perm: PermissionRequest) -> Choice:
@@ -190,8 +193,9 @@ class PermissionBridge:
             )
             self.host.note("permission", {**base, "decision": choice.value, "by": "rule"})
             return choice
-        # Front ends show exactly the rules each "Always" would store (host-derived).
-        shown = dataclasses.replace(perm, proposals=self.decider.proposals(perm, ctx))
+        # Front ends show exactly the rules each "Always" would store (host-derived),
+        # and the package registries' rules when that one answer covers the request.
+        shown = dataclasses.replace(perm, proposals=await asyncio.to_thread(self._proposals, perm))
 
         await self.host.set_status(TaskStatus.WAITING_PERMISSION)
         self.host.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
@@ -210,10 +214,19 @@ class PermissionBridge:
             by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
         else:
             by = DecidedBy.PERSON
+        bundle: tuple[Rule, ...] = ()
+        if answer is Choice.ALLOW_REGISTRIES:
+            if not shown.proposals.get(Choice.ALLOW_REGISTRIES):
+                answer = Choice.DENY  # a front end offered what the host did not: refuse it
+            else:
+                # Derived again now, as "Always" is: what is stored is what still asks.
+                bundle = await asyncio.to_thread(registry_offer, self.decider, shown, ctx)
         # An "Allow once" here allows this tool call only; the egress proxy asks its
         # own question for every host the call then reaches (see the module docstring).
         recorded = await asyncio.to_thread(
-            self.decider.record_answer, shown, answer, ctx, decided_by=by
+            functools.partial(
+                self.decider.record_answer, shown, answer, ctx, decided_by=by, rules=bundle
+            )
         )
         self.host.emit(
             EventKind.PERMISSION,
@@ -224,6 +237,13 @@ class PermissionBridge:
         )
         self.host.note("permission", {**base, "decision": answer.value, "by": by})
         return answer
+
+    def _proposals(self, perm: PermissionRequest) -> dict[Choice, tuple[Rule, ...]]:
+        proposals = self.decider.proposals(perm, self.context)
+        offer = registry_offer(self.decider, perm, self.context)
+        if offer:
+            proposals[Choice.ALLOW_REGISTRIES] = offer
+        return proposals
 
     async def answer_question(self, req: m.UiRequest) -> m.UiResponse:
         title = str(getattr(req, "title", ""))
@@ -284,7 +304,7 @@ class PermissionBridge:
         perm = PermissionRequest(
             request_id=f"egress-{secrets.token_hex(4)}",
             question=f"The agent wants to connect to {host} (port {port}). Allow?",
-            options=tuple(c.value for c in Choice),
+            options=tuple(c.value for c in GATE_CHOICES),
             action=Action.NETWORK,
             tool="network",
             tool_call_id=None,

@@ -15,7 +15,7 @@ import pytest
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
 from piwork.config import Paths, get_paths
-from piwork.policy import Action, Choice, PermissionRequest, Target
+from piwork.policy import GATE_CHOICES, Action, PermissionRequest, Target
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,7 +94,7 @@ def permission_request(
     return PermissionRequest(
         request_id="req-1",
         question=f"allow {action.value}?",
-        options=tuple(c.value for c in Choice),
+        options=tuple(c.value for c in GATE_CHOICES),
         action=action,
         tool="bash",
         tool_call_id="call-1",

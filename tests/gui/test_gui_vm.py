@@ -28,6 +28,7 @@ from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
+from piwork.gui import text as text_mod
 from piwork.gui.controller import TaskController
 from piwork.gui.prefs import Prefs
 from piwork.gui.widgets import MessageView
@@ -169,8 +170,11 @@ def test_the_window_drives_real_tasks(
                 assert row.ok is False
 
                 # The rule saved is exactly the one the sheet showed; settings lists it.
-                saved = [r.describe() for r in PolicyStore(gui_paths.policy_file).load()]
-                assert len(saved) == 1 and saved[0] in shown_rule, (saved, shown_rule)
+                # (the sheet shows the folder's path relative to it: gui.text.shown_rule)
+                rules = PolicyStore(gui_paths.policy_file).load()
+                saved = [r.describe() for r in rules]
+                assert len(saved) == 1, saved
+                assert text_mod.shown_rule(rules[0]).describe() in shown_rule, (saved, shown_rule)
                 assert f"folder:{fb}" in saved[0]
                 win.open_settings()
                 assert saved[0] in win.settings_dialog.rule_texts()

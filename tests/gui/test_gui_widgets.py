@@ -19,7 +19,7 @@ from piwork.gui.context import ContextPanel, relative_beneath
 from piwork.gui.controller import TaskController, status_label
 from piwork.gui.history import load_history
 from piwork.gui.prefs import Prefs, model_choices
-from piwork.gui.text import always_rules, plain_request, sanitize
+from piwork.gui.text import always_rules, plain_request, sanitize, shown_rule
 from piwork.gui.widgets import Composer, MessageView, PermissionSheet, QuestionBar
 from piwork.policy import (
     Action,
@@ -82,8 +82,10 @@ def test_the_sheet_shows_exactly_the_rule_that_always_saves(
     assert saved
     label = "this folder" if choice is Choice.ALWAYS_FOLDER else "everywhere"
     [line] = [ln for ln in sheet.rule_label.text().split("\n“") if label in ln.split(":")[0]]
-    for r in saved:
-        assert r.describe() in line and r.human() in line
+    for r in saved:  # as stored, with a path in the folder shown relative to it
+        shown = shown_rule(r)
+        assert shown.describe() in line and shown.human() in line
+    assert "/mnt/work" not in line
 
 
 def test_allow_once_and_deny_save_no_rule_preview(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from piwork.config import repo_root
 from piwork.policy.request import (
+    GATE_CHOICES,
     MARKER_CLOSE,
     MARKER_OPEN,
     Choice,
@@ -141,7 +142,7 @@ def test_replies() -> None:
         "id": "req-1",
         "cancelled": True,
     }
-    assert [c.value for c in Choice] == OPTIONS
+    assert [c.value for c in GATE_CHOICES] == OPTIONS
 
 
 def test_accepts_a_pydantic_model() -> None:
@@ -178,7 +179,7 @@ def test_contract_with_the_real_gate() -> None:
     assert req is not None
     assert req.command == command
     assert req.task_id == "t-9" and req.tool_call_id == "call-1"
-    assert req.options == tuple(c.value for c in Choice)
+    assert req.options == tuple(c.value for c in GATE_CHOICES)
     actions = {t.action for t in req.targets}
     assert {Action.DELETE, Action.NETWORK} <= actions
     assert any(t.domain == "example.com" for t in req.targets)

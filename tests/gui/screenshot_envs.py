@@ -1,0 +1,149 @@
+"""Render the package-registries prompt and Settings → Environments from a REAL run.
+
+    xvfb-run -a -s "-screen 0 1440x900x24" \\
+        .venv/bin/python tests/gui/screenshot_envs.py docs/screenshots
+
+Nothing is fed: the real window drives real tasks (real runner, QEMU and pi, the
+Debian workbench) whose scripted model (the stand-in for a remote LLM only) has the
+agent make a Python venv in the guest (asked, allowed once: it lands on the task's
+environment disk), then run ``pip install requests``: the gate asks to reach pypi.org
+and the sheet offers "Allow the package registries" with the rules it saves
+(``permission-registries.png``; the script then denies, so nothing leaves this
+computer). A second task on the same folder starts from the first one's environment
+(its disk frozen into a layer); Settings → Environments then lists the folder, the
+layer and the disks with their real sizes (``settings-environments.png``). Look at
+each PNG before committing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BOOT = 420.0
+SHOTS = ("permission-registries", "settings-environments")
+
+
+def main(out: Path) -> None:
+    home = Path(tempfile.mkdtemp(prefix="piwork-shots-"))
+    os.environ["PIWORK_HOME"] = str(home)
+    # The pack cache stays shared (content-addressed), as tests/conftest.py keeps it.
+    import platformdirs
+
+    os.environ.setdefault("PIWORK_PACK_CACHE", platformdirs.user_cache_dir("piwork"))
+    from piwork.gui.app import make_app
+    from piwork.gui.loop import new_loop
+
+    app = make_app(["piwork"])
+    loop = new_loop(app)
+    asyncio.set_event_loop(loop)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        loop.run_until_complete(shoot(home, out))
+    finally:
+        loop.close()
+
+
+async def until(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for: {what}")
+        await asyncio.sleep(0.2)
+
+
+async def shoot(home: Path, out: Path) -> None:
+    from piwork.config import get_paths
+    from piwork.gui.prefs import Prefs
+    from piwork.gui.window import MainWindow
+    from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls
+    from piwork.models.scripted import bash as bash_call
+    from piwork.policy import Choice
+
+    async def snap(widget: Any, name: str, settle: float = 1.5) -> None:
+        await asyncio.sleep(settle)  # the loop runs Qt meanwhile: layout and paint
+        widget.grab().save(str(out / f"{name}.png"))
+        print(f"shot {name}", flush=True)
+
+    def script(req: ChatRequest) -> Step:
+        if "Nothing" in req.last_user_text:
+            return Text("The venv from the last task is still there: `/root/venv`.")
+        steps: list[Step] = [
+            ToolCalls(
+                [bash_call("python3 -m venv /root/venv && du -sh /root/venv", timeout=600)],
+                text="First a virtual environment for the project's tools.",
+            ),
+            ToolCalls(
+                [bash_call("pip install requests", timeout=120)],
+                text="Now the one dependency the tests need.",
+            ),
+        ]
+        i = req.assistant_turns_since_user
+        return steps[i] if i < len(steps) else Text("I could not reach PyPI: you said no.")
+
+    project = home / "date-parser"
+    project.mkdir()
+    (project / "README.md").write_text("# dates\n")
+    server = ScriptedModelServer(script, model_id="scripted", chunk_delay=0.01)
+    async with server:
+        win = MainWindow(paths=get_paths(), prefs=Prefs(keep_warm_seconds=60), tray=False)
+        win.extra_run_args = {"extra_providers": (server.as_provider(name="scripted model"),)}
+        win.resize(1280, 800)
+        win.show()
+        try:
+            win.new_folder = project
+            win.model_pick.addItem("scripted model", "scripted/scripted")
+            win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
+            win._send_text("Set up a venv and install requests for the tests.")
+            first = win.current()
+            assert first is not None
+
+            def registries_asked() -> bool:
+                if first.label == "failed":
+                    raise RuntimeError("the task failed: see the window's notices")
+                sheet = win.sheet
+                if sheet is None:
+                    return False
+                if Choice.ALLOW_REGISTRIES in sheet.buttons:
+                    return True
+                sheet.buttons[Choice.ALLOW_ONCE].click()  # the venv command: once
+                return False
+
+            await until(registries_asked, BOOT, "the registries question")
+            await snap(win, "permission-registries")
+            assert win.sheet is not None
+            win.sheet.buttons[Choice.DENY].click()
+            await until(lambda: first.label == "done", 300, "the first task finishes")
+            await first.end()
+            await until(lambda: not first.live, 60, "the first task's VM is off")
+
+            # A new task on the folder starts from what the first one left.
+            win.new_task()
+            win.new_folder = project
+            win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
+            win._send_text("Nothing to install: is the venv still there?")
+            second = win.current()
+            assert second is not None
+            await until(lambda: second.label == "done", BOOT, "the second task finishes")
+            await second.end()
+
+            win.open_settings()
+            dlg = win.settings_dialog
+            dlg.resize(980, 560)
+            dlg.tabs.setCurrentIndex(dlg.tabs.count() - 2)  # Environments (before hosts)
+            assert dlg.tabs.tabText(dlg.tabs.currentIndex()) == "Environments"
+            dlg.refresh_envs()
+            dlg.envs.setCurrentItem(dlg.envs.topLevelItem(0))
+            await snap(dlg, "settings-environments")
+            dlg.reject()
+        finally:
+            await win.quit_cleanly(exit_app=False)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots"))

@@ -27,6 +27,15 @@ def sanitize(text: object, *, limit: int = MAX_GUEST_TEXT, keep_newlines: bool =
     return textsafe.sanitize(text, mode="strip", one_line=not keep_newlines, limit=limit)
 
 
+def button_text(text: object, *, limit: int) -> str:
+    """Guest text for a button's one line: sanitised, and every ``&`` doubled.
+
+    Qt reads a single ``&`` in a button's text as a mnemonic marker: it is not
+    shown and the next letter becomes an Alt shortcut. So ``make && make test``
+    would read ``make & make test``, and a guest could plant shortcuts."""
+    return sanitize(text, limit=limit, keep_newlines=False).replace("&", "&&")
+
+
 def always_rules(request: PermissionRequest, choice: Choice) -> tuple[Rule, ...]:
     """Exactly the rules an "Always" answer (``choice``) would store.
 

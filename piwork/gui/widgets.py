@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from piwork.gui.text import rule_text, sanitize
+from piwork.gui.text import button_text, rule_text, sanitize
 from piwork.policy import Choice, Rule
 from piwork.preview import PreviewChoice, PreviewQuestion
 
@@ -309,7 +309,8 @@ class ToolRow(QFrame):
         else:
             state = ("✓" if self.ok else "✗ error") + f"  {self.duration:.1f}s"
         arrow = "▾" if self.head.isChecked() else "▸"
-        self.head.setText(f"{arrow} {icon} {self.name}  {self.arg}   {state}")
+        line = button_text(f"{self.name}  {self.arg}", limit=240)
+        self.head.setText(f"{arrow} {icon} {line}   {state}")
         self.head.setProperty("state", "run" if self.ok is None else ("ok" if self.ok else "err"))
         self.head.style().unpolish(self.head)
         self.head.style().polish(self.head)
@@ -550,7 +551,7 @@ class QuestionBar(QFrame):
         self.option_buttons: list[QPushButton] = []
         if method == "select" and options:
             for opt in options[:20]:
-                b = QPushButton(sanitize(opt, limit=120, keep_newlines=False))
+                b = QPushButton(button_text(opt, limit=120))
                 b.clicked.connect(lambda _=False, o=opt: self.answered.emit(o))
                 self.option_buttons.append(b)
                 row.addWidget(b)

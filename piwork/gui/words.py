@@ -47,8 +47,16 @@ def permission_line(d: dict[str, Any]) -> str | None:
         "shell": "run",
         "connector": "use",
     }.get(action, action)
-    if tool == "bash":  # the target is the command itself: show it, not a verb before it
-        deed = f"{what} ({action.replace('-', ' ')})" if action else what
+    if tool == "bash":  # the target is the command itself: show it, and what it does
+        does = {
+            "outside-scope": "reaches outside the folder",
+            "network": "uses the network",
+            "write": "changes files",
+            "delete": "deletes files",
+            "move": "moves files",
+            "read": "reads files",
+        }.get(action, action.replace("-", " ") if action != "shell" else "")
+        deed = f"{what} ({does})" if does else what
     else:
         deed = f"{verb} {what}"
     by = str(d.get("by") or "")

@@ -34,7 +34,12 @@ def test_permission_lines_say_who_decided_without_echoes() -> None:
         {"action": "shell", "tool": "bash", "target": "make test", "decision": "Allow once",
          "by": "rule", "rule": "allow shell make (global)"}
     )  # fmt: skip
-    assert ruled == "Allowed by the rules: make test (shell)"
+    assert ruled == "Allowed by the rules: make test"  # a plain command: nothing to add
+    outside = permission_line(
+        {"action": "outside-scope", "tool": "bash", "target": "python3 -m venv /root/venv",
+         "decision": "Allow once", "by": "person"}
+    )  # fmt: skip
+    assert outside == "You allowed: python3 -m venv /root/venv (reaches outside the folder)"
     denied = permission_line({**base, "decision": "Deny", "by": "no-terminal"})
     assert denied == "Denied (nobody was there to ask): change notes.txt"
 

@@ -20,7 +20,7 @@ from piwork.gui.controller import TaskController, status_label
 from piwork.gui.history import load_history
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.text import always_rules, plain_request, sanitize, shown_rule
-from piwork.gui.widgets import Composer, MessageView, PermissionSheet, QuestionBar
+from piwork.gui.widgets import Composer, MessageView, PermissionSheet, QuestionBar, ToolRow
 from piwork.policy import (
     Action,
     AuditLog,
@@ -177,6 +177,19 @@ def test_question_bar_select_options_are_buttons(qtbot: QtBot) -> None:
     assert [b.text() for b in bar.option_buttons] == ["red", "blue[0m"]
     bar.option_buttons[1].click()
     assert got == ["blue\x1b[0m"]  # the answer is the option as pi sent it
+
+
+def test_an_ampersand_in_guest_text_is_shown_and_plants_no_shortcut(qtbot: QtBot) -> None:
+    """Qt takes a lone '&' in a button for a mnemonic: 'make && make test' would read
+    'make & make test', and '&Deny' would give the guest's button Alt+D."""
+    row = ToolRow("t1", "bash", "make && make test")
+    qtbot.addWidget(row)
+    shown = row.head.text().replace("&&", "&")  # what Qt draws
+    assert "make && make test" in shown
+    assert "&" not in row.head.text().replace("&&", "")  # no single '&': no mnemonic
+    bar = QuestionBar("select", "Which?", None, ["&Deny"])
+    qtbot.addWidget(bar)
+    assert bar.option_buttons[0].text() == "&&Deny"
 
 
 # ----------------------------------------------------------------------------- context panel

@@ -368,7 +368,9 @@ class PermissionSheet(QFrame):
         self.what = what
         lay.addWidget(what)
         if detail:
-            d = plain_label(detail)
+            # The guest's own wording (pi's gate, in the VM): labelled as such, so it is
+            # not read as a second request nor as the host's words above it.
+            d = plain_label("In the agent's words: " + detail)
             d.setWordWrap(True)
             d.setObjectName("sheetDetail")
             lay.addWidget(d)

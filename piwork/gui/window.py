@@ -94,6 +94,7 @@ STYLE = """
 #notice-boot { color: #555; padding: 2px 10px; }
 #permissionSheet { background: #fff8e1; border: 1px solid #f0c36d; border-radius: 8px; }
 #sheetTitle { font-weight: bold; font-size: 11pt; }
+#sheetDetail { color: #555; }
 #sheetRule { font-family: "DejaVu Sans Mono"; background: #fffdf5; padding: 4px; }
 #questionBar { background: #e8f5e9; border: 1px solid #a5d6a7; border-radius: 8px; }
 #usage { color: #444; }

@@ -17,47 +17,18 @@ each PNG before committing it.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the kit beside it
+import shotkit
 
 BOOT = 420.0
 SHOTS = ("permission-registries", "settings-environments")
 
 
-def main(out: Path) -> None:
-    home = Path(tempfile.mkdtemp(prefix="piwork-shots-"))
-    os.environ["PIWORK_HOME"] = str(home)
-    # The pack cache stays shared (content-addressed), as tests/conftest.py keeps it.
-    import platformdirs
-
-    os.environ.setdefault("PIWORK_PACK_CACHE", platformdirs.user_cache_dir("piwork"))
-    from piwork.gui.app import make_app
-    from piwork.gui.loop import new_loop
-
-    app = make_app(["piwork"])
-    loop = new_loop(app)
-    asyncio.set_event_loop(loop)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        loop.run_until_complete(shoot(home, out))
-    finally:
-        loop.close()
-
-
-async def until(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.2)
-
-
-async def shoot(home: Path, out: Path) -> None:
+async def shoot(app: Any, home: Path, out: Path) -> None:
     from piwork.config import get_paths
     from piwork.gui.prefs import Prefs
     from piwork.gui.window import MainWindow
@@ -65,10 +36,7 @@ async def shoot(home: Path, out: Path) -> None:
     from piwork.models.scripted import bash as bash_call
     from piwork.policy import Choice
 
-    async def snap(widget: Any, name: str, settle: float = 1.5) -> None:
-        await asyncio.sleep(settle)  # the loop runs Qt meanwhile: layout and paint
-        widget.grab().save(str(out / f"{name}.png"))
-        print(f"shot {name}", flush=True)
+    snap = functools.partial(shotkit.snap, settle=1.5, out=out)
 
     def script(req: ChatRequest) -> Step:
         if "Nothing" in req.last_user_text:
@@ -114,13 +82,13 @@ async def shoot(home: Path, out: Path) -> None:
                 sheet.buttons[Choice.ALLOW_ONCE].click()  # the venv command: once
                 return False
 
-            await until(registries_asked, BOOT, "the registries question")
+            await shotkit.until(registries_asked, BOOT, "the registries question")
             await snap(win, "permission-registries")
             assert win.sheet is not None
             win.sheet.buttons[Choice.DENY].click()
-            await until(lambda: first.label == "done", 300, "the first task finishes")
+            await shotkit.until(lambda: first.label == "done", 300, "the first task finishes")
             await first.end()
-            await until(lambda: not first.live, 60, "the first task's VM is off")
+            await shotkit.until(lambda: not first.live, 60, "the first task's VM is off")
 
             # A new task on the folder starts from what the first one left.
             win.new_task()
@@ -129,7 +97,7 @@ async def shoot(home: Path, out: Path) -> None:
             win._send_text("Nothing to install: is the venv still there?")
             second = win.current()
             assert second is not None
-            await until(lambda: second.label == "done", BOOT, "the second task finishes")
+            await shotkit.until(lambda: second.label == "done", BOOT, "the second task finishes")
             await second.end()
 
             win.open_settings()
@@ -146,4 +114,4 @@ async def shoot(home: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots"))
+    shotkit.run_shots(shoot)

@@ -14,43 +14,19 @@ grabs the window. Look at the PNG before committing it.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the kit beside it
+import shotkit
 
 BOOT = 420.0
 NODE = "/opt/piwork/node/bin/node"
 SERVE = f"timeout 600 {NODE} -e \"require('http').createServer((q,s)=>s.end('hi')).listen(8000)\""
 
 
-def main(out: Path) -> None:
-    home = Path(tempfile.mkdtemp(prefix="piwork-shots-"))
-    os.environ["PIWORK_HOME"] = str(home)  # the pack cache stays shared (PIWORK_PACK_CACHE)
-    from piwork.gui.app import make_app
-    from piwork.gui.loop import new_loop
-
-    app = make_app(["piwork"])
-    loop = new_loop(app)
-    asyncio.set_event_loop(loop)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        loop.run_until_complete(shoot(home, out))
-    finally:
-        loop.close()
-
-
-async def until(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.2)
-
-
-async def shoot(home: Path, out: Path) -> None:
+async def shoot(app: Any, home: Path, out: Path) -> None:
     from piwork.config import get_paths
     from piwork.gui.prefs import Prefs
     from piwork.gui.widgets import PreviewRow
@@ -92,7 +68,7 @@ async def shoot(home: Path, out: Path) -> None:
                     win.sheet.buttons[Choice.ALLOW_ONCE].click()
                 return win.preview_sheet is not None
 
-            await until(asked, BOOT, "the preview question")
+            await shotkit.until(asked, BOOT, "the preview question")
             assert win.preview_sheet is not None
             win.preview_sheet.buttons[PreviewChoice.TASK].click()
             conv = win.conversation(run)
@@ -100,7 +76,7 @@ async def shoot(home: Path, out: Path) -> None:
             def row_open() -> bool:
                 return any(r.url for r in conv.findChildren(PreviewRow))
 
-            await until(row_open, 120, "the Open preview row")
+            await shotkit.until(row_open, 120, "the Open preview row")
             await asyncio.sleep(2.0)  # layout and paint
             win.grab().save(str(out / "preview.png"))
             print("shot preview", flush=True)
@@ -110,4 +86,4 @@ async def shoot(home: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots"))
+    shotkit.run_shots(shoot)

@@ -13,14 +13,14 @@ running view. Look at each PNG before committing them.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
-import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the kit beside it
+import shotkit
 
 SHOTS = (
     "welcome",
@@ -32,30 +32,6 @@ SHOTS = (
     "settings-permissions",
 )
 BOOT = 420.0
-
-
-def main(out: Path) -> None:
-    home = Path(tempfile.mkdtemp(prefix="piwork-shots-"))
-    os.environ["PIWORK_HOME"] = str(home)  # the pack cache stays shared (PIWORK_PACK_CACHE)
-    from piwork.gui.app import make_app
-    from piwork.gui.loop import new_loop
-
-    app = make_app(["piwork"])
-    loop = new_loop(app)
-    asyncio.set_event_loop(loop)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        loop.run_until_complete(shoot(app, home, out))
-    finally:
-        loop.close()
-
-
-async def until(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.2)
 
 
 async def shoot(app: Any, home: Path, out: Path) -> None:
@@ -70,10 +46,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
 
     paths = get_paths()
 
-    async def snap(widget: Any, name: str, settle: float = 0.8) -> None:
-        await asyncio.sleep(settle)  # the loop runs Qt meanwhile: layout and paint
-        widget.grab().save(str(out / f"{name}.png"))
-        print(f"shot {name}", flush=True)
+    snap = functools.partial(shotkit.snap, out=out)
 
     markdown = (
         "The parser builds the date **before** it checks the year, so `29 Feb` fails in "
@@ -109,17 +82,17 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
 
             # The first run: the demo asks its one permission.
             ctl = win.start_demo()
-            await until(lambda: win.sheet is not None, BOOT, "the demo's permission sheet")
+            await shotkit.until(lambda: win.sheet is not None, BOOT, "the demo's permission sheet")
             await snap(win, "permission", 1.5)
             assert win.sheet is not None
             win.sheet.buttons[Choice.ALLOW_ONCE].click()
-            await until(lambda: ctl.label == "done", 300, "the demo finishes")
+            await shotkit.until(lambda: ctl.label == "done", 300, "the demo finishes")
             folder = ctl.folder
             assert folder is not None and (folder / DEMO_FILE).is_file()
 
             # Its change: the Turns tab with the diff and Undo; then the file's preview.
             panel = win.context
-            await until(lambda: panel.turns.topLevelItemCount() > 0, 60, "turns")
+            await shotkit.until(lambda: panel.turns.topLevelItemCount() > 0, 60, "turns")
             panel.tabs.setCurrentIndex(1)
             top = panel.turns.topLevelItem(0)
             for i in range(top.childCount()):
@@ -127,7 +100,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
                     panel.turns.setCurrentItem(top.child(i))
             await snap(win, "finished", 1.2)
             panel.tabs.setCurrentIndex(0)
-            await until(lambda: DEMO_FILE in panel.changed, 30, "Files changed")
+            await shotkit.until(lambda: DEMO_FILE in panel.changed, 30, "Files changed")
             for i in range(panel.files.count()):
                 if DEMO_FILE in panel.files.item(i).text():
                     panel.files.setCurrentRow(i)
@@ -151,7 +124,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
                     raise RuntimeError("the second task failed: see the window's notices")
                 return any("sleep 600" in r.arg for r in win.conversation(run).tool_rows())
 
-            await until(running, BOOT, "the second task runs its command")
+            await shotkit.until(running, BOOT, "the second task runs its command")
             await snap(win, "running", 2.5)
             await run.stop()
 
@@ -168,4 +141,4 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/screenshots"))
+    shotkit.run_shots(shoot)

@@ -17,6 +17,7 @@ each PNG before committing it.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any

@@ -27,10 +27,11 @@ from typing import Any, Protocol
 from piwork import errors, sharefs
 from piwork.aio import discard
 from piwork.env import TaskEnv
+from piwork.env.store import BUILD_ENV_FILE
 from piwork.pack.manifest import Manifest
 from piwork.rpc.client import LineTap, Listener, RpcClient, UiHandler
 from piwork.rpc.framing import OversizedLine
-from piwork.rpc.models import Response, SessionState, UiRequest
+from piwork.rpc.models import BashResult, Response, SessionState, UiRequest
 from piwork.vm import gitguard
 from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
@@ -233,6 +234,13 @@ class PiDoor:
     def open_dialogs(self) -> list[UiRequest]:
         return list(self.rpc.open_dialogs.values())
 
+    async def run_bash(self, command: str, timeout: float | None) -> BashResult:
+        """Run ``command`` through pi's own bash (RPC ``bash``: the shell its tool uses,
+        in the workbench root, no model involved). ``piwork env build`` runs its steps
+        here; the output the result carries is pi's tail of it, so callers that want
+        all of it redirect it to a file on a share."""
+        return await self.rpc.bash(command, timeout=timeout)
+
     async def cancel_open_dialogs(self) -> list[UiRequest]:
         """Answer every open dialog with a cancel (pi would hang on them); returns them."""
         opened = self.open_dialogs()
@@ -430,6 +438,10 @@ class AgentVm(PiDoor):
             "PIWORK_READONLY_DIRS": GUEST_UPLOADS,
             "TERM": "dumb",
         }
+        if self.cfg.manifest.workbench:
+            # bash reads the ENV/WORKDIR a built environment left (piwork env build); a
+            # missing file is ignored by bash.
+            env["BASH_ENV"] = BUILD_ENV_FILE
         env.update(self.cfg.extra_env)
         return env
 

@@ -56,6 +56,11 @@ class EnvBusy(EnvError):
     """Another VM uses this task's environment disk."""
 
 
+BUILD_ENV_FILE = "/etc/piwork/env.sh"
+"""Where a built layer keeps its ENV and WORKDIR in the guest's root; tasks' bash reads
+it through ``BASH_ENV`` (piwork.agent sets it for a workbench pack)."""
+
+
 @dataclass(frozen=True)
 class Layer:
     id: str
@@ -64,6 +69,8 @@ class Layer:
     from_task: str | None
     created_at: float
     path: Path
+    build: dict[str, Any] | None = None
+    """For a layer ``piwork env build`` made: its file, ENV, WORKDIR (None: a task's)."""
 
     @property
     def bytes(self) -> int:
@@ -201,7 +208,22 @@ class EnvStore:
             from_task=meta.get("from_task"),
             created_at=float(meta.get("created_at", 0)),
             path=path,
+            build=meta["build"] if isinstance(meta.get("build"), dict) else None,
         )
+
+    def build_settings(self, layer_id: str | None) -> tuple[dict[str, str], str]:
+        """The ENV and WORKDIR a build on ``layer_id`` starts from: those of the newest
+        built layer in its chain (a task's layer on top keeps them: its disk holds the file)."""
+        for layer in self.chain(layer_id):
+            if layer.build is not None:
+                env = layer.build.get("env")
+                pairs = (
+                    [p for p in env if isinstance(p, list) and len(p) == 2]
+                    if isinstance(env, list)
+                    else []
+                )
+                return {str(k): str(v) for k, v in pairs}, str(layer.build.get("workdir") or "/")
+        return {}, "/"
 
     def chain(self, layer_id: str | None) -> list[Layer]:
         """The layer and its parents, newest first."""
@@ -318,6 +340,40 @@ class EnvStore:
             create_disk(env.disk, env.size, path)
             self._write_task_meta(last, layer_id, env.size, rec.folder)
         return layer_id, None
+
+    # ------------------------------------------------------------ built layers
+    def add_built_layer(
+        self, disk: Path, layer_id: str, parent: str | None, folder: Path, build: dict[str, Any]
+    ) -> Layer:
+        """Freeze a build VM's disk (it has stopped) into the read-only layer ``layer_id``,
+        and make it the folder's head: the next task there starts from it."""
+        with self._locked():
+            path = self.layers_dir / f"{layer_id}.qcow2"
+            meta = {
+                "parent": parent,
+                "folder": str(folder),
+                "from_task": None,
+                "created_at": time.time(),
+                "build": build,
+            }
+            atomic_write_bytes(self.layers_dir / f"{layer_id}.json", orjson.dumps(meta))
+            os.rename(disk, path)
+            os.chmod(path, 0o400)
+            fsync_dir(self.layers_dir)
+            self._set_head(folder, layer_id)
+        layer = self.layer(layer_id)
+        assert layer is not None
+        return layer
+
+    def use_layer(self, folder: Path, layer_id: str) -> None:
+        """The folder's next task starts from ``layer_id`` (a cached build)."""
+        with self._locked():
+            self._set_head(folder, layer_id)
+
+    def _set_head(self, folder: Path, layer_id: str) -> None:
+        # No last task: what earlier tasks left is not frozen over the build (their own
+        # disks still have it, for a resume).
+        self._save_folder(FolderEnv(folder_key(folder), str(folder), layer_id, None))
 
     # ------------------------------------------------------------ management
     def reset(self, folder: Path) -> bool:

@@ -654,6 +654,28 @@ class AgentVm(PiDoor):
         if env is None or not self.cfg.manifest.workbench:
             return
         self._env_lock.enter_context(env.lock())
+        if env.image is not None:
+            # An imported image (piwork env import): read-only, the overlay's lower layer
+            # instead of the pack's Debian image; the guest knows it by its model name.
+            await self.vm.qmp_execute(
+                "blockdev-add",
+                {
+                    "driver": "raw",
+                    "node-name": "pwimage",
+                    "read-only": True,
+                    "file": {"driver": "file", "filename": str(env.image), "read-only": True},
+                },
+            )
+            await self.vm.qmp_execute(
+                "device_add",
+                {
+                    "driver": "scsi-hd",
+                    "bus": f"{ENV_SCSI_BUS}.0",
+                    "drive": "pwimage",
+                    "id": "pwimagedisk",
+                    "product": "pwimage",
+                },
+            )
         await self.vm.qmp_execute(
             "blockdev-add",
             {
@@ -771,7 +793,10 @@ class AgentVm(PiDoor):
     def _workbench_op(self) -> dict[str, str]:
         if not self.cfg.manifest.workbench:
             return {}
-        return {"workbench": "disk" if self.cfg.env is not None else "tmpfs"}
+        env = self.cfg.env
+        if env is None:
+            return {"workbench": "tmpfs"}
+        return {"workbench": "image" if env.image is not None else "disk"}
 
     async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
         """The first ``get_state`` reply: pi has loaded and speaks RPC."""

@@ -7,6 +7,9 @@ a folder starts from what the folder's last task left (``piwork.env``).
                               build the folder's environment from its piwork.Dockerfile
                               (FROM piwork, RUN, COPY, ENV, WORKDIR), the RUN steps inside
                               a piwork VM; the folder's next task starts from the result
+  piwork env import IMAGE.tar [FOLDER]
+                              an OCI or `docker save` archive as FOLDER's userland instead
+                              of the pack's Debian (unpacked without a daemon: skopeo, umoci)
   piwork env list             one line per folder: its saved environment
   piwork env show FOLDER      the layers it is made of, their sizes, the tasks on them
   piwork env reset FOLDER     the folder's next task starts clean
@@ -72,6 +75,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--cpus", type=int, default=2, help="the build VM's CPUs")
     p.add_argument("--accel", default=None, help="kvm, hvf, tcg (default: the best available)")
     p.set_defaults(func=cmd_build)
+    p = sub.add_parser(
+        "import",
+        help="use an OCI or docker-save archive as the folder's userland",
+        description="Unpack IMAGE.tar (an OCI archive or `docker save` output) without a "
+        "daemon (skopeo, umoci --rootless), make it a read-only image cached by the "
+        "archive's sha256, and run FOLDER's next tasks on it instead of the pack's Debian "
+        "workbench, from a blank writable disk. `piwork env reset FOLDER` goes back.",
+    )
+    p.add_argument("archive", help="the image archive (.tar)")
+    p.add_argument("folder", nargs="?", default=".", help="the working folder (default: .)")
+    p.set_defaults(func=cmd_import)
     p = sub.add_parser("list", help="folders with a saved environment")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
@@ -154,9 +168,12 @@ def cmd_show(args: argparse.Namespace) -> int:
         for la in chain
     ]
     if args.json:
-        print(json.dumps({"folder": rec.folder, "head": rec.head, "layers": layers}, indent=2))
+        shown = {"folder": rec.folder, "head": rec.head, "image": rec.image, "layers": layers}
+        print(json.dumps(shown, indent=2))
         return 0
     print(rec.folder)
+    if rec.image:
+        print(f"  on imported image {rec.image} (piwork env import), not the pack's Debian")
     if not chain:
         print("  clean: the next task starts from the pack's workbench")
     for la in layers:
@@ -261,3 +278,21 @@ def cmd_build(args: argparse.Namespace) -> int:
         return 0
 
     return int(asyncio.run(go()))
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from piwork.env.importer import import_image
+
+    folder = _folder(args.folder)
+    if not folder.is_dir():
+        print(f"piwork env import: {folder} is not a folder", file=sys.stderr)
+        return 2
+    store = default_store()
+    result = import_image(store, Path(args.archive).expanduser().resolve())
+    for change in result.removed[:20]:
+        print(f"piwork env import: {change}", file=sys.stderr)
+    how = "cached" if result.cached else f"imported, {_mb(result.bytes)}"
+    print(f"image {result.id} ({how})")
+    store.use_image(folder, result.id)
+    print(f"{folder}: the next task runs on image {result.id} (piwork env reset goes back)")
+    return 0

@@ -85,6 +85,8 @@ class FolderEnv:
     """The layer a new task here starts from (None: clean)."""
     last_task_dir: str | None
     """The last task that made a disk here: frozen into the next head when a task starts."""
+    image: str | None = None
+    """An imported image (``piwork env import``) tasks here use instead of the pack's Debian."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class TaskEnv:
     size: int
     note: str | None = None
     """Why this task did not start from the folder's latest environment, if it did not."""
+    image: Path | None = None
+    """The imported image (read-only erofs) under the disk, instead of the pack's Debian."""
 
     @contextlib.contextmanager
     def lock(self, wait: float = 5.0) -> Iterator[None]:
@@ -243,7 +247,9 @@ class EnvStore:
         data = _read_json(self.folders_dir / f"{key}.json")
         if data is None:
             return None
-        return FolderEnv(key, str(data["folder"]), data.get("head"), data.get("last_task_dir"))
+        return FolderEnv(
+            key, str(data["folder"]), data.get("head"), data.get("last_task_dir"), data.get("image")
+        )
 
     def folders(self) -> list[FolderEnv]:
         out = []
@@ -252,7 +258,11 @@ class EnvStore:
             if data is not None and "folder" in data:
                 out.append(
                     FolderEnv(
-                        p.stem, str(data["folder"]), data.get("head"), data.get("last_task_dir")
+                        p.stem,
+                        str(data["folder"]),
+                        data.get("head"),
+                        data.get("last_task_dir"),
+                        data.get("image"),
                     )
                 )
         return out
@@ -262,6 +272,7 @@ class EnvStore:
             "folder": rec.folder,
             "head": rec.head,
             "last_task_dir": rec.last_task_dir,
+            "image": rec.image,
             "updated_at": time.time(),
         }
         atomic_write_bytes(self.folders_dir / f"{rec.key}.json", orjson.dumps(payload))
@@ -271,12 +282,39 @@ class EnvStore:
         disk = task_dir / ENV_DISK
         if meta is None or not disk.is_file():
             return None
-        return TaskEnv(disk, meta.get("base"), int(meta.get("size", DEFAULT_SIZE_BYTES)))
+        image = meta.get("image")
+        return TaskEnv(
+            disk,
+            meta.get("base"),
+            int(meta.get("size", DEFAULT_SIZE_BYTES)),
+            image=self.image_path(image) if isinstance(image, str) else None,
+        )
 
     @staticmethod
-    def _write_task_meta(task_dir: Path, base: str | None, size: int, folder: str | None) -> None:
-        payload = {"base": base, "size": size, "folder": folder, "updated_at": time.time()}
+    def _write_task_meta(
+        task_dir: Path, base: str | None, size: int, folder: str | None, image: str | None = None
+    ) -> None:
+        payload = {
+            "base": base,
+            "size": size,
+            "folder": folder,
+            "image": image,
+            "updated_at": time.time(),
+        }
         atomic_write_bytes(task_dir / ENV_META, orjson.dumps(payload))
+
+    # ------------------------------------------------------------ imported images
+    @property
+    def images_dir(self) -> Path:
+        return self.root / "images"
+
+    def image_path(self, image_id: str) -> Path:
+        return self.images_dir / f"{image_id}.erofs"
+
+    def use_image(self, folder: Path, image_id: str) -> None:
+        """The folder's next task runs on the imported image, from a blank disk over it."""
+        with self._locked():
+            self._save_folder(FolderEnv(folder_key(folder), str(folder), None, None, image_id))
 
     # ------------------------------------------------------------ the life of a disk
     def prepare(
@@ -298,15 +336,29 @@ class EnvStore:
             if folder is not None and not clean:
                 head, note = self._freeze_last(rec)
             base_layer = self.layer(head) if head is not None else None
+            image = rec.image if rec is not None and not clean else None
+            if image is not None and not self.image_path(image).is_file():
+                raise EnvError(
+                    f"the folder's imported image {image} is gone; import it again "
+                    "(piwork env import IMAGE.tar FOLDER) or start clean (piwork env reset FOLDER)"
+                )
             create_disk(
                 task_dir / ENV_DISK, size, base_layer.path if base_layer is not None else None
             )
-            self._write_task_meta(task_dir, head, size, str(folder) if folder else None)
+            self._write_task_meta(task_dir, head, size, str(folder) if folder else None, image)
             if folder is not None:
-                self._save_folder(FolderEnv(folder_key(folder), str(folder), head, str(task_dir)))
+                self._save_folder(
+                    FolderEnv(folder_key(folder), str(folder), head, str(task_dir), image)
+                )
             # Layers left only by deleted tasks (`piwork tasks rm`) go now.
             self._gc()
-            return TaskEnv(task_dir / ENV_DISK, head, size, note)
+            return TaskEnv(
+                task_dir / ENV_DISK,
+                head,
+                size,
+                note,
+                image=self.image_path(image) if image is not None else None,
+            )
 
     def _freeze_last(self, rec: FolderEnv | None) -> tuple[str | None, str | None]:
         """Freeze the folder's last task disk into a layer; return (the head, a note)."""
@@ -338,7 +390,8 @@ class EnvStore:
             fsync_dir(self.layers_dir)
             # The old task keeps what it had, on top of the frozen copy.
             create_disk(env.disk, env.size, path)
-            self._write_task_meta(last, layer_id, env.size, rec.folder)
+            image = env.image.stem if env.image is not None else None
+            self._write_task_meta(last, layer_id, env.size, rec.folder, image)
         return layer_id, None
 
     # ------------------------------------------------------------ built layers
@@ -382,7 +435,7 @@ class EnvStore:
             rec = self.folder(folder)
             if rec is None:
                 return False
-            self._save_folder(FolderEnv(rec.key, rec.folder, None, None))
+            self._save_folder(FolderEnv(rec.key, rec.folder, None, None, None))
             self._gc()
         return True
 

@@ -68,15 +68,33 @@ def docker_save(path: Path, layers: list[list[Entry]], tag: str = "piwork-test:l
     return path
 
 
+TOOLS = [
+    "sh",
+    "cat",
+    "ls",
+    "echo",
+    "env",
+    "id",
+    "sync",
+    "uname",
+    "mkdir",
+    "base64",
+    "timeout",
+    "printf",
+    "cp",
+    "ln",
+    "dirname",
+    "tr",
+]
+"""busybox applets linked in the test image: a shell and what piwork env build's steps use."""
+
+
 def busybox_image(path: Path, marker: bytes, busybox: Path = Path("/bin/busybox")) -> Path:
     """A tiny image: Debian's static busybox as /bin/sh and friends, and a marker file."""
     entries = [
         entry("bin", kind=tarfile.DIRTYPE, mode=0o755),
         entry("bin/busybox", busybox.read_bytes(), mode=0o755),
-        *[
-            entry(f"bin/{tool}", kind=tarfile.SYMTYPE, link="busybox", mode=0o777)
-            for tool in ("sh", "cat", "ls", "echo", "env", "id", "sync", "uname")
-        ],
+        *[entry(f"bin/{tool}", kind=tarfile.SYMTYPE, link="busybox", mode=0o777) for tool in TOOLS],
         entry("etc", kind=tarfile.DIRTYPE, mode=0o755),
         entry("etc/piwork-marker", marker),
         entry("root", kind=tarfile.DIRTYPE, mode=0o700),

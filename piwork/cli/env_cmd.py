@@ -33,6 +33,15 @@ from piwork.env.registries import registry_rules
 from piwork.policy.rules import Scope
 from piwork.policy.store import PolicyError, PolicyStore
 
+BUILD_DESCRIPTION = (
+    "Build FOLDER's environment from a Dockerfile subset: FROM piwork (or FROM LAYER-ID, or "
+    "FROM IMAGE-ID from piwork env import), RUN, COPY (from FOLDER), ENV, WORKDIR. The RUN "
+    "steps run inside a piwork VM, through the egress proxy and your network policy; the "
+    "result is a read-only layer cached by the hash of its inputs, and FOLDER's next task "
+    "starts from it. In tasks, ENV applies to the agent's bash; WORKDIR is where a shell "
+    "outside the task's folders starts (the agent itself starts in the task's folder)."
+)
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     env = subparsers.add_parser(
@@ -51,12 +60,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser(
         "build",
         help="build the folder's environment from its piwork.Dockerfile (in a VM)",
-        description="Build FOLDER's environment from a Dockerfile subset: FROM piwork (or FROM "
-        "LAYER-ID), RUN, COPY (from FOLDER), ENV, WORKDIR. The RUN steps run inside a piwork "
-        "VM, through the egress proxy and your network policy; the result is a read-only "
-        "layer cached by the hash of its inputs, and FOLDER's next task starts from it. "
-        "In tasks, ENV applies to the agent's bash; WORKDIR is where a shell outside the "
-        "task's folders starts (the agent itself starts in the task's folder).",
+        description=BUILD_DESCRIPTION,
     )
     p.add_argument("folder", nargs="?", default=".", help="the build folder (default: .)")
     p.add_argument(
@@ -125,6 +129,7 @@ def _summary(store: EnvStore) -> list[dict[str, object]]:
                 "layers": len(chain),
                 "bytes": sum(la.bytes for la in chain),
                 "last_task": Path(rec.last_task_dir).name if rec.last_task_dir else None,
+                "image": rec.image,
             }
         )
     return rows
@@ -145,6 +150,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             state += f" (over {saved})" if saved else ""
         else:
             state = f"the next task starts from {saved}" if saved else "clean"
+        if r["image"]:
+            state += f", on imported image {r['image']}"
         print(f"{r['folder']}\n  {state}")
     return 0
 

@@ -69,6 +69,7 @@ from piwork.pack import ensure_pack, load_manifest
 from piwork.policy import AuditLog, Decider, PolicyStore
 from piwork.policy.rules import TaskContext
 from piwork.proxy.egress import EgressDecision, EgressProxy
+from piwork.resources import vm_budget
 from piwork.rpc.client import RpcError
 from piwork.run.digest import EventKind
 from piwork.run.environment import guest_network_env
@@ -81,6 +82,8 @@ from piwork.vm.command import GATEWAY_GUEST_ADDR
 BUILD_FORMAT = 1
 """In the cache key: a change in how builds are made rebuilds every environment."""
 LAYER_PREFIX = "b-"
+IMAGE_PREFIX = "i-"
+"""Imported images' ids (piwork.env.importer): ``FROM i-...`` builds on one."""
 BUILD_PROVIDER = "piwork-build"
 """pi needs a model to start; the build never calls one (its gateway port is closed)."""
 STEP_LOG = "piwork-build-step.log"
@@ -206,11 +209,18 @@ def _stage_tree(
     return links
 
 
-def cache_key(build: BuildFile, pack_id: str, base_layer: str | None, staged_digest: str) -> str:
+def cache_key(
+    build: BuildFile,
+    pack_id: str,
+    base_layer: str | None,
+    staged_digest: str,
+    image: str | None = None,
+) -> str:
     payload = {
         "format": BUILD_FORMAT,
         "pack": pack_id,
         "base": base_layer,
+        "image": image,
         "steps": build.canonical(),
         "copied": staged_digest,
     }
@@ -234,7 +244,7 @@ def run_script(step: Step, timeout: int) -> str:
     bounded by ``timeout`` (exit 124), all output to the streamed log."""
     lines = _prelude(step)
     lines.append(
-        f'timeout --kill-after=10 {timeout} /bin/sh -c "$(printf %s {_b64(step.command)} '
+        f'timeout -k 10 {timeout} /bin/sh -c "$(printf %s {_b64(step.command)} '
         f'| base64 -d)" > {GUEST_OUTPUTS}/{STEP_LOG} 2>&1 < /dev/null'
     )
     return "\n".join(lines)
@@ -243,7 +253,9 @@ def run_script(step: Step, timeout: int) -> str:
 def copy_script(step: Step, index: int, staged: Staged) -> str:
     """The bash command for a COPY step: from the read-only uploads share, as root."""
     lines = [*_prelude(step), "set -e", f"exec > {GUEST_OUTPUTS}/{STEP_LOG} 2>&1"]
-    cp = "cp -dR --preserve=mode,timestamps"
+    # Plain cp: files become root's (as Docker's COPY), modes kept under umask 022; the
+    # options busybox's cp also knows (an imported image may have no GNU cp).
+    cp = "cp -dR"
     dest = step.dest
     for ki, src in enumerate(step.sources):
         kind, name = staged.items[(index, ki)]
@@ -380,15 +392,19 @@ async def build_env(
     store = store_for(paths)
     first = parse(file)
     base_layer: str | None = None
+    image: str | None = None
     inherited: tuple[dict[str, str], str] = ({}, "/")
-    if first.base != BASE_PIWORK:
+    if first.base.startswith(IMAGE_PREFIX) and store.image_path(first.base).is_file():
+        image = first.base  # an imported image (piwork env import), nothing over it yet
+    elif first.base != BASE_PIWORK:
         layer = store.layer(first.base)
         if layer is None:
             raise DockerfileError(
-                f"{file.name}:{first.base_line}: FROM {first.base}: no such layer "
-                "(piwork env show FOLDER lists a folder's layers; FROM piwork starts clean)"
+                f"{file.name}:{first.base_line}: FROM {first.base}: no such layer or imported "
+                "image (piwork env show FOLDER lists a folder's layers, piwork env import makes "
+                "an image; FROM piwork starts clean)"
             )
-        base_layer = layer.id
+        base_layer, image = layer.id, layer.image
         inherited = store.build_settings(layer.id)
     build = parse(file, inherited_env=inherited[0], inherited_workdir=inherited[1])
     pack_dir = await asyncio.to_thread(ensure_pack, log=say)
@@ -401,18 +417,21 @@ async def build_env(
     work.mkdir(mode=0o700)
     try:
         staged = await asyncio.to_thread(stage_context, build, folder, work / "context")
-        key = cache_key(build, manifest.pack_id, base_layer, staged.digest)
+        key = cache_key(build, manifest.pack_id, base_layer, staged.digest, image)
         layer_id = LAYER_PREFIX + key[:24]
         if store.layer(layer_id) is not None:
             store.use_layer(folder, layer_id)
             say(f"cached: layer {layer_id} (same file, files and base); no VM started")
             return BuildResult(layer_id, cached=True, seconds=time.monotonic() - t0)
-        n = await _build_in_vm(
-            build, staged, work, folder, paths=paths, out=out, say=say, asker=asker,
-            manifest_dir=pack_dir, base_layer=base_layer, step_timeout=step_timeout,
-            memory_mb=memory_mb, cpus=cpus, accel=accel, warm_start=warm_start,
-            egress_allow_private_networks=egress_allow_private_networks, on_vm=on_vm,
-        )  # fmt: skip
+        # The same caps as a task's VM (settings.json vm.maxMemoryMb/maxCpus, host reserve).
+        with vm_budget(memory_mb, cpus):
+            n = await _build_in_vm(
+                build, staged, work, folder, paths=paths, out=out, say=say, asker=asker,
+                manifest_dir=pack_dir, base_layer=base_layer, image=image,
+                step_timeout=step_timeout, memory_mb=memory_mb, cpus=cpus, accel=accel,
+                warm_start=warm_start, on_vm=on_vm,
+                egress_allow_private_networks=egress_allow_private_networks,
+            )  # fmt: skip
         meta = {
             "file": str(file),
             "key": key,
@@ -420,7 +439,7 @@ async def build_env(
             "workdir": build.workdir,
             "steps": len(build.steps),
         }
-        store.add_built_layer(work / "env.qcow2", layer_id, base_layer, folder, meta)
+        store.add_built_layer(work / "env.qcow2", layer_id, base_layer, folder, meta, image)
         return BuildResult(layer_id, cached=False, steps_run=n, seconds=time.monotonic() - t0)
     finally:
         await asyncio.to_thread(shutil.rmtree, work, True)
@@ -438,6 +457,7 @@ async def _build_in_vm(
     asker: Asker | None,
     manifest_dir: Path,
     base_layer: str | None,
+    image: str | None,
     step_timeout: int,
     memory_mb: int,
     cpus: int,
@@ -504,7 +524,12 @@ async def _build_in_vm(
             model="none",
             extra_env=guest_network_env(token),
             warm_start=warm_start,
-            env=TaskEnv(disk, base_layer, DEFAULT_SIZE_BYTES),
+            env=TaskEnv(
+                disk,
+                base_layer,
+                DEFAULT_SIZE_BYTES,
+                image=store.image_path(image) if image is not None else None,
+            ),
         )
         say(f"starting a build VM ({cfg.accel.accel.value})")
         agent = AgentVm(cfg, on_boot_mode=lambda msg, _data: say(msg))
@@ -549,8 +574,8 @@ async def _run_step(
     agent: AgentVm, script: str, outputs: Path, out: Say, timeout: float, *, quiet: bool = False
 ) -> int | None:
     stop = asyncio.Event()
-    with contextlib.suppress(FileNotFoundError):
-        sharefs.unlink_beneath(outputs, STEP_LOG)
+    with contextlib.suppress(OSError):  # gone, or something the guest put there: the
+        sharefs.unlink_beneath(outputs, STEP_LOG)  # step's redirection then says so
     streamer = asyncio.create_task(
         _stream(outputs, STEP_LOG, (lambda _l: None) if quiet else out, stop)
     )

@@ -90,7 +90,7 @@ class Step:
 class BuildFile:
     path: Path
     base: str
-    """``piwork`` or a layer id (``FROM``)."""
+    """``piwork``, a layer id or an imported image's id (``FROM``)."""
     base_line: int
     steps: tuple[Step, ...]
     env: tuple[tuple[str, str], ...] = ()
@@ -351,8 +351,9 @@ def parse(
             words = args.split()
             if len(words) != 1:
                 raise DockerfileError(
-                    f"{where}: write FROM piwork (the pack's Debian workbench) or FROM LAYER-ID "
-                    "(a layer from piwork env show); 'AS name' and other words are not supported"
+                    f"{where}: write FROM piwork (the pack's Debian workbench), FROM LAYER-ID "
+                    "(a layer from piwork env show) or FROM IMAGE-ID (from piwork env import); "
+                    "'AS name' and other words are not supported"
                 )
             ref = words[0]
             if ref.lower() == BASE_PIWORK or ref.lower().startswith(BASE_PIWORK + ":"):
@@ -362,7 +363,8 @@ def parse(
             else:
                 raise DockerfileError(
                     f"{where}: FROM {ref}: piwork builds on its own Debian workbench: write "
-                    "FROM piwork, or FROM LAYER-ID for a layer piwork built (piwork env show); "
+                    "FROM piwork, FROM LAYER-ID for a layer piwork built (piwork env show), or "
+                    "FROM IMAGE-ID for an archive imported with piwork env import IMAGE.tar; "
                     "images from a registry are not pulled"
                 )
             base_line = number

@@ -71,6 +71,8 @@ class Layer:
     path: Path
     build: dict[str, Any] | None = None
     """For a layer ``piwork env build`` made: its file, ENV, WORKDIR (None: a task's)."""
+    image: str | None = None
+    """The imported image this layer sits on (None: the pack's Debian workbench)."""
 
     @property
     def bytes(self) -> int:
@@ -213,6 +215,7 @@ class EnvStore:
             created_at=float(meta.get("created_at", 0)),
             path=path,
             build=meta["build"] if isinstance(meta.get("build"), dict) else None,
+            image=meta["image"] if isinstance(meta.get("image"), str) else None,
         )
 
     def build_settings(self, layer_id: str | None) -> tuple[dict[str, str], str]:
@@ -383,6 +386,7 @@ class EnvStore:
                 "folder": rec.folder,
                 "from_task": last.name,
                 "created_at": time.time(),
+                "image": env.image.stem if env.image is not None else None,
             }
             atomic_write_bytes(self.layers_dir / f"{layer_id}.json", orjson.dumps(meta))
             os.rename(env.disk, path)
@@ -396,7 +400,13 @@ class EnvStore:
 
     # ------------------------------------------------------------ built layers
     def add_built_layer(
-        self, disk: Path, layer_id: str, parent: str | None, folder: Path, build: dict[str, Any]
+        self,
+        disk: Path,
+        layer_id: str,
+        parent: str | None,
+        folder: Path,
+        build: dict[str, Any],
+        image: str | None = None,
     ) -> Layer:
         """Freeze a build VM's disk (it has stopped) into the read-only layer ``layer_id``,
         and make it the folder's head: the next task there starts from it."""
@@ -408,12 +418,13 @@ class EnvStore:
                 "from_task": None,
                 "created_at": time.time(),
                 "build": build,
+                "image": image,
             }
             atomic_write_bytes(self.layers_dir / f"{layer_id}.json", orjson.dumps(meta))
             os.rename(disk, path)
             os.chmod(path, 0o400)
             fsync_dir(self.layers_dir)
-            self._set_head(folder, layer_id)
+            self._set_head(folder, layer_id, image)
         layer = self.layer(layer_id)
         assert layer is not None
         return layer
@@ -421,12 +432,13 @@ class EnvStore:
     def use_layer(self, folder: Path, layer_id: str) -> None:
         """The folder's next task starts from ``layer_id`` (a cached build)."""
         with self._locked():
-            self._set_head(folder, layer_id)
+            layer = self.layer(layer_id)
+            self._set_head(folder, layer_id, layer.image if layer is not None else None)
 
-    def _set_head(self, folder: Path, layer_id: str) -> None:
+    def _set_head(self, folder: Path, layer_id: str, image: str | None) -> None:
         # No last task: what earlier tasks left is not frozen over the build (their own
         # disks still have it, for a resume).
-        self._save_folder(FolderEnv(folder_key(folder), str(folder), layer_id, None))
+        self._save_folder(FolderEnv(folder_key(folder), str(folder), layer_id, None, image))
 
     # ------------------------------------------------------------ management
     def reset(self, folder: Path) -> bool:

@@ -123,6 +123,7 @@ def test_from_a_layer_id_and_what_it_inherits() -> None:
         inherited_workdir="/srv",
     )
     assert bf.base == "b-0123456789abcdef"
+    assert parse(F, "FROM i-80c8515ec690b6244aa3678b\n").base == "i-80c8515ec690b6244aa3678b"
     assert dict(bf.env) == {"A": "1", "B": "1-2"}
     assert bf.steps[1].workdir == "/srv"
 
@@ -226,7 +227,7 @@ def test_the_guest_scripts_run_in_bash(tmp_path: Path) -> None:
     for script in (run, finish_script(bf)):
         subprocess.run(["bash", "-n", "-c", script], check=True)
     assert "export Q='it'\"'\"'s'" in run
-    assert "timeout --kill-after=10 60 /bin/sh -c" in run
+    assert "timeout -k 10 60 /bin/sh -c" in run
 
 
 def test_env_script_is_literal_and_sourced_once(tmp_path: Path) -> None:
@@ -259,3 +260,30 @@ def test_env_script_is_literal_and_sourced_once(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True, env=env, cwd="/",
     )  # fmt: skip
     assert out.stdout == f"1 {srv}\nnested {srv}\n"
+
+
+def test_streamed_step_output_is_guest_text_made_safe(tmp_path: Path) -> None:
+    """What a step prints reaches the terminal escaped; a link in its place is not followed."""
+    import asyncio
+
+    from piwork.env.build import STEP_LOG, _stream
+
+    async def collect(content: bytes | None, link_to: Path | None = None) -> list[str]:
+        out: list[str] = []
+        stop = asyncio.Event()
+        if link_to is not None:
+            os.symlink(link_to, tmp_path / STEP_LOG)
+        elif content is not None:
+            (tmp_path / STEP_LOG).write_bytes(content)
+        task = asyncio.create_task(_stream(tmp_path, STEP_LOG, out.append, stop))
+        await asyncio.sleep(0.3)
+        stop.set()
+        await task
+        return out
+
+    lines = asyncio.run(collect(b"ok\r\n\x1b]0;owned\x07title\nprogress 1\rprogress 2\nlast"))
+    assert lines == ["ok", "\\x1b]0;owned\\x07title", "progress 1", "progress 2", "last"]
+    (tmp_path / STEP_LOG).unlink()
+    secret = tmp_path / "secret"
+    secret.write_text("host secret\n")
+    assert asyncio.run(collect(None, link_to=secret)) == []

@@ -5,7 +5,9 @@ a marker file (no registry, no daemon). After ``piwork env import IMAGE.tar
 FOLDER`` a task on the folder (real QEMU, the real pi, the scripted model) runs
 its bash tool on that image instead of the pack's Debian: the marker is there,
 Debian's files are not, and what the task writes lands on its own disk over the
-image; ``piwork env reset`` gives the next task Debian again.
+image. ``piwork env build`` with ``FROM <image id>`` runs its RUN step in the
+image and its ENV reaches the next task (busybox sh: no BASH_ENV, the wrapper
+reads the file); ``piwork env reset`` gives the next task Debian again.
 """
 
 from __future__ import annotations
@@ -97,6 +99,22 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
     assert "NO-DEBIAN" in result  # the pack's Debian image is not under it
     assert "shell /bin/sh" in result  # the image's busybox sh: it has no bash
     assert "written" in result and "/mnt/work" in result
+
+    # A build on the image (FROM its id): RUN in the image's own shell, ENV for its tasks.
+    (folder / "piwork.Dockerfile").write_text(
+        f"FROM {rec.image}\nENV IMG_VAR=from-the-build\n"
+        'RUN echo "built on $(cat /etc/piwork-marker)" > /etc/built.txt && cat /etc/built.txt\n'
+    )
+    built = cli(paths, "env", "build", str(folder))
+    assert built.returncode == 0, built.stderr
+    assert "  | built on imported image marker 7f3a" in built.stdout
+    rec2 = store_for(paths).folder(folder.resolve())
+    assert rec2 is not None and rec2.image == rec.image and rec2.head is not None
+    layer = store_for(paths).layer(rec2.head)
+    assert layer is not None and layer.image == rec.image
+    result = await run_task(paths, folder, 'cat /etc/built.txt; echo "var=$IMG_VAR"; ' + CHECK)
+    assert "built on imported image marker 7f3a" in result
+    assert "var=from-the-build" in result and "NO-DEBIAN" in result
 
     # Back to the pack's Debian workbench.
     assert cli(paths, "env", "reset", str(folder)).returncode == 0

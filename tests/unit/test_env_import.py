@@ -95,3 +95,29 @@ def test_hostile_paths_stay_inside_and_special_files_and_bits_do_not_survive(
     assert "removed dev/fifo (not a file, folder or symlink)" in changed
     # umoci, rootless, makes no device: the node is an empty regular file.
     assert (rootfs / "dev" / "mem-like").stat().st_size == 0
+
+
+def test_an_oci_archive_is_read_too(tmp_path: Path) -> None:
+    """skopeo turns the test's docker-save file into an OCI archive; that imports the same."""
+    import shutil
+    import subprocess
+
+    docker = busybox_image(tmp_path / "image.tar", b"marker\n")
+    oci = tmp_path / "image-oci.tar"
+    policy = tmp_path / "policy.json"
+    policy.write_text('{"default": [{"type": "insecureAcceptAnything"}]}')
+    skopeo = shutil.which("skopeo")
+    assert skopeo is not None
+    subprocess.run(
+        [skopeo, "--policy", str(policy), "copy", "--quiet",
+         f"docker-archive:{docker}", f"oci-archive:{oci}:test"],
+        check=True,
+    )  # fmt: skip
+    assert archive_kind(oci) == "oci-archive"
+    work = tmp_path / "work"
+    work.mkdir()
+    rootfs = unpack(oci, work)
+    assert (rootfs / "etc" / "piwork-marker").read_bytes() == b"marker\n"
+    assert (rootfs / "bin" / "sh").is_symlink()
+    result = import_image(store(tmp_path), oci)
+    assert result.path.is_file() and not result.cached

@@ -13,6 +13,9 @@ only test double, for the LLM):
 3. the same build again says "cached" and boots no VM (no QEMU on PATH: it
    could not); a build whose RUN fails gives its file:line and exit code, and
    leaves no layer (the folder's head is unchanged).
+
+A second test: a build whose RUN reaches a new host asks (an asker double
+answers, as the terminal would) and, allowed, gets through the egress proxy.
 """
 
 from __future__ import annotations
@@ -177,3 +180,39 @@ async def test_env_build_then_a_task_uses_it_cached_rebuild_and_failing_step(
     rec2 = store.folder(folder.resolve())
     assert rec2 is not None and rec2.head == rec.head
     assert not list((paths.data / "envs" / "builds").iterdir())  # the build's disk is gone
+
+
+async def test_a_build_asks_before_a_new_host_and_reaches_it_when_allowed(tmp_path: Path) -> None:
+    """The question a task's terminal would show (here a scripted asker answers it): once
+    per host, and an allowed host is reached through the egress proxy. In this lab Debian's
+    mirror resolves to a TEST-NET interceptor, which the proxy counts as private: allowed
+    for this test only, as test_vm_workbench does."""
+    from piwork.env.build import build_env
+    from piwork.policy.request import PermissionRequest
+
+    paths = private_paths(tmp_path / "home")
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "piwork.Dockerfile").write_text(
+        "FROM piwork\n"
+        "RUN curl -sS -o /dev/null -w 'mirror said %{http_code}\\n' "
+        "http://deb.debian.org/debian/dists/bookworm/Release\n"
+    )
+    asker = ScriptedAsker(permission=Choice.ALLOW_ONCE)
+    out: list[str] = []
+    said: list[str] = []
+    result = await build_env(
+        folder.resolve(),
+        folder / "piwork.Dockerfile",
+        paths=paths,
+        out=out.append,
+        say=said.append,
+        asker=asker,  # type: ignore[arg-type]
+        egress_allow_private_networks=True,
+    )
+    print("\n".join(said + out))
+    asked = [cast(PermissionRequest, p) for p in asker.permissions]
+    assert [p.targets[0].domain for p in asked] == ["deb.debian.org"]
+    assert "network: deb.debian.org:80 allowed (by you)" in said
+    assert "mirror said 200" in out
+    assert not result.cached and result.layer.startswith("b-")

@@ -44,7 +44,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -348,6 +348,7 @@ async def _stream(log: Path, name: str, out: Say, stop: asyncio.Event) -> None:
                     *lines, pending = text.split("\n")
                     for line in lines:
                         out(sanitize(line))
+                    await asyncio.sleep(0)  # a chatty step never starves the egress proxy
             if done:
                 break
             with contextlib.suppress(TimeoutError):
@@ -381,7 +382,6 @@ async def build_env(
     accel: str | None = None,
     egress_allow_private_networks: bool = False,
     warm_start: bool = True,
-    on_vm: Callable[[AgentVm], Awaitable[None]] | None = None,
 ) -> BuildResult:
     """Build ``file`` with ``folder`` as its context; the folder's head becomes the layer.
 
@@ -429,7 +429,7 @@ async def build_env(
                 build, staged, work, folder, paths=paths, out=out, say=say, asker=asker,
                 manifest_dir=pack_dir, base_layer=base_layer, image=image,
                 step_timeout=step_timeout, memory_mb=memory_mb, cpus=cpus, accel=accel,
-                warm_start=warm_start, on_vm=on_vm,
+                warm_start=warm_start,
                 egress_allow_private_networks=egress_allow_private_networks,
             )  # fmt: skip
         meta = {
@@ -464,7 +464,6 @@ async def _build_in_vm(
     accel: str | None,
     warm_start: bool,
     egress_allow_private_networks: bool,
-    on_vm: Callable[[AgentVm], Awaitable[None]] | None,
 ) -> int:
     store = store_for(paths)
     disk = work / "env.qcow2"
@@ -537,8 +536,6 @@ async def _build_in_vm(
         try:
             async with agent:
                 await agent.wait_pi_ready()
-                if on_vm is not None:
-                    await on_vm(agent)
                 total = len(build.steps)
                 for index, step in enumerate(build.steps):
                     where = f"{build.path.name}:{step.line}"

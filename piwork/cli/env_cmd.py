@@ -182,7 +182,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if rec.image:
         print(f"  on imported image {rec.image} (piwork env import), not the pack's Debian")
     if not chain:
-        print("  clean: the next task starts from the pack's workbench")
+        base = "the imported image" if rec.image else "the pack's workbench"
+        print(f"  clean: the next task starts from {base}")
     for la in layers:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(str(la["created_at"]))))
         origin = (

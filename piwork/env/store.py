@@ -44,6 +44,8 @@ from piwork.fsutil import atomic_write_bytes, fsync_dir
 ENV_DISK = "env.qcow2"
 ENV_META = "env.json"
 ENV_LOCK = "env.lock"
+IMAGE_GRACE_SECONDS = 3600
+"""An imported image is never collected within this long of its import."""
 DEFAULT_SIZE_BYTES = 16 << 30
 """Virtual size of a new task's disk: the cap on what it can hold, not space used."""
 
@@ -496,6 +498,34 @@ class EnvStore:
                     (self.layers_dir / f"{meta.stem}.qcow2").unlink()
                 meta.unlink()
                 removed.append(meta.stem)
+        removed += self._gc_images(keep)
+        return removed
+
+    def _gc_images(self, kept_layers: set[str]) -> list[str]:
+        """Imported images no folder, kept layer or task uses any more.
+
+        One just imported is kept for a while whatever uses it: ``piwork env import``
+        makes the image before it points the folder at it (outside this lock).
+        """
+        if not self.images_dir.is_dir():
+            return []
+        used = {rec.image for rec in self.folders() if rec.image}
+        used |= {la.image for la in map(self.layer, kept_layers) if la is not None and la.image}
+        if self.tasks_root.is_dir():
+            for task_dir in self.tasks_root.iterdir():
+                meta = _read_json(task_dir / ENV_META)
+                if meta is not None and isinstance(meta.get("image"), str):
+                    used.add(meta["image"])
+        removed = []
+        for meta_path in sorted(self.images_dir.glob("*.json")):
+            image_id = meta_path.stem
+            young = time.time() - meta_path.stat().st_mtime < IMAGE_GRACE_SECONDS
+            if image_id in used or young:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                self.image_path(image_id).unlink()
+            meta_path.unlink()
+            removed.append(image_id)
         return removed
 
 

@@ -121,3 +121,29 @@ def test_an_oci_archive_is_read_too(tmp_path: Path) -> None:
     assert (rootfs / "bin" / "sh").is_symlink()
     result = import_image(store(tmp_path), oci)
     assert result.path.is_file() and not result.cached
+
+
+def test_images_nothing_uses_are_collected_after_a_grace_time(tmp_path: Path) -> None:
+    import os
+
+    s = store(tmp_path)
+    folder = tmp_path / "project"
+    folder.mkdir()
+    imported = import_image(s, busybox_image(tmp_path / "image.tar", b"m\n"))
+    meta = s.images_dir / f"{imported.id}.json"
+    s.use_image(folder, imported.id)
+    old = meta.stat().st_mtime - 7200
+    os.utime(meta, (old, old))
+    # A task on the folder runs on it: kept after the folder is reset, while the task is.
+    task = tmp_path / "data" / "tasks" / "t1"
+    task.mkdir(parents=True)
+    env = s.prepare(task, folder, size=64 << 20)
+    assert env.image == imported.path
+    s.reset(folder)
+    assert imported.path.is_file()
+    (task / "env.json").unlink()  # the task is deleted (piwork tasks rm)
+    assert imported.id in s.gc()
+    assert not imported.path.exists() and not meta.exists()
+    # One just imported is kept whatever uses it (the import points the folder at it next).
+    again = import_image(s, tmp_path / "image.tar")
+    assert not again.cached and imported.id not in s.gc() and again.path.is_file()

@@ -27,10 +27,11 @@ from typing import Any, Protocol
 from piwork import errors, sharefs
 from piwork.aio import discard
 from piwork.env import TaskEnv
+from piwork.env.store import BUILD_ENV_FILE
 from piwork.pack.manifest import Manifest
 from piwork.rpc.client import LineTap, Listener, RpcClient, UiHandler
 from piwork.rpc.framing import OversizedLine
-from piwork.rpc.models import Response, SessionState, UiRequest
+from piwork.rpc.models import BashResult, Response, SessionState, UiRequest
 from piwork.vm import gitguard
 from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
@@ -233,6 +234,13 @@ class PiDoor:
     def open_dialogs(self) -> list[UiRequest]:
         return list(self.rpc.open_dialogs.values())
 
+    async def run_bash(self, command: str, timeout: float | None) -> BashResult:
+        """Run ``command`` through pi's own bash (RPC ``bash``: the shell its tool uses,
+        in the workbench root, no model involved). ``piwork env build`` runs its steps
+        here; the output the result carries is pi's tail of it, so callers that want
+        all of it redirect it to a file on a share."""
+        return await self.rpc.bash(command, timeout=timeout)
+
     async def cancel_open_dialogs(self) -> list[UiRequest]:
         """Answer every open dialog with a cancel (pi would hang on them); returns them."""
         opened = self.open_dialogs()
@@ -430,6 +438,10 @@ class AgentVm(PiDoor):
             "PIWORK_READONLY_DIRS": GUEST_UPLOADS,
             "TERM": "dumb",
         }
+        if self.cfg.manifest.workbench:
+            # bash reads the ENV/WORKDIR a built environment left (piwork env build); a
+            # missing file is ignored by bash.
+            env["BASH_ENV"] = BUILD_ENV_FILE
         env.update(self.cfg.extra_env)
         return env
 
@@ -642,6 +654,28 @@ class AgentVm(PiDoor):
         if env is None or not self.cfg.manifest.workbench:
             return
         self._env_lock.enter_context(env.lock())
+        if env.image is not None:
+            # An imported image (piwork env import): read-only, the overlay's lower layer
+            # instead of the pack's Debian image; the guest knows it by its model name.
+            await self.vm.qmp_execute(
+                "blockdev-add",
+                {
+                    "driver": "raw",
+                    "node-name": "pwimage",
+                    "read-only": True,
+                    "file": {"driver": "file", "filename": str(env.image), "read-only": True},
+                },
+            )
+            await self.vm.qmp_execute(
+                "device_add",
+                {
+                    "driver": "scsi-hd",
+                    "bus": f"{ENV_SCSI_BUS}.0",
+                    "drive": "pwimage",
+                    "id": "pwimagedisk",
+                    "product": "pwimage",
+                },
+            )
         await self.vm.qmp_execute(
             "blockdev-add",
             {
@@ -759,7 +793,10 @@ class AgentVm(PiDoor):
     def _workbench_op(self) -> dict[str, str]:
         if not self.cfg.manifest.workbench:
             return {}
-        return {"workbench": "disk" if self.cfg.env is not None else "tmpfs"}
+        env = self.cfg.env
+        if env is None:
+            return {"workbench": "tmpfs"}
+        return {"workbench": "image" if env.image is not None else "disk"}
 
     async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
         """The first ``get_state`` reply: pi has loaded and speaks RPC."""

@@ -3,6 +3,13 @@
 Each task has a writable disk over the pack's Debian workbench; a new task on
 a folder starts from what the folder's last task left (``piwork.env``).
 
+  piwork env build [FOLDER] [-f FILE]
+                              build the folder's environment from its piwork.Dockerfile
+                              (FROM piwork, RUN, COPY, ENV, WORKDIR), the RUN steps inside
+                              a piwork VM; the folder's next task starts from the result
+  piwork env import IMAGE.tar [FOLDER]
+                              an OCI or `docker save` archive as FOLDER's userland instead
+                              of the pack's Debian (unpacked without a daemon: skopeo, umoci)
   piwork env list             one line per folder: its saved environment
   piwork env show FOLDER      the layers it is made of, their sizes, the tasks on them
   piwork env reset FOLDER     the folder's next task starts clean
@@ -21,9 +28,19 @@ import time
 from pathlib import Path
 
 from piwork.env import EnvStore, default_store
+from piwork.env.dockerfile import DEFAULT_NAMES
 from piwork.env.registries import registry_rules
 from piwork.policy.rules import Scope
 from piwork.policy.store import PolicyError, PolicyStore
+
+BUILD_DESCRIPTION = (
+    "Build FOLDER's environment from a Dockerfile subset: FROM piwork (or FROM LAYER-ID, or "
+    "FROM IMAGE-ID from piwork env import), RUN, COPY (from FOLDER), ENV, WORKDIR. The RUN "
+    "steps run inside a piwork VM, through the egress proxy and your network policy; the "
+    "result is a read-only layer cached by the hash of its inputs, and FOLDER's next task "
+    "starts from it. In tasks, ENV applies to the agent's bash; WORKDIR is where a shell "
+    "outside the task's folders starts (the agent itself starts in the task's folder)."
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,6 +57,39 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         return 2
 
     env.set_defaults(func=usage)
+    p = sub.add_parser(
+        "build",
+        help="build the folder's environment from its piwork.Dockerfile (in a VM)",
+        description=BUILD_DESCRIPTION,
+    )
+    p.add_argument("folder", nargs="?", default=".", help="the build folder (default: .)")
+    p.add_argument(
+        "-f",
+        "--file",
+        help=f"the file to build (default: {' or '.join(DEFAULT_NAMES)} in FOLDER)",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="stop a RUN step that takes longer (default: 3600)",
+    )
+    p.add_argument("--memory", type=int, default=1024, help="the build VM's memory in MiB")
+    p.add_argument("--cpus", type=int, default=2, help="the build VM's CPUs")
+    p.add_argument("--accel", default=None, help="kvm, hvf, tcg (default: the best available)")
+    p.set_defaults(func=cmd_build)
+    p = sub.add_parser(
+        "import",
+        help="use an OCI or docker-save archive as the folder's userland",
+        description="Unpack IMAGE.tar (an OCI archive or `docker save` output) without a "
+        "daemon (skopeo, umoci --rootless), make it a read-only image cached by the "
+        "archive's sha256, and run FOLDER's next tasks on it instead of the pack's Debian "
+        "workbench, from a blank writable disk. `piwork env reset FOLDER` goes back.",
+    )
+    p.add_argument("archive", help="the image archive (.tar)")
+    p.add_argument("folder", nargs="?", default=".", help="the working folder (default: .)")
+    p.set_defaults(func=cmd_import)
     p = sub.add_parser("list", help="folders with a saved environment")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
@@ -79,6 +129,7 @@ def _summary(store: EnvStore) -> list[dict[str, object]]:
                 "layers": len(chain),
                 "bytes": sum(la.bytes for la in chain),
                 "last_task": Path(rec.last_task_dir).name if rec.last_task_dir else None,
+                "image": rec.image,
             }
         )
     return rows
@@ -99,6 +150,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             state += f" (over {saved})" if saved else ""
         else:
             state = f"the next task starts from {saved}" if saved else "clean"
+        if r["image"]:
+            state += f", on imported image {r['image']}"
         print(f"{r['folder']}\n  {state}")
     return 0
 
@@ -115,21 +168,29 @@ def cmd_show(args: argparse.Namespace) -> int:
             "id": la.id,
             "bytes": la.bytes,
             "from_task": la.from_task,
+            "built_from": la.build.get("file") if la.build else None,
             "created_at": la.created_at,
             "tasks": store.users(la.id),
         }
         for la in chain
     ]
     if args.json:
-        print(json.dumps({"folder": rec.folder, "head": rec.head, "layers": layers}, indent=2))
+        shown = {"folder": rec.folder, "head": rec.head, "image": rec.image, "layers": layers}
+        print(json.dumps(shown, indent=2))
         return 0
     print(rec.folder)
+    if rec.image:
+        print(f"  on imported image {rec.image} (piwork env import), not the pack's Debian")
     if not chain:
-        print("  clean: the next task starts from the pack's workbench")
+        base = "the imported image" if rec.image else "the pack's workbench"
+        print(f"  clean: the next task starts from {base}")
     for la in layers:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(str(la["created_at"]))))
+        origin = (
+            f"built from {la['built_from']}" if la["built_from"] else f"from task {la['from_task']}"
+        )
         print(
-            f"  layer {la['id']}  {_mb(int(str(la['bytes'])))}  from task {la['from_task']}"
+            f"  layer {la['id']}  {_mb(int(str(la['bytes'])))}  {origin}"
             f"  ({when}); used by {len(la['tasks'])} task(s)"  # type: ignore[arg-type]
         )
     if rec.last_task_dir:
@@ -169,4 +230,77 @@ def cmd_allow_registries(args: argparse.Namespace) -> int:
     print(f"saved {len(rules)} rules in {store.path}:")
     for rule in rules:
         print(f"  {rule.id}: {rule.describe()}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from piwork.cli.run_cmd import TerminalAsker, TerminalConsole, _interactive
+    from piwork.config import get_paths
+    from piwork.env.build import build_env
+    from piwork.env.dockerfile import find_file
+    from piwork.run.permissions import Asker
+
+    folder = _folder(args.folder)
+    if not folder.is_dir():
+        print(f"piwork env build: {folder} is not a folder", file=sys.stderr)
+        return 2
+    file = find_file(folder, args.file)
+
+    def say(message: str) -> None:
+        print(f"piwork env build: {message}", file=sys.stderr, flush=True)
+
+    def out(line: str) -> None:
+        print(f"  | {line}", flush=True)
+
+    async def go() -> int:
+        console: TerminalConsole | None = None
+        asker: Asker | None = None  # no terminal: the build denies what the policy leaves open
+        if _interactive():
+            console = TerminalConsole()
+            console.start()
+            asker = TerminalAsker(console)
+        try:
+            result = await build_env(
+                folder,
+                file,
+                paths=get_paths(),
+                out=out,
+                say=say,
+                asker=asker,
+                step_timeout=args.step_timeout,
+                memory_mb=args.memory,
+                cpus=args.cpus,
+                accel=args.accel,
+            )
+        finally:
+            if console is not None:
+                console.close()
+        if not result.cached:
+            say(
+                f"built layer {result.layer} ({result.steps_run} step(s) in the VM, "
+                f"{result.seconds:.0f} s)"
+            )
+        print(f"{folder}: the next task starts from layer {result.layer}")
+        return 0
+
+    return int(asyncio.run(go()))
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    from piwork.env.importer import import_image
+
+    folder = _folder(args.folder)
+    if not folder.is_dir():
+        print(f"piwork env import: {folder} is not a folder", file=sys.stderr)
+        return 2
+    store = default_store()
+    result = import_image(store, Path(args.archive).expanduser().resolve())
+    for change in result.removed[:20]:
+        print(f"piwork env import: {change}", file=sys.stderr)
+    how = "cached" if result.cached else f"imported, {_mb(result.bytes)}"
+    print(f"image {result.id} ({how})")
+    store.use_image(folder, result.id)
+    print(f"{folder}: the next task runs on image {result.id} (piwork env reset goes back)")
     return 0

@@ -44,6 +44,8 @@ from piwork.fsutil import atomic_write_bytes, fsync_dir
 ENV_DISK = "env.qcow2"
 ENV_META = "env.json"
 ENV_LOCK = "env.lock"
+IMAGE_GRACE_SECONDS = 3600
+"""An imported image is never collected within this long of its import."""
 DEFAULT_SIZE_BYTES = 16 << 30
 """Virtual size of a new task's disk: the cap on what it can hold, not space used."""
 
@@ -56,6 +58,11 @@ class EnvBusy(EnvError):
     """Another VM uses this task's environment disk."""
 
 
+BUILD_ENV_FILE = "/etc/piwork/env.sh"
+"""Where a built layer keeps its ENV and WORKDIR in the guest's root; tasks' bash reads
+it through ``BASH_ENV`` (piwork.agent sets it for a workbench pack)."""
+
+
 @dataclass(frozen=True)
 class Layer:
     id: str
@@ -64,6 +71,10 @@ class Layer:
     from_task: str | None
     created_at: float
     path: Path
+    build: dict[str, Any] | None = None
+    """For a layer ``piwork env build`` made: its file, ENV, WORKDIR (None: a task's)."""
+    image: str | None = None
+    """The imported image this layer sits on (None: the pack's Debian workbench)."""
 
     @property
     def bytes(self) -> int:
@@ -78,6 +89,8 @@ class FolderEnv:
     """The layer a new task here starts from (None: clean)."""
     last_task_dir: str | None
     """The last task that made a disk here: frozen into the next head when a task starts."""
+    image: str | None = None
+    """An imported image (``piwork env import``) tasks here use instead of the pack's Debian."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +100,8 @@ class TaskEnv:
     size: int
     note: str | None = None
     """Why this task did not start from the folder's latest environment, if it did not."""
+    image: Path | None = None
+    """The imported image (read-only erofs) under the disk, instead of the pack's Debian."""
 
     @contextlib.contextmanager
     def lock(self, wait: float = 5.0) -> Iterator[None]:
@@ -201,7 +216,23 @@ class EnvStore:
             from_task=meta.get("from_task"),
             created_at=float(meta.get("created_at", 0)),
             path=path,
+            build=meta["build"] if isinstance(meta.get("build"), dict) else None,
+            image=meta["image"] if isinstance(meta.get("image"), str) else None,
         )
+
+    def build_settings(self, layer_id: str | None) -> tuple[dict[str, str], str]:
+        """The ENV and WORKDIR a build on ``layer_id`` starts from: those of the newest
+        built layer in its chain (a task's layer on top keeps them: its disk holds the file)."""
+        for layer in self.chain(layer_id):
+            if layer.build is not None:
+                env = layer.build.get("env")
+                pairs = (
+                    [p for p in env if isinstance(p, list) and len(p) == 2]
+                    if isinstance(env, list)
+                    else []
+                )
+                return {str(k): str(v) for k, v in pairs}, str(layer.build.get("workdir") or "/")
+        return {}, "/"
 
     def chain(self, layer_id: str | None) -> list[Layer]:
         """The layer and its parents, newest first."""
@@ -221,7 +252,9 @@ class EnvStore:
         data = _read_json(self.folders_dir / f"{key}.json")
         if data is None:
             return None
-        return FolderEnv(key, str(data["folder"]), data.get("head"), data.get("last_task_dir"))
+        return FolderEnv(
+            key, str(data["folder"]), data.get("head"), data.get("last_task_dir"), data.get("image")
+        )
 
     def folders(self) -> list[FolderEnv]:
         out = []
@@ -230,7 +263,11 @@ class EnvStore:
             if data is not None and "folder" in data:
                 out.append(
                     FolderEnv(
-                        p.stem, str(data["folder"]), data.get("head"), data.get("last_task_dir")
+                        p.stem,
+                        str(data["folder"]),
+                        data.get("head"),
+                        data.get("last_task_dir"),
+                        data.get("image"),
                     )
                 )
         return out
@@ -240,6 +277,7 @@ class EnvStore:
             "folder": rec.folder,
             "head": rec.head,
             "last_task_dir": rec.last_task_dir,
+            "image": rec.image,
             "updated_at": time.time(),
         }
         atomic_write_bytes(self.folders_dir / f"{rec.key}.json", orjson.dumps(payload))
@@ -249,12 +287,39 @@ class EnvStore:
         disk = task_dir / ENV_DISK
         if meta is None or not disk.is_file():
             return None
-        return TaskEnv(disk, meta.get("base"), int(meta.get("size", DEFAULT_SIZE_BYTES)))
+        image = meta.get("image")
+        return TaskEnv(
+            disk,
+            meta.get("base"),
+            int(meta.get("size", DEFAULT_SIZE_BYTES)),
+            image=self.image_path(image) if isinstance(image, str) else None,
+        )
 
     @staticmethod
-    def _write_task_meta(task_dir: Path, base: str | None, size: int, folder: str | None) -> None:
-        payload = {"base": base, "size": size, "folder": folder, "updated_at": time.time()}
+    def _write_task_meta(
+        task_dir: Path, base: str | None, size: int, folder: str | None, image: str | None = None
+    ) -> None:
+        payload = {
+            "base": base,
+            "size": size,
+            "folder": folder,
+            "image": image,
+            "updated_at": time.time(),
+        }
         atomic_write_bytes(task_dir / ENV_META, orjson.dumps(payload))
+
+    # ------------------------------------------------------------ imported images
+    @property
+    def images_dir(self) -> Path:
+        return self.root / "images"
+
+    def image_path(self, image_id: str) -> Path:
+        return self.images_dir / f"{image_id}.erofs"
+
+    def use_image(self, folder: Path, image_id: str) -> None:
+        """The folder's next task runs on the imported image, from a blank disk over it."""
+        with self._locked():
+            self._save_folder(FolderEnv(folder_key(folder), str(folder), None, None, image_id))
 
     # ------------------------------------------------------------ the life of a disk
     def prepare(
@@ -276,15 +341,29 @@ class EnvStore:
             if folder is not None and not clean:
                 head, note = self._freeze_last(rec)
             base_layer = self.layer(head) if head is not None else None
+            image = rec.image if rec is not None and not clean else None
+            if image is not None and not self.image_path(image).is_file():
+                raise EnvError(
+                    f"the folder's imported image {image} is gone; import it again "
+                    "(piwork env import IMAGE.tar FOLDER) or start clean (piwork env reset FOLDER)"
+                )
             create_disk(
                 task_dir / ENV_DISK, size, base_layer.path if base_layer is not None else None
             )
-            self._write_task_meta(task_dir, head, size, str(folder) if folder else None)
+            self._write_task_meta(task_dir, head, size, str(folder) if folder else None, image)
             if folder is not None:
-                self._save_folder(FolderEnv(folder_key(folder), str(folder), head, str(task_dir)))
+                self._save_folder(
+                    FolderEnv(folder_key(folder), str(folder), head, str(task_dir), image)
+                )
             # Layers left only by deleted tasks (`piwork tasks rm`) go now.
             self._gc()
-            return TaskEnv(task_dir / ENV_DISK, head, size, note)
+            return TaskEnv(
+                task_dir / ENV_DISK,
+                head,
+                size,
+                note,
+                image=self.image_path(image) if image is not None else None,
+            )
 
     def _freeze_last(self, rec: FolderEnv | None) -> tuple[str | None, str | None]:
         """Freeze the folder's last task disk into a layer; return (the head, a note)."""
@@ -309,6 +388,7 @@ class EnvStore:
                 "folder": rec.folder,
                 "from_task": last.name,
                 "created_at": time.time(),
+                "image": env.image.stem if env.image is not None else None,
             }
             atomic_write_bytes(self.layers_dir / f"{layer_id}.json", orjson.dumps(meta))
             os.rename(env.disk, path)
@@ -316,8 +396,51 @@ class EnvStore:
             fsync_dir(self.layers_dir)
             # The old task keeps what it had, on top of the frozen copy.
             create_disk(env.disk, env.size, path)
-            self._write_task_meta(last, layer_id, env.size, rec.folder)
+            image = env.image.stem if env.image is not None else None
+            self._write_task_meta(last, layer_id, env.size, rec.folder, image)
         return layer_id, None
+
+    # ------------------------------------------------------------ built layers
+    def add_built_layer(
+        self,
+        disk: Path,
+        layer_id: str,
+        parent: str | None,
+        folder: Path,
+        build: dict[str, Any],
+        image: str | None = None,
+    ) -> Layer:
+        """Freeze a build VM's disk (it has stopped) into the read-only layer ``layer_id``,
+        and make it the folder's head: the next task there starts from it."""
+        with self._locked():
+            path = self.layers_dir / f"{layer_id}.qcow2"
+            meta = {
+                "parent": parent,
+                "folder": str(folder),
+                "from_task": None,
+                "created_at": time.time(),
+                "build": build,
+                "image": image,
+            }
+            atomic_write_bytes(self.layers_dir / f"{layer_id}.json", orjson.dumps(meta))
+            os.rename(disk, path)
+            os.chmod(path, 0o400)
+            fsync_dir(self.layers_dir)
+            self._set_head(folder, layer_id, image)
+        layer = self.layer(layer_id)
+        assert layer is not None
+        return layer
+
+    def use_layer(self, folder: Path, layer_id: str) -> None:
+        """The folder's next task starts from ``layer_id`` (a cached build)."""
+        with self._locked():
+            layer = self.layer(layer_id)
+            self._set_head(folder, layer_id, layer.image if layer is not None else None)
+
+    def _set_head(self, folder: Path, layer_id: str, image: str | None) -> None:
+        # No last task: what earlier tasks left is not frozen over the build (their own
+        # disks still have it, for a resume).
+        self._save_folder(FolderEnv(folder_key(folder), str(folder), layer_id, None, image))
 
     # ------------------------------------------------------------ management
     def reset(self, folder: Path) -> bool:
@@ -326,7 +449,7 @@ class EnvStore:
             rec = self.folder(folder)
             if rec is None:
                 return False
-            self._save_folder(FolderEnv(rec.key, rec.folder, None, None))
+            self._save_folder(FolderEnv(rec.key, rec.folder, None, None, None))
             self._gc()
         return True
 
@@ -375,6 +498,34 @@ class EnvStore:
                     (self.layers_dir / f"{meta.stem}.qcow2").unlink()
                 meta.unlink()
                 removed.append(meta.stem)
+        removed += self._gc_images(keep)
+        return removed
+
+    def _gc_images(self, kept_layers: set[str]) -> list[str]:
+        """Imported images no folder, kept layer or task uses any more.
+
+        One just imported is kept for a while whatever uses it: ``piwork env import``
+        makes the image before it points the folder at it (outside this lock).
+        """
+        if not self.images_dir.is_dir():
+            return []
+        used = {rec.image for rec in self.folders() if rec.image}
+        used |= {la.image for la in map(self.layer, kept_layers) if la is not None and la.image}
+        if self.tasks_root.is_dir():
+            for task_dir in self.tasks_root.iterdir():
+                meta = _read_json(task_dir / ENV_META)
+                if meta is not None and isinstance(meta.get("image"), str):
+                    used.add(meta["image"])
+        removed = []
+        for meta_path in sorted(self.images_dir.glob("*.json")):
+            image_id = meta_path.stem
+            young = time.time() - meta_path.stat().st_mtime < IMAGE_GRACE_SECONDS
+            if image_id in used or young:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                self.image_path(image_id).unlink()
+            meta_path.unlink()
+            removed.append(image_id)
         return removed
 
 

@@ -277,7 +277,8 @@ function setClock(epochSeconds) {
 /**
  * Build the workbench root in the background while pi starts: pi needs it only
  * at its first bash call, and the bash wrapper waits for setup's "ready" mark.
- * `mode` is "disk" (the host hot-plugged the task's environment disk) or
+ * `mode` is "disk" (the host hot-plugged the task's environment disk), "image"
+ * (that disk and an imported image to use instead of the pack's Debian one) or
  * "tmpfs" (no disk: installs last until power-off). A pack without the
  * workbench image has no setup script: nothing to do.
  */
@@ -293,7 +294,8 @@ function startWorkbench(mode) {
   }
   let child;
   try {
-    child = spawn("/bin/busybox", ["sh", WORKBENCH_SETUP, mode === "disk" ? "disk" : "tmpfs"], {
+    const arg = mode === "disk" || mode === "image" ? mode : "tmpfs";
+    child = spawn("/bin/busybox", ["sh", WORKBENCH_SETUP, arg], {
       cwd: "/",
       stdio: ["ignore", "ignore", "pipe"],
     });
@@ -371,7 +373,8 @@ function startPi(msg) {
   pi = child;
   // After "go": pi's start is not delayed by spawning the setup. Still in this
   // tick, so the bash wrapper's "started" mark exists before pi can run a command.
-  if (msg.workbench === "disk" || msg.workbench === "tmpfs") startWorkbench(msg.workbench);
+  // "image": an imported image (piwork env import) was hot-plugged too, as the lower layer.
+  if (["disk", "image", "tmpfs"].includes(msg.workbench)) startWorkbench(msg.workbench);
   let reported = false;
   const out = new LineSplitter((line) => outbox.add(line));
   const errSplit = new LineSplitter((line) => {

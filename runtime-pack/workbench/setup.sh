@@ -8,12 +8,15 @@
 # a restored VM gets its task's disk hot-plugged first, then this runs.
 #
 #   setup.sh disk    the task's writable disk (virtio-scsi, /dev/sd*) is the upper layer
+#   setup.sh image   the same, over an imported image (piwork env import: a read-only
+#                    erofs SCSI disk whose model is "pwimage") instead of the Debian image
 #   setup.sh tmpfs   no disk from the host: an upper layer in RAM, gone at power-off
 #
 # root = overlay(lower: the pack's read-only Debian image, upper: the disk)
 # with /proc /sys /dev /tmp /mnt (the task's shares) and /opt/piwork bound in.
 B=/run/workbench
 LOWER=$B/lower
+IMAGE=$B/image
 DISK=$B/disk
 ROOT=$B/root
 MODE=${1:-tmpfs}
@@ -23,7 +26,7 @@ fail() {
     echo "piwork: workbench: $*" > /dev/console
     exit 1
 }
-mkdir -p "$LOWER" "$DISK" "$ROOT"
+mkdir -p "$LOWER" "$IMAGE" "$DISK" "$ROOT"
 rm -f "$B/ready" "$B/error"
 
 mounted() { grep -q " $1 " /proc/mounts; }
@@ -36,12 +39,26 @@ done
 [ -n "$dev" ] || fail "the pack's workbench image is not attached"
 mounted "$LOWER" || mount -t erofs -o ro "$dev" "$LOWER" || fail "cannot mount the workbench image ($dev)"
 
-if [ "$MODE" = disk ]; then
+# An imported image's SCSI disk says "pwimage" as its model; the environment disk does not.
+is_image() { read -r model < "$1/device/model" 2>/dev/null; [ "$model" = pwimage ]; }
+BASE=$LOWER
+if [ "$MODE" = image ]; then
+    i=0
+    image=
+    while [ -z "$image" ] && [ $i -lt 300 ]; do
+        for d in /sys/block/sd*; do [ -e "$d" ] && is_image "$d" && image=/dev/${d##*/}; done
+        [ -n "$image" ] || { sleep 0.05; i=$((i + 1)); }
+    done
+    [ -n "$image" ] || fail "the imported image's disk did not appear within 15 s"
+    mounted "$IMAGE" || mount -t erofs -o ro "$image" "$IMAGE" || fail "cannot mount the imported image ($image)"
+    BASE=$IMAGE
+fi
+if [ "$MODE" = disk ] || [ "$MODE" = image ]; then
     # Hot-plugged by the host just before "start" (piwork.agent): wait for it.
     i=0
     disk=
     while [ -z "$disk" ] && [ $i -lt 300 ]; do
-        for d in /sys/block/sd*; do [ -e "$d" ] && disk=/dev/${d##*/}; done
+        for d in /sys/block/sd*; do [ -e "$d" ] && ! is_image "$d" && disk=/dev/${d##*/}; done
         [ -n "$disk" ] || { sleep 0.05; i=$((i + 1)); }
     done
     [ -n "$disk" ] || fail "the task's environment disk did not appear within 15 s"
@@ -70,7 +87,7 @@ echo 300 > /proc/sys/vm/dirty_expire_centisecs
 echo 100 > /proc/sys/vm/dirty_writeback_centisecs
 mkdir -p "$DISK/upper" "$DISK/work"
 if ! mounted "$ROOT"; then
-    mount -t overlay overlay -o "lowerdir=$LOWER,upperdir=$DISK/upper,workdir=$DISK/work" "$ROOT" \
+    mount -t overlay overlay -o "lowerdir=$BASE,upperdir=$DISK/upper,workdir=$DISK/work" "$ROOT" \
         || fail "cannot mount the overlay root"
 fi
 for d in proc sys dev tmp run mnt opt/piwork; do mkdir -p "$ROOT/$d"; done

@@ -64,3 +64,33 @@ def test_list_show_reset_and_rm_of_a_folders_environment(
     assert main(["env", "rm", str(folder)]) == 0
     assert main(["env", "show", str(folder)]) == 1
     assert "no environment saved" in capsys.readouterr().err
+
+
+def test_env_build_refuses_a_file_it_cannot_build_before_anything_starts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    assert main(["env", "build", str(folder)]) == 2
+    assert "no piwork.Dockerfile or Dockerfile.piwork in" in capsys.readouterr().err
+    (folder / "piwork.Dockerfile").write_text("FROM piwork\nRUN true\nADD https://x/y /y\n")
+    assert main(["env", "build", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "piwork.Dockerfile:3: ADD is not supported" in err and "use COPY" in err
+    (folder / "other.Dockerfile").write_text("FROM piwork\nCOPY ../outside /x\n")
+    assert main(["env", "build", str(folder), "-f", "other.Dockerfile"]) == 2
+    assert "other.Dockerfile:2: COPY ../outside: '..' would leave" in capsys.readouterr().err
+    assert not (get_paths().data / "envs" / "layers").exists()
+
+
+def test_env_import_of_a_missing_or_bad_archive_says_so(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    assert main(["env", "import", str(tmp_path / "nope.tar"), str(folder)]) == 1
+    assert "nope.tar: no such file" in capsys.readouterr().err
+    (tmp_path / "bad.tar").write_text("not a tar")
+    assert main(["env", "import", str(tmp_path / "bad.tar"), str(folder)]) == 1
+    assert "not a tar archive" in capsys.readouterr().err
+    assert store_for(get_paths()).folder(folder.resolve()) is None

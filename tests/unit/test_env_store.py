@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from piwork.env import ENV_DISK, EnvBusy, EnvStore
-from piwork.env.store import hold_lock
+from piwork.env.store import create_disk, hold_lock
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
 
@@ -205,3 +205,35 @@ def test_a_guest_writing_an_image_header_into_its_disk_never_changes_what_the_ho
     assert [c["filename"] for c in chain] == [str(t2.disk), str(layer.path)]
     assert all(c["format"] == "qcow2" for c in chain)
     assert str(secret) not in json.dumps(chain)
+
+
+def test_a_built_layer_becomes_the_folders_head_and_is_kept(world: World) -> None:
+    """``piwork env build``: the build's disk is frozen read-only, the folder's next task
+    starts from it (not from what its last task left), and a child build inherits its
+    ENV/WORKDIR through any task layers on top."""
+    store, tasks, folder = world
+    first = task_dir(tasks, "t1")
+    store.prepare(first, folder, size=SIZE)  # a task ran here before the build
+    build_disk = folder.parent / "build.qcow2"
+    create_disk(build_disk, SIZE, None)
+    meta = {"file": "piwork.Dockerfile", "env": [["A", "1"]], "workdir": "/srv"}
+    layer = store.add_built_layer(build_disk, "b-123", None, folder, meta)
+    assert not build_disk.exists()
+    assert stat.S_IMODE(layer.path.stat().st_mode) == 0o400
+    rec = store.folder(folder)
+    assert rec is not None and rec.head == "b-123" and rec.last_task_dir is None
+    second = task_dir(tasks, "t2")
+    env = store.prepare(second, folder, size=SIZE)
+    assert env.base == "b-123" and backing(env.disk) == str(layer.path)
+    assert store.task_env(first) is not None  # the earlier task keeps its own disk
+    # A third task freezes the second's disk over the build: the build's settings hold.
+    env3 = store.prepare(task_dir(tasks, "t3"), folder, size=SIZE)
+    assert env3.base is not None and env3.base != "b-123"
+    assert store.build_settings(env3.base) == ({"A": "1"}, "/srv")
+    assert store.build_settings(None) == ({}, "/")
+    # A cached build only moves the head; gc keeps what a folder or task uses.
+    store.reset(folder)
+    store.use_layer(folder, "b-123")
+    assert store.folder(folder).head == "b-123"  # type: ignore[union-attr]
+    store.gc()
+    assert store.layer("b-123") is not None

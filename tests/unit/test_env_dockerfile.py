@@ -1,0 +1,289 @@
+"""The Dockerfile subset of ``piwork env build``: what it accepts, what it refuses and why,
+and how COPY sources are staged (never through a symlink out of the build folder)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from piwork.env.build import (
+    ContextError,
+    cache_key,
+    copy_script,
+    finish_script,
+    run_script,
+    stage_context,
+)
+from piwork.env.dockerfile import REFUSED, DockerfileError, env_script, find_file, parse
+
+F = Path("/proj/piwork.Dockerfile")
+
+
+def p(text: str, **kw: object) -> object:
+    return parse(F, text, **kw)  # type: ignore[arg-type]
+
+
+def test_the_supported_instructions_with_continuations_and_comments() -> None:
+    bf = parse(
+        F,
+        "# syntax=docker/dockerfile:1\n"
+        "from piwork\n"
+        "ENV A=1 B='two words' C=\"x $A\"\n"
+        "RUN echo one && \\\n"
+        "# a comment inside the continuation\n"
+        "    echo two\n"
+        "\n"
+        "WORKDIR /app\n"
+        "COPY src/ tool.sh ./\n"
+        "WORKDIR sub\n"
+        'RUN ["printf", "%s\\n", "a b"]\n'
+        "ENV PATH=/opt/x/bin:$PATH HOME_COPY=${HOME} D=${UNSET:-dflt} E=${A:+set}\n"
+        "ENV OLD form with spaces\n",
+    )
+    assert bf.base == "piwork" and bf.base_line == 2
+    kinds = [(s.line, s.kind) for s in bf.steps]
+    assert kinds == [
+        (3, "ENV"), (4, "RUN"), (8, "WORKDIR"), (9, "COPY"), (10, "WORKDIR"), (11, "RUN"),
+        (12, "ENV"), (13, "ENV"),
+    ]  # fmt: skip
+    run = bf.steps[1]
+    assert run.command.split() == ["echo", "one", "&&", "echo", "two"]
+    # As in Docker, $A is the value from before this ENV line (none yet).
+    assert dict(run.env) == {"A": "1", "B": "two words", "C": "x "}
+    copy = bf.steps[3]
+    assert copy.sources == ("src", "tool.sh") and copy.dest == "/app/"
+    assert bf.steps[5].workdir == "/app/sub"
+    assert bf.steps[5].command == "printf '%s\n' 'a b'"  # JSON's \\n is a newline
+    env = dict(bf.env)
+    assert env["PATH"] == "/opt/x/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    assert env["HOME_COPY"] == "/root" and env["D"] == "dflt" and env["E"] == "set"
+    assert env["OLD"] == "form with spaces"
+    assert bf.workdir == "/app/sub"
+
+
+def test_quotes_and_escapes_in_env() -> None:
+    bf = parse(F, "FROM piwork\nENV A=x B='$A' C=\"\\$A\" D=\\$A E=a\\ b\n")
+    assert dict(bf.env) == {"A": "x", "B": "$A", "C": "$A", "D": "$A", "E": "a b"}
+
+
+@pytest.mark.parametrize("keyword", sorted(REFUSED))
+def test_every_other_docker_instruction_is_refused_with_its_line_and_what_to_do(
+    keyword: str,
+) -> None:
+    with pytest.raises(DockerfileError) as exc:
+        parse(F, f"FROM piwork\nRUN true\n{keyword.lower()} something here\n")
+    message = str(exc.value)
+    assert message.startswith(f"piwork.Dockerfile:3: {keyword} is not supported")
+    assert REFUSED[keyword] in message
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("FROM piwork\nFROBNICATE x\n", "piwork.Dockerfile:2: 'FROBNICATE' is not an instruction"),
+        ("RUN true\n", "piwork.Dockerfile:1: the file must start with FROM piwork"),
+        ("# only a comment\n", "no FROM line"),
+        ("FROM debian:bookworm\n", "FROM debian:bookworm: piwork builds on its own"),
+        ("FROM ubuntu\n", "FROM ubuntu: piwork builds on its own"),
+        ("FROM piwork AS base\n", "'AS name' and other words are not supported"),
+        ("FROM --platform=linux/arm64 piwork\n", "FROM --platform is not supported"),
+        ("FROM piwork\nFROM piwork\n", "piwork.Dockerfile:2: a second FROM"),
+        ("FROM piwork\nRUN --network=none true\n", "RUN --network is not supported"),
+        ("FROM piwork\nRUN --mount=type=cache,target=/x true\n", "RUN --mount is not supported"),
+        ("FROM piwork\nRUN <<EOF\n", "RUN heredocs are not supported"),
+        ("FROM piwork\nCOPY --chown=1:1 a /b\n", "COPY --chown is not supported"),
+        ("FROM piwork\nCOPY --from=x a /b\n", "COPY --from is not supported"),
+        ("FROM piwork\nCOPY a\n", "COPY needs a source and a destination"),
+        ("FROM piwork\nCOPY /etc/passwd /x\n", "sources are paths inside the build folder"),
+        ("FROM piwork\nCOPY ../secret /x\n", "'..' would leave the build folder"),
+        ("FROM piwork\nCOPY a/../../b /x\n", "'..' would leave the build folder"),
+        ("FROM piwork\nCOPY *.py /x/\n", "wildcards are not supported"),
+        ("FROM piwork\nENV 1BAD=x\n", "is not a variable name"),
+        ("FROM piwork\nENV NOVALUE\n", "ENV NOVALUE"),
+        ("FROM piwork\nENV A='open\n", "quote is not closed"),
+        ("FROM piwork\nENV A=${B/x/y}\n", "is not a substitution piwork knows"),
+        ("FROM piwork\nRUN\n", "RUN needs arguments"),
+        ("# escape=`\nFROM piwork\n", "piwork.Dockerfile:1: the escape directive"),
+    ],
+)
+def test_malformed_files_are_refused_with_file_and_line(text: str, said: str) -> None:
+    with pytest.raises(DockerfileError) as exc:
+        parse(F, text)
+    assert said in str(exc.value)
+
+
+def test_from_a_layer_id_and_what_it_inherits() -> None:
+    bf = parse(
+        F,
+        "FROM b-0123456789abcdef\nENV B=$A-2\nRUN pwd\n",
+        inherited_env={"A": "1"},
+        inherited_workdir="/srv",
+    )
+    assert bf.base == "b-0123456789abcdef"
+    assert parse(F, "FROM i-80c8515ec690b6244aa3678b\n").base == "i-80c8515ec690b6244aa3678b"
+    assert dict(bf.env) == {"A": "1", "B": "1-2"}
+    assert bf.steps[1].workdir == "/srv"
+
+
+def test_find_file(tmp_path: Path) -> None:
+    with pytest.raises(DockerfileError, match=r"no piwork\.Dockerfile or Dockerfile\.piwork"):
+        find_file(tmp_path, None)
+    (tmp_path / "Dockerfile.piwork").write_text("FROM piwork\n")
+    assert find_file(tmp_path, None).name == "Dockerfile.piwork"
+    (tmp_path / "piwork.Dockerfile").write_text("FROM piwork\n")
+    assert find_file(tmp_path, None).name == "piwork.Dockerfile"
+    with pytest.raises(DockerfileError, match="no such file"):
+        find_file(tmp_path, "other")
+
+
+def _ctx(tmp_path: Path) -> Path:
+    ctx = tmp_path / "ctx"
+    (ctx / "tree" / "sub").mkdir(parents=True)
+    (ctx / "tree" / "sub" / "f.txt").write_text("in a folder\n")
+    (ctx / "tree" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(ctx / "tree" / "run.sh", 0o755)
+    os.symlink("sub/f.txt", ctx / "tree" / "link")
+    (ctx / "one.txt").write_text("one\n")
+    return ctx
+
+
+def test_staging_copies_files_and_folders_keeps_inner_links_and_hashes_the_bytes(
+    tmp_path: Path,
+) -> None:
+    ctx = _ctx(tmp_path)
+    bf = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY one.txt tree /opt/app/\n")
+    staged = stage_context(bf, ctx, tmp_path / "s1")
+    assert (tmp_path / "s1" / "0-0" / "one.txt").read_text() == "one\n"
+    assert (tmp_path / "s1" / "0-1" / "sub" / "f.txt").read_text() == "in a folder\n"
+    assert os.stat(tmp_path / "s1" / "0-1" / "run.sh").st_mode & 0o111
+    assert not (tmp_path / "s1" / "0-1" / "link").exists()  # made by ln -s in the VM
+    assert staged.links[(0, 1)] == [("link", "sub/f.txt")]
+    script = copy_script(bf.steps[0], 0, staged)
+    assert "ln -sfn sub/f.txt /opt/app/link" in script
+    # The same bytes give the same key; one changed byte gives another.
+    again = stage_context(bf, ctx, tmp_path / "s2")
+    assert again.digest == staged.digest
+    (ctx / "tree" / "sub" / "f.txt").write_text("in a folder!\n")
+    changed = stage_context(bf, ctx, tmp_path / "s3")
+    assert changed.digest != staged.digest
+    k1 = cache_key(bf, "pack", None, staged.digest)
+    assert k1 != cache_key(bf, "pack", None, changed.digest)
+    assert k1 != cache_key(bf, "pack2", None, staged.digest)
+    assert k1 != cache_key(bf, "pack", "b-parent", staged.digest)
+    # A comment does not change the key; a step does.
+    bf2 = parse(ctx / "piwork.Dockerfile", "# note\nFROM piwork\nCOPY one.txt tree /opt/app/\n")
+    assert cache_key(bf2, "pack", None, staged.digest) == k1
+    bf3 = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY one.txt tree /opt/app2/\n")
+    assert cache_key(bf3, "pack", None, staged.digest) != k1
+
+
+def test_copy_never_follows_a_symlink_out_of_the_build_folder(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret\n")
+    os.symlink(secret, ctx / "escape")
+    os.symlink("../../../secret.txt", ctx / "tree" / "sub" / "rel-escape")
+    os.symlink(tmp_path, ctx / "dirlink")
+    cases = {
+        "COPY escape /x": "symlink that leads out of the build folder",
+        "COPY dirlink/secret.txt /x": "symlink that leads out of the build folder",
+        "COPY tree /x/": "is a symlink to ../../../secret.txt, outside the copied folder",
+        "COPY missing /x": "COPY missing: no such file",
+    }
+    for line, said in cases.items():
+        bf = parse(ctx / "piwork.Dockerfile", f"FROM piwork\n{line}\n")
+        dest = tmp_path / f"stage-{abs(hash(line))}"
+        with pytest.raises(ContextError, match=said) as exc:
+            stage_context(bf, ctx, dest)
+        assert str(exc.value).startswith("piwork.Dockerfile:2:")
+        staged_bytes = (
+            [f.read_bytes() for f in dest.rglob("*") if f.is_file()] if dest.exists() else []
+        )
+        assert b"host secret\n" not in staged_bytes
+
+
+def test_copy_refuses_fifos_and_absolute_inner_links(tmp_path: Path) -> None:
+    ctx = _ctx(tmp_path)
+    os.mkfifo(ctx / "tree" / "pipe")
+    bf = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY tree /x/\n")
+    with pytest.raises(ContextError, match="not a regular file, folder or symlink"):
+        stage_context(bf, ctx, tmp_path / "s")
+    os.unlink(ctx / "tree" / "pipe")
+    os.symlink(str(ctx / "one.txt"), ctx / "tree" / "abs")
+    with pytest.raises(ContextError, match="outside the copied folder"):
+        stage_context(bf, ctx, tmp_path / "s2")
+
+
+def test_the_guest_scripts_run_in_bash(tmp_path: Path) -> None:
+    """The scripts are bash (syntax-checked here); RUN's command reaches /bin/sh intact."""
+    bf = parse(
+        F,
+        'FROM piwork\nENV Q="it\'s"\nWORKDIR /w d\nRUN echo "$Q" \'x\' | tr x y; exit 3\n',
+    )
+    run = run_script(bf.steps[2], 60)
+    for script in (run, finish_script(bf)):
+        subprocess.run(["bash", "-n", "-c", script], check=True)
+    assert "export Q='it'\"'\"'s'" in run
+    assert "timeout -k 10 60 /bin/sh -c" in run
+
+
+def test_env_script_is_literal_and_sourced_once(tmp_path: Path) -> None:
+    script = env_script(
+        {"A": "$(touch /tmp/pwned) `x` 'q'", "PATH": "/opt/bin:/usr/bin:/bin"}, "/no-such-wd"
+    )
+    f = tmp_path / "env.sh"
+    f.write_text(script)
+    out = subprocess.run(
+        [
+            "bash",
+            "-c",
+            'cd / && . "$0" && printf "%s|%s|%s\\n" "$A" "$PWD" "$PIWORK_WORKDIR"',
+            str(f),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout == "$(touch /tmp/pwned) `x` 'q'|/|/no-such-wd\n"
+    # With BASH_ENV (as tasks' bash has it): applied, and the cwd moves to WORKDIR only
+    # when the shell is not in a task folder (/mnt/...).
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    f.write_text(env_script({"A": "1"}, str(srv)))
+    env = {"PATH": "/usr/bin:/bin", "BASH_ENV": str(f)}
+    out = subprocess.run(
+        ["bash", "-c", 'echo "$A $PWD"; bash -c "echo nested \\$PWD"'],
+        capture_output=True, text=True, check=True, env=env, cwd="/",
+    )  # fmt: skip
+    assert out.stdout == f"1 {srv}\nnested {srv}\n"
+
+
+def test_streamed_step_output_is_guest_text_made_safe(tmp_path: Path) -> None:
+    """What a step prints reaches the terminal escaped; a link in its place is not followed."""
+    import asyncio
+
+    from piwork.env.build import STEP_LOG, _stream
+
+    async def collect(content: bytes | None, link_to: Path | None = None) -> list[str]:
+        out: list[str] = []
+        stop = asyncio.Event()
+        if link_to is not None:
+            os.symlink(link_to, tmp_path / STEP_LOG)
+        elif content is not None:
+            (tmp_path / STEP_LOG).write_bytes(content)
+        task = asyncio.create_task(_stream(tmp_path, STEP_LOG, out.append, stop))
+        await asyncio.sleep(0.3)
+        stop.set()
+        await task
+        return out
+
+    lines = asyncio.run(collect(b"ok\r\n\x1b]0;owned\x07title\nprogress 1\rprogress 2\nlast"))
+    assert lines == ["ok", "\\x1b]0;owned\\x07title", "progress 1", "progress 2", "last"]
+    (tmp_path / STEP_LOG).unlink()
+    secret = tmp_path / "secret"
+    secret.write_text("host secret\n")
+    assert asyncio.run(collect(None, link_to=secret)) == []

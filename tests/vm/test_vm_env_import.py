@@ -1,0 +1,123 @@
+"""``piwork env import``: an image archive the test writes itself becomes a task's userland.
+
+The archive is a ``docker save`` file built here from Debian's static busybox and
+a marker file (no registry, no daemon). After ``piwork env import IMAGE.tar
+FOLDER`` a task on the folder (real QEMU, the real pi, the scripted model) runs
+its bash tool on that image instead of the pack's Debian: the marker is there,
+Debian's files are not, and what the task writes lands on its own disk over the
+image. ``piwork env build`` with ``FROM <image id>`` runs its RUN step in the
+image and its ENV reaches the next task (busybox sh: no BASH_ENV, the wrapper
+reads the file); ``piwork env reset`` gives the next task Debian again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from piwork.config import Paths, get_paths
+from piwork.env import store_for
+from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
+from piwork.policy import Choice
+from piwork.runner import RunEvent, RunRequest, TaskSession
+from tests.oci_archive import busybox_image
+
+from .conftest import ScriptedAsker, per_prompt, scripted_provider
+
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
+
+MARKER = b"imported image marker 7f3a\n"
+CHECK = (
+    "cat /etc/piwork-marker; ls /etc/debian_version 2>&1 || echo NO-DEBIAN; "
+    'echo "shell $0"; echo written > /root/kept.txt && cat /root/kept.txt; pwd'
+)
+
+
+def private_paths(home: Path) -> Paths:
+    return Paths(
+        data=home / "data", cache=get_paths().cache, state=home / "state", config=home / "config"
+    )
+
+
+def cli(paths: Paths, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "piwork.cli.main", *args],
+        env={**os.environ, "PIWORK_HOME": str(paths.data.parent)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    print(f"--- piwork {' '.join(args)}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+async def run_task(paths: Paths, folder: Path, command: str) -> str:
+    server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
+    events: list[RunEvent] = []
+    async with server:
+        req = RunRequest(
+            prompt=None,
+            folder=folder,
+            model="scripted/scripted",
+            extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
+        )
+        asker = ScriptedAsker(permission=Choice.ALLOW_ONCE)
+        async with TaskSession(req, events.append, asker, paths=paths) as session:  # type: ignore[arg-type]
+            server.script = cast(Script, per_prompt(ToolCalls([bash(command)]), Text("done")))
+            outcome = await asyncio.wait_for(session.run_prompt("check"), 1200)
+    assert outcome.ok, outcome
+    last = server.chat_requests[-1]
+    result = ChatRequest(body=last.body, headers=last.headers).tool_exchanges()[0].result or ""
+    print("--- the task's bash ---\n" + result)
+    return result
+
+
+async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Path) -> None:
+    paths = private_paths(tmp_path / "home")
+    folder = tmp_path / "project"
+    folder.mkdir()
+    archive = busybox_image(tmp_path / "image.tar", MARKER)
+
+    imported = cli(paths, "env", "import", str(archive), str(folder))
+    assert imported.returncode == 0, imported.stderr
+    assert "image i-" in imported.stdout and "the next task runs on image" in imported.stdout
+    rec = store_for(paths).folder(folder.resolve())
+    assert rec is not None and rec.image is not None
+    again = cli(paths, "env", "import", str(archive), str(folder))
+    assert f"image {rec.image} (cached)" in again.stdout
+
+    result = await run_task(paths, folder, CHECK)
+    assert MARKER.decode().strip() in result
+    assert "NO-DEBIAN" in result  # the pack's Debian image is not under it
+    assert "shell /bin/sh" in result  # the image's busybox sh: it has no bash
+    assert "written" in result and "/mnt/work" in result
+
+    # A build on the image (FROM its id): RUN in the image's own shell, ENV for its tasks.
+    (folder / "piwork.Dockerfile").write_text(
+        f"FROM {rec.image}\nENV IMG_VAR=from-the-build\n"
+        'RUN echo "built on $(cat /etc/piwork-marker)" > /etc/built.txt && cat /etc/built.txt\n'
+    )
+    built = cli(paths, "env", "build", str(folder))
+    assert built.returncode == 0, built.stderr
+    assert "  | built on imported image marker 7f3a" in built.stdout
+    rec2 = store_for(paths).folder(folder.resolve())
+    assert rec2 is not None and rec2.image == rec.image and rec2.head is not None
+    layer = store_for(paths).layer(rec2.head)
+    assert layer is not None and layer.image == rec.image
+    result = await run_task(paths, folder, 'cat /etc/built.txt; echo "var=$IMG_VAR"; ' + CHECK)
+    assert "built on imported image marker 7f3a" in result
+    assert "var=from-the-build" in result and "NO-DEBIAN" in result
+
+    # Back to the pack's Debian workbench.
+    assert cli(paths, "env", "reset", str(folder)).returncode == 0
+    result = await run_task(paths, folder, "cat /etc/debian_version; cat /etc/piwork-marker 2>&1")
+    assert "No such file" in result and MARKER.decode().strip() not in result
+    assert result.split()[0][:2].isdigit()  # e.g. 12.x

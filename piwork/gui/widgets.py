@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QSizePolicy,
     QTextBrowser,
     QVBoxLayout,
@@ -380,7 +381,16 @@ class PermissionSheet(QFrame):
         self.rule_label.setObjectName("sheetRule")
         self.rule_label.setWordWrap(True)
         self.rule_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        lay.addWidget(self.rule_label)
+        # A request with several targets makes these rules long: they scroll rather than
+        # push the buttons off the sheet or get cut off at its edge.
+        rules_box = QScrollArea()
+        rules_box.setObjectName("sheetRuleBox")
+        rules_box.setWidget(self.rule_label)
+        rules_box.setWidgetResizable(True)
+        rules_box.setFrameShape(QFrame.Shape.NoFrame)
+        rules_box.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        rules_box.setMaximumHeight(130)
+        lay.addWidget(rules_box)
         self.registry_label: QLabel | None = None
         choices = [
             (Choice.ALLOW_ONCE, "Allow once"),

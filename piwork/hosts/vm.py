@@ -31,18 +31,18 @@ from qemu.qmp import QMPClient, Runstate
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
 from piwork.checkpoints.shadow import refused_prefix
-from piwork.hosts import store, templates
+from piwork.hosts import envdisk, store, templates
 from piwork.hosts.check import HostReport, run_check
 from piwork.hosts.connect import Confirm, connect
 from piwork.hosts.packs import PackUpload, Progress, ensure_pack
-from piwork.hosts.remote import remote_root, run
+from piwork.hosts.remote import put_files, remote_root, run
 from piwork.hosts.store import Host, HostError
 from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
 from piwork.hosts.sync import Conflict, FolderSync, SyncResult
 from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu, sweep
 from piwork.vm import gitguard
 from piwork.vm.channel import GuestChannel
-from piwork.vm.command import Transport, VmSpec, build_command, console_socket
+from piwork.vm.command import ENV_SCSI_BUS, Transport, VmSpec, build_command, console_socket
 from piwork.vm.machine import (
     BootStalled,
     ConsoleLog,
@@ -378,6 +378,13 @@ class RemoteAgentVm(AgentVm):
         cfg = replace(cfg, accel=link.report.accel)
         super().__init__(cfg, **kwargs)
         self.remote_dirs = remote_dirs(self.rundir, cfg.dirs)
+        self.remote_env: str | None = None
+        """The task's environment disk in the run dir there (None: the task has none)."""
+        self._env_layers: list[str] = []
+        self._env_backing: str | None = None
+        self._env_attached = False
+        self._env_hold = contextlib.ExitStack()
+        """The task's env.lock, from before the upload until the disk is back here."""
         self.spec = replace(
             self.spec,
             pack_dir=Path(link.root, "packs", cfg.manifest.pack_id),
@@ -512,9 +519,13 @@ class RemoteAgentVm(AgentVm):
 
     async def start(self) -> None:
         conn = self.link.conn
+        t = time.monotonic()
         self.pack_upload = await ensure_pack(
             conn, self.link.root, self.cfg.pack_dir, self.cfg.manifest, self.progress
         )
+        # Seconds each, before AgentVm.start's own (cumulative) marks: piwork bench --host.
+        self.timings["remote_pack"] = time.monotonic() - t
+        t = time.monotonic()
         if self.progress:
             self.progress(self.pack_upload.describe())
         dirs = [d for _l, d, _w in _pairs(self.cfg.dirs, self.remote_dirs)]
@@ -528,7 +539,62 @@ class RemoteAgentVm(AgentVm):
             sent = await self.folder_sync.upload(conn)
             if self.progress:
                 self.progress(f"working folder sent to {self.link.host.name}: {sent} files")
+        self.timings["remote_folders"] = time.monotonic() - t
+        t = time.monotonic()
+        await self._send_env()
+        self.timings["remote_env"] = time.monotonic() - t
         await super().start()
+
+    async def _send_env(self) -> None:
+        """The task's environment disk and the layers under it, there (piwork.hosts.envdisk)."""
+        env = self.cfg.env
+        if env is None or not self.cfg.manifest.workbench:
+            return
+        self._env_hold.enter_context(env.lock())  # before the copy: no freeze meanwhile
+        layers, self._env_backing = await asyncio.to_thread(envdisk.local_chain, env)
+        conn = self.link.conn
+        self._env_layers, sent = await envdisk.ensure_layers(
+            conn, self.link.root, layers, self.progress
+        )
+        self.remote_env = posixpath.join(self.rundir, "env.qcow2")
+        disk = await envdisk.send_disk(conn, env, self.remote_env)
+        if self.progress:
+            self.progress(
+                f"environment on {self.link.host.name}: {len(layers)} layer(s), "
+                f"{sent} bytes of layers sent, the task's disk ({disk} bytes) sent"
+            )
+
+    async def _attach_env_disk(self) -> None:
+        """As AgentVm's, but the disk and its layers are the copies there, chained by node."""
+        if self.remote_env is None:
+            return
+        for node in envdisk.blockdev_chain(self._env_layers, self.remote_env):
+            await self.vm.qmp_execute("blockdev-add", node)
+        await self.vm.qmp_execute(
+            "device_add",
+            {"driver": "scsi-hd", "bus": f"{ENV_SCSI_BUS}.0", "drive": "pwenv", "id": "pwenvdisk"},
+        )
+        self._env_attached = True
+
+    async def _bring_env_back(self) -> None:
+        env = self.cfg.env
+        try:
+            if env is not None and self.remote_env is not None and self._env_attached:
+                size = await envdisk.bring_back(
+                    self.link.conn, self.remote_env, env, self._env_backing
+                )
+                # A log line, not a notice: it comes after the run's "done".
+                log.info(
+                    "environment disk brought back from %s (%d bytes)", self.link.host.name, size
+                )
+        except (envdisk.EnvDiskError, asyncssh.Error, OSError) as exc:
+            if self.progress:
+                self.progress(
+                    f"could not bring the environment disk back from {self.link.host.name}: "
+                    f"{exc}; the task's disk here is as it was before this run"
+                )
+        finally:
+            self._env_hold.close()
 
     async def sync_folder(self) -> SyncResult | None:
         """Bring the agent's changes to the working folder here (three-way; see hosts.sync).
@@ -558,6 +624,7 @@ class RemoteAgentVm(AgentVm):
             await self.sync_folder()
             with contextlib.suppress(asyncssh.Error, OSError):
                 await download_tree(self.link.conn, self.remote_dirs, self.cfg.dirs)
+            await self._bring_env_back()
             await self.link.conn.run(f"rm -rf -- {shlex.quote(self.rundir)}", check=False)
 
 
@@ -577,13 +644,11 @@ async def upload_tree(
     conn: asyncssh.SSHClientConnection, local: TaskDirs, remote: TaskDirs
 ) -> None:
     """Send the task folders into the remote run dir (regular files and dirs; links skipped)."""
-    async with conn.start_sftp_client() as sftp:
-        for src, dst, _w in _pairs(local, remote):
-            for path in await asyncio.to_thread(_walk_regular, src):
-                rel = path.relative_to(src).as_posix()
-                target = posixpath.join(dst, rel)
-                await sftp.makedirs(posixpath.dirname(target), exist_ok=True)
-                await sftp.put(str(path), target)
+    files = []
+    for src, dst, _w in _pairs(local, remote):
+        for path in await asyncio.to_thread(_walk_regular, src):
+            files.append((path, posixpath.join(dst, path.relative_to(src).as_posix())))
+    await put_files(conn, files)
 
 
 def _walk_regular(top: Path) -> list[Path]:
@@ -670,12 +735,16 @@ async def open_remote_agent(
     host = store.get(host_name)
     if cfg.transport is not Transport.VIRTIO:
         raise HostError("a remote host needs the virtio transport (leave out --transport tcp)")
+    t = time.monotonic()
     link = await RemoteLink.open(host, None)
     stack.push_async_callback(link.close)
+    opened = time.monotonic() - t
     if not link.report.ok:
         raise HostError(f"{host.name} cannot run a VM: " + "; ".join(link.report.problems))
     accel = link.report.accel
     notice(
         f"running on {host.name} ({host.target}): accelerator {accel.accel.value} ({accel.reason})"
     )
-    return RemoteAgentVm(cfg, link, progress=notice, **kwargs)
+    agent = RemoteAgentVm(cfg, link, progress=notice, **kwargs)
+    agent.timings["link_open"] = opened
+    return agent

@@ -63,6 +63,7 @@ class DelayProxy:
         self.bytes = 0
         """Carried so far, both ways: the proof that the connections went through it."""
         self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[Any]] = set()
 
     async def __aenter__(self) -> DelayProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -72,8 +73,15 @@ class DelayProxy:
     async def __aexit__(self, *exc: object) -> None:
         if self._server is not None:
             self._server.close()
+        for task in self._conns:  # connections still open (a link being closed meanwhile)
+            task.cancel()
+        await asyncio.gather(*self._conns, return_exceptions=True)
 
     async def _serve(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns.add(task)
+            task.add_done_callback(self._conns.discard)
         try:
             ur, uw = await asyncio.open_connection(*self.target)
         except OSError:
@@ -205,15 +213,16 @@ class _Task:
 
 def stages(label: str, session: TaskSession, agent: Agent) -> dict[str, float]:
     """Where a remote start went (seconds each): what piwork bench shows for a local one,
-    plus the SSH link, the pack's check there and the task folders sent."""
+    plus the SSH link, the pack's check there, the task folders and environment disk sent."""
     t, r = agent.timings, session.timings
-    sent = t.get("remote_pack", 0.0) + t.get("remote_folders", 0.0)
+    sent = t.get("remote_pack", 0.0) + t.get("remote_folders", 0.0) + t.get("remote_env", 0.0)
     boot = r.get("boot_to_pi_ready", 0.0)
     marks = [
         ("host before the VM (gateway, proxy, link)", r.get("start_to_pi_ready", 0.0) - boot),
         ("  of which SSH link and check", t.get("link_open", 0.0)),
-        ("pack checked there (sha256sum)", t.get("remote_pack", 0.0)),
+        ("pack sent (first visit) or checked there", t.get("remote_pack", 0.0)),
         ("task folders sent", t.get("remote_folders", 0.0)),
+        ("environment disk and layers sent", t.get("remote_env", 0.0)),
         ("QEMU launched there", t.get("qemu_started", 0.0)),
         (
             "restored (device state)" if "restored" in t else "booted to the supervisor",

@@ -404,15 +404,25 @@ class RemoteAgentVm(AgentVm):
         )
 
     async def _discard_template(self, tpl: Template) -> None:
-        await templates.discard(self.link.conn, tpl)
+        with contextlib.suppress(asyncssh.Error, OSError):  # the next check finds it anyway
+            await templates.discard(self.link.conn, tpl)
 
     async def _ready_template(self) -> tuple[Template, float | None]:
         """The host's saved VM, checked there; made (or made again) first if need be.
 
         Unlike this machine's, a broken one is rebuilt in the same start rather
         than booting cold once: making it costs a cold boot plus a save, and the
-        next task would pay it anyway.
+        next task would pay it anyway. A failure on the way (no flock there, the
+        link down) is a cold boot with the reason, as locally.
         """
+        try:
+            return await self._ready_remote_template()
+        except (HostError, asyncssh.Error, OSError) as exc:
+            raise TemplateUnavailable(
+                f"the saved VM on {self.link.host.name} could not be checked or made ({exc})"
+            ) from exc
+
+    async def _ready_remote_template(self) -> tuple[Template, float | None]:
         name = self.link.host.name
         tpl = templates.remote_template(self.spec, self.link.root, self.link.report.qemu_identity)
         built: float | None = None

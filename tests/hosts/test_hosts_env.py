@@ -49,6 +49,7 @@ class Runs:
         self.host, self.folder = host, folder
         self.command = ""
         self.results: list[str] = []
+        self.task_ids: list[str] = []
 
     def step(self, req: ChatRequest) -> Text | ToolCalls:
         if req.assistant_turns_since_user == 0:
@@ -56,20 +57,24 @@ class Runs:
         self.results.append(req.tool_exchanges()[-1].result or "")
         return Text("done")
 
-    async def run(self, server: ScriptedModelServer, command: str) -> tuple[list[str], list[str]]:
-        """(notices, qcow2 files the remote QEMU had open)."""
+    async def run(
+        self, server: ScriptedModelServer, command: str, *, resume: str | None = None
+    ) -> tuple[list[str], list[str]]:
+        """(notices, qcow2 files the remote QEMU had open); ``resume``: that task again."""
         self.command = command
         events: list[RunEvent] = []
         req = RunRequest(
             prompt=None,
-            folder=self.folder,
+            folder=self.folder if resume is None else None,
+            task_id=resume,
             model="scripted/scripted",
             extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
             host=self.host.name,
             assume_yes=True,
         )
         async with TaskSession(req, events.append, paths=get_paths()) as session:
-            assert session.agent is not None
+            assert session.agent is not None and session.task is not None
+            self.task_ids.append(session.task.id)
             pid = session.agent.qemu_pid
             assert pid is not None
             outcome = await session.run_prompt("run it")
@@ -117,6 +122,12 @@ async def test_installs_made_on_the_host_come_back_and_the_next_task_starts_from
         sent = [n for n in notices if n.startswith("environment layer ")]
         assert len(sent) == 1 and first_layer not in sent[0], (first_layer, sent)
         assert f"{short_root}/envs/layers/{first_layer}.qcow2" in disks, disks
+
+        # 4. `piwork resume --host` of the first task: its disk (an overlay on the layer
+        # its own installs became) goes there again, nothing of the layer is sent.
+        notices, _ = await runs.run(server, "cat /opt/mark", resume=runs.task_ids[0])
+        assert mark in runs.results[3], runs.results
+        assert any("1 layer(s), 0 bytes of layers sent" in n for n in notices), notices
     rec = envs.folder(folder)
     assert rec is not None and rec.head is not None and len(envs.chain(rec.head)) == 2
 

@@ -13,7 +13,10 @@ remote host:
   node by node), so the header's paths (this machine's) are never opened there;
 - when the VM has stopped it is brought back into ``<task>/env.qcow2`` (the
   task's ``env.lock`` held from before the upload until then), so ``piwork
-  resume`` and the folder's next task see what was installed.
+  resume`` and the folder's next task see what was installed. (A run whose
+  piwork is killed, or whose host is lost, before then keeps its installs only
+  in the remote run directory, which the next connect removes: the disk here
+  stays as it was before the run.)
 
 Trust: the disk that comes back was written by a QEMU on another machine. Its
 contents are the guest's and are never read here; its qcow2 header could name

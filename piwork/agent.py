@@ -517,32 +517,10 @@ class AgentVm(PiDoor):
     # ------------------------------------------------------------ warm start
     async def _start_warm(self, t0: float) -> None:
         """Restore the saved VM (making it first if there is none); TemplateUnavailable: boot."""
-        root = self.cfg.template_root or default_root(self.cfg.pack_dir)
-        tpl = await asyncio.to_thread(template_for, self.spec, root)  # runs qemu --version
-        built: float | None = None
-        try:
-            await asyncio.to_thread(tpl.check)
-        except TemplateUnavailable as first:
-            if tpl.dir.exists():
-                # Present but unusable (truncated, corrupt, foreign): this task boots
-                # cold; the broken one goes, so the next task makes a new one.
-                await asyncio.to_thread(discard_template, tpl)
-                raise
-            async with build_lock(root, tpl.dir.name):
-                try:
-                    await asyncio.to_thread(tpl.check)  # another process may have made it
-                except TemplateUnavailable:
-                    self._say_boot_mode(
-                        f"making the saved VM for warm starts (once per pack): {first}",
-                        {"warm": None, "building": True, "reason": str(first)},
-                    )
-                    t = time.monotonic()
-                    await self._build_template(tpl)
-                    built = time.monotonic() - t
-            await asyncio.to_thread(tpl.check)
+        tpl, built = await self._ready_template()
         cold_spec = self.spec
         self.spec = replace(cold_spec, memory_file=tpl.ram, memory_shared=False, incoming=True)
-        self.vm = VirtualMachine(self.spec, on_stage=self.on_stage)
+        self.vm = self._make_vm(self.spec)
         t = time.monotonic()
         chan: asyncio.Task[None] | None = None
         try:
@@ -568,12 +546,12 @@ class AgentVm(PiDoor):
             await self.netmux.close()
             await self.vm.shutdown(grace=0)
             self.spec = cold_spec
-            self.vm = VirtualMachine(self.spec, on_stage=self.on_stage)
+            self.vm = self._make_vm(self.spec)
             self.channel = self._new_channel()
             self.netmux = self._new_netmux()
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]
             if not killed:
-                await asyncio.to_thread(discard_template, tpl)
+                await self._discard_template(tpl)
             raise TemplateUnavailable(f"restoring the saved VM failed ({short})") from exc
         restored = time.monotonic() - t
         self.timings["restored"] = restored
@@ -583,6 +561,43 @@ class AgentVm(PiDoor):
         self._say_boot_mode(f"restored in {restored:.1f} s", data)
         if self.on_stage is not None:
             self.on_stage("restored", restored)
+
+    def _make_vm(self, spec: VmSpec) -> VirtualMachine:
+        """The VM for ``spec`` (a remote host makes its own: piwork.hosts.vm)."""
+        return VirtualMachine(spec, on_stage=self.on_stage)
+
+    async def _discard_template(self, tpl: Template) -> None:
+        await asyncio.to_thread(discard_template, tpl)
+
+    async def _ready_template(self) -> tuple[Template, float | None]:
+        """The saved VM to restore, checked (made first if there is none), and how long
+        making it took (None: it was there). TemplateUnavailable: boot cold.
+
+        A remote host keeps its own (piwork.hosts.templates), checked the same way."""
+        root = self.cfg.template_root or default_root(self.cfg.pack_dir)
+        tpl = await asyncio.to_thread(template_for, self.spec, root)  # runs qemu --version
+        built: float | None = None
+        try:
+            await asyncio.to_thread(tpl.check)
+        except TemplateUnavailable as first:
+            if tpl.dir.exists():
+                # Present but unusable (truncated, corrupt, foreign): this task boots
+                # cold; the broken one goes, so the next task makes a new one.
+                await asyncio.to_thread(discard_template, tpl)
+                raise
+            async with build_lock(root, tpl.dir.name):
+                try:
+                    await asyncio.to_thread(tpl.check)  # another process may have made it
+                except TemplateUnavailable:
+                    self._say_boot_mode(
+                        f"making the saved VM for warm starts (once per pack): {first}",
+                        {"warm": None, "building": True, "reason": str(first)},
+                    )
+                    t = time.monotonic()
+                    await self._build_template(tpl)
+                    built = time.monotonic() - t
+            await asyncio.to_thread(tpl.check)
+        return tpl, built
 
     async def _build_template(self, tpl: Template) -> None:
         """Boot a VM with no task in it until pi is loaded, and save it."""

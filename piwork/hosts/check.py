@@ -14,12 +14,16 @@ from dataclasses import dataclass, field
 import asyncssh
 
 from piwork.vm.accel import AccelChoice, HostFacts, choose_accel
+from piwork.vm.template import UNKNOWN_QEMU
 
 PROBE = r"""
 root=$1
 q=$(command -v "$2" 2>/dev/null || true)
 echo "qemu_path=$q"
-if [ -n "$q" ]; then echo "qemu_version=$("$q" --version 2>/dev/null | head -n 1)"; fi
+if [ -n "$q" ]; then
+  echo "qemu_version=$("$q" --version 2>/dev/null | head -n 1)"
+  echo "qemu_stat=$(stat -L -c '%s|%Y' "$q" 2>/dev/null)"
+fi
 if [ -e /dev/kvm ]; then echo kvm_exists=1; else echo kvm_exists=0; fi
 if [ -r /dev/kvm ] && [ -w /dev/kvm ]; then echo kvm_rw=1; else echo kvm_rw=0; fi
 echo "cpu_flags=$(grep -m 1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2)"
@@ -29,7 +33,7 @@ d=$root
 while [ ! -d "$d" ]; do d=$(dirname "$d"); done
 echo "disk_free_kb=$(df -Pk "$d" | awk 'NR==2 {print $4}')"
 echo "mem_available_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo 2>/dev/null)"
-for t in setpriv sha256sum setsid; do
+for t in setpriv sha256sum setsid flock; do
   if command -v "$t" >/dev/null 2>&1; then echo "tool_$t=1"; else echo "tool_$t=0"; fi
 done
 """
@@ -49,6 +53,14 @@ class HostReport:
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def qemu_identity(self) -> str:
+        """The remote QEMU build, as :func:`piwork.vm.template.qemu_identity` says it for
+        this machine's (version line, size, mtime): a saved VM there is keyed on it."""
+        version = self.values.get("qemu_version") or UNKNOWN_QEMU
+        stat = self.values.get("qemu_stat") or "?|?"
+        return f"{version}|{stat}"
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -88,7 +100,7 @@ def report(values: dict[str, str]) -> HostReport:
             "the remote sshd refuses channels to unix sockets: set AllowStreamLocalForwarding yes "
             "and AllowTcpForwarding yes (or local) in its sshd_config"
         )
-    for tool in ("sha256sum", "setsid"):
+    for tool in ("sha256sum", "setsid", "flock"):
         if values.get(f"tool_{tool}") != "1":
             problems.append(f"{tool} is missing on the remote (coreutils / util-linux)")
     return HostReport(values, choose_accel(facts), problems)

@@ -11,9 +11,12 @@ one is *refused*: nothing is logged in to, nothing is uploaded.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,10 +116,44 @@ def _remember(info: HostKeyInfo) -> None:
         os.close(fd)
 
 
+_routes: ContextVar[dict[str, tuple[str, int]] | None] = ContextVar(
+    "piwork_ssh_routes", default=None
+)
+
+
+@contextlib.contextmanager
+def routed(name: str, via: tuple[str, int]) -> Iterator[None]:
+    """Meanwhile (in this context and the tasks it starts), connections to host ``name``
+    are made through the TCP relay at ``via`` (``piwork bench --host``'s delaying proxy).
+
+    Only the TCP path changes: the host key is still checked as ``name``'s own,
+    against the same known_hosts entries, so a relay can delay bytes but never
+    stand in for the host.
+    """
+    token = _routes.set({**(_routes.get() or {}), name: via})
+    try:
+        yield
+    finally:
+        _routes.reset(token)
+
+
+async def _dial(via: tuple[str, int]) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, via), 30)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def _strict(host: Host, files: list[str]) -> asyncssh.SSHClientConnection:
+    via = (_routes.get() or {}).get(host.name)
     return await asyncssh.connect(
         host.hostname,
         port=host.port or (),
+        sock=await _dial(via) if via is not None else None,
         username=host.user or (),
         client_keys=_client_keys(host),
         known_hosts=files if files else b"",

@@ -33,7 +33,7 @@ import asyncssh
 
 from piwork import sharefs
 from piwork.checkpoints.shadow import refused_prefix
-from piwork.hosts.remote import RemoteError
+from piwork.hosts.remote import RemoteError, put_files, run
 
 MAX_FILE_BYTES = 256 << 20
 """A file bigger than this on the remote is not brought back (reported as skipped)."""
@@ -135,18 +135,13 @@ class FolderSync:
     async def upload(self, conn: asyncssh.SSHClientConnection) -> int:
         """Send every regular file (links stay here); the baseline is what was sent."""
         hashes = await asyncio.to_thread(local_hashes, self.local)
-        sent = 0
-        async with conn.start_sftp_client() as sftp:
-            await sftp.makedirs(self.remote, exist_ok=True)
-            for rel, digest in sorted(hashes.items()):
-                if digest == LINK:
-                    continue
-                target = posixpath.join(self.remote, rel)
-                await sftp.makedirs(posixpath.dirname(target), exist_ok=True)
-                await sftp.put(str(self.local / rel), target)
-                self.baseline[rel] = digest
-                sent += 1
-        return sent
+        files = {rel: d for rel, d in sorted(hashes.items()) if d != LINK}
+        await run(conn, f"umask 077 && mkdir -p -- {shlex.quote(self.remote)}")
+        await put_files(
+            conn, [(self.local / rel, posixpath.join(self.remote, rel)) for rel in files]
+        )
+        self.baseline.update(files)
+        return len(files)
 
     async def sync_back(
         self,

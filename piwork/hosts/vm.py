@@ -31,27 +31,29 @@ from qemu.qmp import QMPClient, Runstate
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
 from piwork.checkpoints.shadow import refused_prefix
-from piwork.hosts import store
+from piwork.hosts import envdisk, store, templates
 from piwork.hosts.check import HostReport, run_check
 from piwork.hosts.connect import Confirm, connect
 from piwork.hosts.packs import PackUpload, Progress, ensure_pack
-from piwork.hosts.remote import remote_root, run
+from piwork.hosts.remote import put_files, remote_root, run
 from piwork.hosts.store import Host, HostError
 from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
 from piwork.hosts.sync import Conflict, FolderSync, SyncResult
 from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu, sweep
 from piwork.vm import gitguard
 from piwork.vm.channel import GuestChannel
-from piwork.vm.command import Transport, VmSpec, build_command, console_socket
+from piwork.vm.command import ENV_SCSI_BUS, Transport, VmSpec, build_command, console_socket
 from piwork.vm.machine import (
     BootStalled,
     ConsoleLog,
+    VirtualMachine,
     VmError,
     VmExited,
     record_stages,
     tail_file,
 )
 from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
+from piwork.vm.template import Template, TemplateUnavailable, save_vm
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +159,13 @@ class _RemoteProc:
 
     @property
     def returncode(self) -> int | None:
-        return self._qemu.returncode
+        """As asyncio says it: a QEMU killed by signal N is -N (the watchdog's sh says 128+N)."""
+        code = self._qemu.returncode
+        return -(code - 128) if code is not None and 128 < code < 160 else code
 
     async def wait(self) -> int:
-        code = await self._qemu.wait()
+        await self._qemu.wait()
+        code = self.returncode
         return -1 if code is None else code
 
 
@@ -349,7 +354,9 @@ class RemoteAgentVm(AgentVm):
     The hook into AgentVm is the three factories it already has (the VM, the
     channel, the netmux) plus a step before ``start``: the pack is made present
     and verified there, and the task folders are sent into the run directory.
-    Warm start is off for now (the saved VM is not made on remotes yet).
+    The saved VM for warm starts is made and kept on the host
+    (:mod:`piwork.hosts.templates`): the three hooks AgentVm's warm start has
+    (the template, the VM, discarding it) are answered there.
     """
 
     def __init__(
@@ -367,9 +374,17 @@ class RemoteAgentVm(AgentVm):
         self.progress = progress
         self.pack_upload: PackUpload | None = None
         self.folder_sync: FolderSync | None = None
-        cfg = replace(cfg, warm_start=False, accel=link.report.accel)
+        self.lease = lease
+        cfg = replace(cfg, accel=link.report.accel)
         super().__init__(cfg, **kwargs)
         self.remote_dirs = remote_dirs(self.rundir, cfg.dirs)
+        self.remote_env: str | None = None
+        """The task's environment disk in the run dir there (None: the task has none)."""
+        self._env_layers: list[str] = []
+        self._env_backing: str | None = None
+        self._env_attached = False
+        self._env_hold = contextlib.ExitStack()
+        """The task's env.lock, from before the upload until the disk is back here."""
         self.spec = replace(
             self.spec,
             pack_dir=Path(link.root, "packs", cfg.manifest.pack_id),
@@ -378,18 +393,121 @@ class RemoteAgentVm(AgentVm):
             net_socket=Path(self.rundir, "net.sock"),
             shares=self.remote_dirs.shares(),
         )
-        self.vm = RemoteMachine(  # type: ignore[assignment]
-            link, self.spec, run_id=self.run_id, lease=lease, on_stage=self.on_stage
-        )
+        self.vm = self._make_vm(self.spec)
 
     def _sock(self, name: str) -> str:
         return posixpath.join(self.rundir, name)
 
-    def _say_boot_mode(self, message: str, data: dict[str, Any]) -> None:
-        if data.get("cold_reason") == "warm start is off":  # we turned it off, not the person
-            reason = f"the saved VM is not made on remote hosts yet ({self.link.host.name})"
-            message, data = f"cold boot: {reason}", {**data, "cold_reason": reason}
-        super()._say_boot_mode(message, data)
+    def _make_vm(self, spec: VmSpec) -> VirtualMachine:
+        return RemoteMachine(  # type: ignore[return-value]
+            self.link, spec, run_id=self.run_id, lease=self.lease, on_stage=self.on_stage
+        )
+
+    async def _discard_template(self, tpl: Template) -> None:
+        with contextlib.suppress(asyncssh.Error, OSError):  # the next check finds it anyway
+            await templates.discard(self.link.conn, tpl)
+
+    async def _ready_template(self) -> tuple[Template, float | None]:
+        """The host's saved VM, checked there; made (or made again) first if need be.
+
+        Unlike this machine's, a broken one is rebuilt in the same start rather
+        than booting cold once: making it costs a cold boot plus a save, and the
+        next task would pay it anyway. A failure on the way (no flock there, the
+        link down) is a cold boot with the reason, as locally.
+        """
+        try:
+            return await self._ready_remote_template()
+        except (HostError, asyncssh.Error, OSError) as exc:
+            raise TemplateUnavailable(
+                f"the saved VM on {self.link.host.name} could not be checked or made ({exc})"
+            ) from exc
+
+    async def _ready_remote_template(self) -> tuple[Template, float | None]:
+        name = self.link.host.name
+        tpl = templates.remote_template(self.spec, self.link.root, self.link.report.qemu_identity)
+        built: float | None = None
+        try:
+            await templates.check(self.link.conn, tpl)
+        except TemplateUnavailable as first:
+            async with templates.build_lock(self.link.conn, tpl):
+                try:
+                    await templates.check(self.link.conn, tpl)  # another piwork made it
+                except TemplateUnavailable as now:
+                    if isinstance(now, templates.TemplateBroken):
+                        await templates.discard(self.link.conn, tpl)
+                        what = f"the saved VM on {name} is unusable ({now}): making it again"
+                    else:
+                        what = f"making the saved VM for warm starts on {name} (once per pack)"
+                    self._say_boot_mode(
+                        what, {"warm": None, "building": True, "reason": str(first)}
+                    )
+                    t = time.monotonic()
+                    await self._build_remote_template(tpl)
+                    built = time.monotonic() - t
+            await templates.check(self.link.conn, tpl)
+        return tpl, built
+
+    async def _build_remote_template(self, tpl: Template) -> None:
+        """Boot a VM with no task in it on the host until pi is loaded, and save it there.
+
+        As locally (AgentVm._build_template): empty share folders, nobody on the
+        netmux port, the RPC channel closed before the save, so the saved RAM holds
+        no connection, no task and no token.
+        """
+        conn = self.link.conn
+        await templates.sweep_unfinished(conn, tpl)  # the build lock is held
+        tmp = templates.build_dir(tpl)
+        run_id = secrets.token_hex(4)
+        rundir = posixpath.join(self.link.root, "run", run_id)
+        shares = [replace(s, host_path=Path(tmp, "shares", s.tag)) for s in self.spec.shares]
+        mk = " ".join(shlex.quote(str(s.host_path)) for s in shares)
+        await run(conn, f"umask 077 && mkdir -p -- {mk}")
+        spec = replace(
+            self.spec,
+            memory_file=Path(tmp, templates.RAM),
+            memory_shared=True,
+            incoming=False,
+            shares=shares,
+            qmp_socket=Path(rundir, "qmp.sock"),
+            rpc_socket=Path(rundir, "rpc.sock"),
+            net_socket=Path(rundir, "net.sock"),
+            console_log=self.cfg.log_dir / "template-console.log",
+            name="piwork-template",
+        )
+        vm = RemoteMachine(self.link, spec, run_id=run_id, lease=self.lease)
+        loaded = asyncio.Event()
+
+        def on_event(msg: dict[str, Any]) -> None:
+            if msg.get("ev") == "preloaded":
+                loaded.set()
+
+        channel = GuestChannel(
+            RemoteEndpoint(lambda: self.link.conn, str(spec.rpc_socket)),
+            lambda _l: None, on_event, alive=lambda: vm.running,
+        )  # fmt: skip
+        try:
+            t = time.monotonic()
+            await vm.launch()
+            await asyncio.gather(
+                vm.wait_booted(self.cfg.boot_stall_timeout), channel.start(timeout=600)
+            )
+            await asyncio.wait_for(loaded.wait(), 600)
+            boot = time.monotonic() - t
+            await channel.close()  # no host connection in the saved state
+            await save_vm(vm.qmp_execute, Path(tmp, templates.STATE))
+            await vm.shutdown(grace=0)
+            await templates.commit(self.link.conn, tmp, tpl, {"boot_seconds": round(boot, 1)})
+        except (VmError, OSError, RuntimeError, TimeoutError, asyncssh.Error) as exc:
+            short = getattr(exc, "short", None) or str(exc).splitlines()[0]
+            raise TemplateUnavailable(
+                f"could not make the saved VM on {self.link.host.name} ({short})"
+            ) from exc
+        finally:
+            await channel.close()
+            await vm.shutdown(grace=0)
+            with contextlib.suppress(asyncssh.Error, OSError):
+                q = " ".join(shlex.quote(d) for d in (tmp, rundir))
+                await self.link.conn.run(f"rm -rf -- {q}", check=False)
 
     def _new_netmux(self) -> NetMux:
         targets = {TARGET_GATEWAY: self.cfg.gateway_port}
@@ -411,9 +529,13 @@ class RemoteAgentVm(AgentVm):
 
     async def start(self) -> None:
         conn = self.link.conn
+        t = time.monotonic()
         self.pack_upload = await ensure_pack(
             conn, self.link.root, self.cfg.pack_dir, self.cfg.manifest, self.progress
         )
+        # Seconds each, before AgentVm.start's own (cumulative) marks: piwork bench --host.
+        self.timings["remote_pack"] = time.monotonic() - t
+        t = time.monotonic()
         if self.progress:
             self.progress(self.pack_upload.describe())
         dirs = [d for _l, d, _w in _pairs(self.cfg.dirs, self.remote_dirs)]
@@ -427,7 +549,62 @@ class RemoteAgentVm(AgentVm):
             sent = await self.folder_sync.upload(conn)
             if self.progress:
                 self.progress(f"working folder sent to {self.link.host.name}: {sent} files")
+        self.timings["remote_folders"] = time.monotonic() - t
+        t = time.monotonic()
+        await self._send_env()
+        self.timings["remote_env"] = time.monotonic() - t
         await super().start()
+
+    async def _send_env(self) -> None:
+        """The task's environment disk and the layers under it, there (piwork.hosts.envdisk)."""
+        env = self.cfg.env
+        if env is None or not self.cfg.manifest.workbench:
+            return
+        self._env_hold.enter_context(env.lock())  # before the copy: no freeze meanwhile
+        layers, self._env_backing = await asyncio.to_thread(envdisk.local_chain, env)
+        conn = self.link.conn
+        self._env_layers, sent = await envdisk.ensure_layers(
+            conn, self.link.root, layers, self.progress
+        )
+        self.remote_env = posixpath.join(self.rundir, "env.qcow2")
+        disk = await envdisk.send_disk(conn, env, self.remote_env)
+        if self.progress:
+            self.progress(
+                f"environment on {self.link.host.name}: {len(layers)} layer(s), "
+                f"{sent} bytes of layers sent, the task's disk ({disk} bytes) sent"
+            )
+
+    async def _attach_env_disk(self) -> None:
+        """As AgentVm's, but the disk and its layers are the copies there, chained by node."""
+        if self.remote_env is None:
+            return
+        for node in envdisk.blockdev_chain(self._env_layers, self.remote_env):
+            await self.vm.qmp_execute("blockdev-add", node)
+        await self.vm.qmp_execute(
+            "device_add",
+            {"driver": "scsi-hd", "bus": f"{ENV_SCSI_BUS}.0", "drive": "pwenv", "id": "pwenvdisk"},
+        )
+        self._env_attached = True
+
+    async def _bring_env_back(self) -> None:
+        env = self.cfg.env
+        try:
+            if env is not None and self.remote_env is not None and self._env_attached:
+                size = await envdisk.bring_back(
+                    self.link.conn, self.remote_env, env, self._env_backing
+                )
+                # A log line, not a notice: it comes after the run's "done".
+                log.info(
+                    "environment disk brought back from %s (%d bytes)", self.link.host.name, size
+                )
+        except (envdisk.EnvDiskError, asyncssh.Error, OSError) as exc:
+            if self.progress:
+                self.progress(
+                    f"could not bring the environment disk back from {self.link.host.name}: "
+                    f"{exc}; the task's disk here is as it was before this run"
+                )
+        finally:
+            self._env_hold.close()
 
     async def sync_folder(self) -> SyncResult | None:
         """Bring the agent's changes to the working folder here (three-way; see hosts.sync).
@@ -457,6 +634,7 @@ class RemoteAgentVm(AgentVm):
             await self.sync_folder()
             with contextlib.suppress(asyncssh.Error, OSError):
                 await download_tree(self.link.conn, self.remote_dirs, self.cfg.dirs)
+            await self._bring_env_back()
             await self.link.conn.run(f"rm -rf -- {shlex.quote(self.rundir)}", check=False)
 
 
@@ -476,13 +654,11 @@ async def upload_tree(
     conn: asyncssh.SSHClientConnection, local: TaskDirs, remote: TaskDirs
 ) -> None:
     """Send the task folders into the remote run dir (regular files and dirs; links skipped)."""
-    async with conn.start_sftp_client() as sftp:
-        for src, dst, _w in _pairs(local, remote):
-            for path in await asyncio.to_thread(_walk_regular, src):
-                rel = path.relative_to(src).as_posix()
-                target = posixpath.join(dst, rel)
-                await sftp.makedirs(posixpath.dirname(target), exist_ok=True)
-                await sftp.put(str(path), target)
+    files = []
+    for src, dst, _w in _pairs(local, remote):
+        for path in await asyncio.to_thread(_walk_regular, src):
+            files.append((path, posixpath.join(dst, path.relative_to(src).as_posix())))
+    await put_files(conn, files)
 
 
 def _walk_regular(top: Path) -> list[Path]:
@@ -569,12 +745,16 @@ async def open_remote_agent(
     host = store.get(host_name)
     if cfg.transport is not Transport.VIRTIO:
         raise HostError("a remote host needs the virtio transport (leave out --transport tcp)")
+    t = time.monotonic()
     link = await RemoteLink.open(host, None)
     stack.push_async_callback(link.close)
+    opened = time.monotonic() - t
     if not link.report.ok:
         raise HostError(f"{host.name} cannot run a VM: " + "; ".join(link.report.problems))
     accel = link.report.accel
     notice(
         f"running on {host.name} ({host.target}): accelerator {accel.accel.value} ({accel.reason})"
     )
-    return RemoteAgentVm(cfg, link, progress=notice, **kwargs)
+    agent = RemoteAgentVm(cfg, link, progress=notice, **kwargs)
+    agent.timings["link_open"] = opened
+    return agent

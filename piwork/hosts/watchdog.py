@@ -167,7 +167,12 @@ class RemoteQemu:
 
     async def start(self) -> None:
         script = await install(self.conn, self.root)
-        await run(self.conn, f"umask 077 && mkdir -p -- {shlex.quote(self.rundir)}")
+        # A run dir may be used again (a failed restore falls back to a cold boot in it):
+        # a previous QEMU's exit status must not be read as this one's.
+        stale = " ".join(shlex.quote(self.path(n)) for n in ("qemu.exit", "qemu.pid"))
+        await run(
+            self.conn, f"umask 077 && mkdir -p -- {shlex.quote(self.rundir)} && rm -f -- {stale}"
+        )
         self.argv = self._argv(self.rundir) if callable(self._argv) else list(self._argv)
         await self._beat()  # the file exists before the watchdog reads it
         cmd = shlex.join(["sh", script, self.rundir, str(self.lease), "--", *self.argv])

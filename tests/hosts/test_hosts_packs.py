@@ -59,9 +59,14 @@ async def test_second_upload_sends_nothing_and_damage_is_resent(sshd: Sshd, tmp_
         second = await ensure_pack(conn, root, pack_dir, manifest)
         assert second.bytes_sent == 0
         assert "0 bytes uploaded" in second.describe()
-        # A file changed on the remote: found by the check there, the pack sent again.
-        with (remote / "initrd.cpio").open("r+b") as fh:
+        assert (remote / ".verified").is_file()  # the stamp of the verified files
+        # A file changed on the remote (its mtime put back, as `touch -d` would): its
+        # ctime still moved, so the stamp differs, the hashes are checked, it is sent again.
+        damaged = remote / "initrd.cpio"
+        before = damaged.stat()
+        with damaged.open("r+b") as fh:
             fh.write(b"X")
+        os.utime(damaged, ns=(before.st_atime_ns, before.st_mtime_ns))
         third = await ensure_pack(conn, root, pack_dir, manifest)
         assert third.bytes_sent == 370_000 and "did not verify" in third.reason
         assert (remote / "initrd.cpio").read_bytes() == (pack_dir / "initrd.cpio").read_bytes()

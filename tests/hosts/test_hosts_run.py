@@ -90,7 +90,7 @@ async def test_keyed_task_on_a_remote_host_keeps_the_key_here(
         async with TaskSession(req, events.append, paths=paths) as session:
             outcome = await session.run_prompt("make the file")
             assert session.agent is not None
-            pid = session.agent.vm.pid
+            pid = session.agent.qemu_pid
             assert pid is not None and alive(pid)
             argv = cmdline(pid)
             environ = await asyncio.to_thread(Path(f"/proc/{pid}/environ").read_bytes)

@@ -20,7 +20,7 @@ import pytest
 from piwork.hosts.connect import fingerprint_matcher
 from piwork.hosts.packs import ensure_pack
 from piwork.hosts.vm import RemoteAgentVm, RemoteLink
-from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, bash, write
+from piwork.models.scripted import Delay, ScriptedModelServer, Text, ToolCalls, bash, write
 from piwork.pack.manifest import Manifest
 from piwork.rpc import models as m
 from tests.hosts.conftest import Sshd, _descendants
@@ -146,3 +146,52 @@ async def test_a_dropped_ssh_connection_mid_turn_loses_and_duplicates_nothing(
     assert (dirs.work / "slept.txt").read_text() == "slept\n"
     assert (dirs.work / "after.txt").read_text() == "after the drop\n"
     print(f"\nSSH reconnects: {link.reconnects}, channel reconnects: {agent.channel.reconnects}")
+
+
+async def test_a_model_stream_cut_by_an_ssh_drop_is_retried_once_by_pi(
+    link: RemoteLink, sshd: Sshd, pack: tuple[Path, Manifest], tmp_path: Path
+) -> None:
+    """The answer is streaming back (guest -> netmux -> SSH -> gateway here) when the SSH
+    connection dies. The netmux reconnects and its HELLO resets the guest's streams, so
+    pi sees its request cut ("terminated", retryable) and sends it again: one retry, the
+    cut attempt ends as an error message (what it had streamed stays in the transcript,
+    marked so), the answer arrives once, no RPC event is lost or repeated."""
+    local = tmp_path / "local"
+    dirs = make_task_dirs(local / "task")
+    write_models_json(dirs)
+    answer = "the answer, after the drop"
+    script: list[object] = [Delay(120, then=Text("never sent"), times=1), Text(answer)]
+    async with ScriptedModelServer(script, model_id="scripted") as server:  # type: ignore[arg-type]
+        cfg = agent_config(pack, dirs, server, local / "logs", warm_start=False)
+        agent = RemoteAgentVm(cfg, link)
+        async with agent:
+            await agent.wait_pi_ready()
+            events: list[object] = []
+            streaming = asyncio.Event()
+
+            def listen(ev: object) -> None:
+                events.append(ev)
+                if isinstance(ev, m.MessageStart) and ev.message.get("role") == "assistant":
+                    streaming.set()
+
+            agent.rpc.add_listener(listen)
+            await agent.rpc.prompt("answer me")
+            await asyncio.wait_for(streaming.wait(), 300)
+            for pid in sshd_processes_of_sessions(sshd):  # cut mid-stream
+                os.kill(pid, signal.SIGKILL)
+            await agent.rpc.wait_idle(timeout=300)
+            assert link.reconnects >= 1 and agent.channel.gaps == []
+            retries = [e for e in events if isinstance(e, m.AutoRetryStart)]
+            assert len(retries) == 1, retries
+            ended = [e.message for e in events if isinstance(e, m.MessageEnd)
+                     and e.message.get("role") == "assistant"]  # fmt: skip
+            assert [msg.get("stopReason") for msg in ended] == ["error", "stop"], ended
+            texts = [c.get("text") for c in ended[-1].get("content", []) if c.get("type") == "text"]
+            assert texts == [answer]
+            # pi's retry protocol: each attempt is an agent run of its own (agent_end,
+            # then auto_retry_start), and the retry ends successfully.
+            assert sum(isinstance(e, m.AgentEnd) for e in events) == 2
+            done = [e for e in events if isinstance(e, m.AutoRetryEnd)]
+            assert [e.success for e in done] == [True], done
+        assert len(server.chat_requests) == 2
+    print(f"\nretried after: {retries[0].error_message!r}")

@@ -43,12 +43,13 @@ from piwork.vm.template import (
     STATE,
     Template,
     TemplateUnavailable,
+    boot_and_save,
     build_lock,
     commit,
     default_root,
     discard_template,
+    preload_watch,
     restore_vm,
-    save_vm,
     sweep_unfinished,
     template_for,
     usable,
@@ -624,26 +625,13 @@ class AgentVm(PiDoor):
             name="piwork-template",
         )
         vm = VirtualMachine(spec)
-        loaded = asyncio.Event()
-
-        def on_event(msg: dict[str, Any]) -> None:
-            if msg.get("ev") == "preloaded":
-                loaded.set()
-
+        loaded, on_event = preload_watch()
         channel = GuestChannel(
             Endpoint(unix_path=spec.rpc_socket), lambda _l: None, on_event, alive=lambda: vm.running
         )
         try:
-            t = time.monotonic()
-            await vm.launch()
-            await asyncio.gather(
-                vm.wait_booted(self.cfg.boot_stall_timeout), channel.start(timeout=600)
-            )
-            await asyncio.wait_for(loaded.wait(), 600)
-            boot = time.monotonic() - t
-            await channel.close()  # no host connection in the saved state
-            await save_vm(vm.qmp_execute, tmp / STATE)
-            await vm.shutdown(grace=0)
+            stall = self.cfg.boot_stall_timeout
+            boot = await boot_and_save(vm, channel, loaded, tmp / STATE, stall)
             await asyncio.to_thread(commit, tmp, tpl, {"boot_seconds": round(boot, 1)})
         except (VmError, OSError, RuntimeError, TimeoutError) as exc:
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import secrets
 import sys
@@ -73,3 +74,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` durably (see :func:`atomic_writer`)."""
     with atomic_writer(path) as fh:
         fh.write(data)
+
+
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file's bytes, read in chunks (packs, layers, images, templates)."""
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()

@@ -21,7 +21,6 @@ The image only ever reaches a VM; the host never mounts it
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import secrets
@@ -36,7 +35,7 @@ from pathlib import Path
 import orjson
 
 from piwork.env.store import EnvError, EnvStore
-from piwork.fsutil import atomic_write_bytes
+from piwork.fsutil import atomic_write_bytes, sha256_file
 
 TOOLS = {
     "skopeo": "apt-get install skopeo (Debian bookworm: 1.9.3), or run scripts/setup.sh",
@@ -94,14 +93,6 @@ def archive_kind(archive: Path) -> str:
         "(no manifest.json); make one with `docker save IMAGE -o FILE.tar` or "
         "`skopeo copy ... oci-archive:FILE.tar`"
     )
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def unpack(archive: Path, work: Path) -> Path:

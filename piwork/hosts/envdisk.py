@@ -30,7 +30,6 @@ the task's disk. Anything else keeps the disk as it was and says so.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import posixpath
 import secrets
@@ -45,7 +44,7 @@ import asyncssh
 import orjson
 
 from piwork.env import TaskEnv
-from piwork.fsutil import fsync_dir
+from piwork.fsutil import fsync_dir, sha256_file
 from piwork.hosts.remote import RemoteError, run
 
 Progress = Callable[[str], None]
@@ -78,14 +77,6 @@ def _qemu_img_info(path: Path, *, chain: bool) -> Any:
     return orjson.loads(proc.stdout)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def local_chain(env: TaskEnv) -> tuple[list[LocalLayer], str | None]:
     """The layers under the task's disk (oldest first) and the disk's own backing path.
 
@@ -101,7 +92,7 @@ def local_chain(env: TaskEnv) -> tuple[list[LocalLayer], str | None]:
         path = Path(str(info["filename"]))
         if info.get("format") != "qcow2":
             raise EnvDiskError(f"the environment layer {path} is not qcow2")
-        layers.append(LocalLayer(path.stem, path, _sha256(path), path.stat().st_size))
+        layers.append(LocalLayer(path.stem, path, sha256_file(path), path.stat().st_size))
     return layers, str(backing) if backing else None
 
 

@@ -53,7 +53,7 @@ from piwork.vm.machine import (
     tail_file,
 )
 from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
-from piwork.vm.template import Template, TemplateUnavailable, save_vm
+from piwork.vm.template import Template, TemplateUnavailable, boot_and_save, preload_watch
 
 log = logging.getLogger(__name__)
 
@@ -475,27 +475,14 @@ class RemoteAgentVm(AgentVm):
             name="piwork-template",
         )
         vm = RemoteMachine(self.link, spec, run_id=run_id, lease=self.lease)
-        loaded = asyncio.Event()
-
-        def on_event(msg: dict[str, Any]) -> None:
-            if msg.get("ev") == "preloaded":
-                loaded.set()
-
+        loaded, on_event = preload_watch()
         channel = GuestChannel(
             RemoteEndpoint(lambda: self.link.conn, str(spec.rpc_socket)),
             lambda _l: None, on_event, alive=lambda: vm.running,
         )  # fmt: skip
         try:
-            t = time.monotonic()
-            await vm.launch()
-            await asyncio.gather(
-                vm.wait_booted(self.cfg.boot_stall_timeout), channel.start(timeout=600)
-            )
-            await asyncio.wait_for(loaded.wait(), 600)
-            boot = time.monotonic() - t
-            await channel.close()  # no host connection in the saved state
-            await save_vm(vm.qmp_execute, Path(tmp, templates.STATE))
-            await vm.shutdown(grace=0)
+            state = Path(tmp, templates.STATE)
+            boot = await boot_and_save(vm, channel, loaded, state, self.cfg.boot_stall_timeout)
             await templates.commit(self.link.conn, tmp, tpl, {"boot_seconds": round(boot, 1)})
         except (VmError, OSError, RuntimeError, TimeoutError, asyncssh.Error) as exc:
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]

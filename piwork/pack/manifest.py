@@ -8,13 +8,13 @@ inputs finds the finished pack and does nothing.
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
 from pydantic import BaseModel, ConfigDict, Field
+
+from piwork.fsutil import sha256_file
 
 PACK_FORMAT = 1
 MANIFEST_NAME = "manifest.json"
+__all__ = ["MANIFEST_NAME", "PACK_FORMAT", "Manifest", "PackFile", "sha256_file"]
 
 
 class PackFile(BaseModel):
@@ -60,11 +60,3 @@ class Manifest(BaseModel):
             if f.path == rel:
                 return f
         raise KeyError(rel)
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(chunk):
-            h.update(block)
-    return h.hexdigest()

@@ -35,7 +35,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -44,7 +44,8 @@ from typing import Any
 import orjson
 
 from piwork import errors
-from piwork.fsutil import atomic_write_bytes, fsync_dir
+from piwork.fsutil import atomic_write_bytes, fsync_dir, sha256_file
+from piwork.vm.channel import GuestChannel
 from piwork.vm.command import Transport, VmSpec
 
 TEMPLATE_FORMAT = 4
@@ -125,14 +126,6 @@ def default_root(pack_dir: Path) -> Path:
     return pack_dir.parent.parent / "templates"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @dataclass(frozen=True)
 class Template:
     dir: Path
@@ -163,7 +156,7 @@ class Template:
             raise TemplateUnavailable(f"the saved VM is incomplete ({exc})") from None
         if size != meta.get("state_size") or ram_size != self.key["memory_mb"] << 20:
             raise TemplateUnavailable("the saved VM's state file is truncated or changed")
-        if _sha256(self.state) != meta.get("state_sha256"):
+        if sha256_file(self.state) != meta.get("state_sha256"):
             raise TemplateUnavailable("the saved VM's state file is corrupt")
 
 
@@ -212,6 +205,36 @@ async def save_vm(qmp_execute: Any, state_path: Path, timeout: float = 120.0) ->
     )
     await qmp_execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(state_path))}"})
     await _wait_migration(qmp_execute, timeout)
+
+
+def preload_watch() -> tuple[asyncio.Event, Callable[[dict[str, Any]], None]]:
+    """An event set when the guest says pi is loaded and idle (``preloaded``), and the
+    supervisor-event callback that sets it: what a template build waits for."""
+    loaded = asyncio.Event()
+
+    def on_event(msg: dict[str, Any]) -> None:
+        if msg.get("ev") == "preloaded":
+            loaded.set()
+
+    return loaded, on_event
+
+
+async def boot_and_save(
+    vm: Any, channel: GuestChannel, loaded: asyncio.Event, state: Path, stall_timeout: float
+) -> float:
+    """Boot ``vm`` (a local or a remote machine) until pi is preloaded, save its state to
+    ``state`` with no host connection in it, power it off; the boot's seconds.
+
+    ``channel`` is the VM's RPC channel made with :func:`preload_watch`'s callback."""
+    t = time.monotonic()
+    await vm.launch()
+    await asyncio.gather(vm.wait_booted(stall_timeout), channel.start(timeout=600))
+    await asyncio.wait_for(loaded.wait(), 600)
+    boot = time.monotonic() - t
+    await channel.close()  # no host connection in the saved state
+    await save_vm(vm.qmp_execute, state)
+    await vm.shutdown(grace=0)
+    return boot
 
 
 async def restore_vm(qmp_execute: Any, state_path: Path, timeout: float = 60.0) -> None:
@@ -263,7 +286,7 @@ def commit(tmp_dir: Path, tpl: Template, extra: dict[str, Any]) -> None:
     meta = {
         "key": tpl.key,
         "state_size": state.stat().st_size,
-        "state_sha256": _sha256(state),
+        "state_sha256": sha256_file(state),
         "created_at": time.time(),
         **extra,
     }

@@ -249,6 +249,32 @@ class PiDoor:
         return opened
 
 
+def guest_timings(msg: dict[str, Any]) -> dict[str, float]:
+    """The guest's own account of pi's start (seconds), for ``piwork bench`` only.
+
+    Untrusted numbers from the VM: kept only if they are plain numbers of
+    milliseconds between 0 and an hour, and used for nothing but printing.
+    """
+
+    def seconds(v: object) -> float | None:
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            return None
+        return v / 1000 if 0 <= v < 3_600_000 else None  # NaN fails both tests
+
+    ev = msg.get("ev")
+    out: dict[str, float] = {}
+    if ev in ("first-output", "preloaded"):
+        s = seconds(msg.get("ms"))
+        if s is not None:
+            out[f"guest_{str(ev).replace('-', '_')}"] = s
+    elif ev == "started" and isinstance(msg.get("ms"), dict):
+        for key in ("prepare", "go"):
+            s = seconds(msg["ms"].get(key))
+            if s is not None:
+                out[f"guest_{key}"] = s
+    return out
+
+
 class AgentVm(PiDoor):
     """``async with AgentVm(cfg) as agent:`` boots the VM and starts pi in it."""
 
@@ -381,6 +407,8 @@ class AgentVm(PiDoor):
 
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")
+        if ev in ("preloaded", "started", "first-output"):
+            self._note_guest_timing(msg)  # figures for `piwork bench`
         if ev == "started" and self._pi_started is not None and not self._pi_started.done():
             self._pi_started.set_result(int(msg.get("pid") or 0))
         elif ev == "exit":
@@ -411,6 +439,9 @@ class AgentVm(PiDoor):
             self.stderr_tail = [*self.stderr_tail[-49:], str(msg.get("text", ""))]
         if self.on_supervisor_event is not None:
             self.on_supervisor_event(msg)
+
+    def _note_guest_timing(self, msg: dict[str, Any]) -> None:
+        self.timings.update(guest_timings(msg))
 
     def pi_argv(self) -> list[str]:
         argv = [

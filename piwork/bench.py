@@ -193,7 +193,8 @@ def _stages(label: str, session: TaskSession) -> dict[str, float]:
     The runner's part (task record, gateway, egress proxy, pack check, the
     environment disk) comes before the VM; then QEMU's launch, the restore (or
     the boot), the hot-plug of the task's disk, pi's start in the guest, and
-    pi's first reply. The guest builds the workbench root meanwhile.
+    pi's first reply, with the guest's own figures for its part of the last two.
+    The guest builds the workbench root meanwhile.
     """
     assert session.agent is not None
     t = session.agent.timings
@@ -204,13 +205,32 @@ def _stages(label: str, session: TaskSession) -> dict[str, float]:
         ("  of which the env disk (qemu-img)", r.get("env_disk", 0.0)),
         ("QEMU launched", t.get("qemu_started", 0.0)),
         (
+            # From QEMU's launch to the supervisor's hello, either way (so the
+            # stages add up to the whole start).
             "restored (device state)" if "restored" in t else "booted to the supervisor",
-            t.get("restored", t.get("supervisor_ready", 0.0) - t.get("qemu_started", 0.0)),
+            t.get("supervisor_ready", 0.0) - t.get("qemu_started", 0.0),
         ),
         ("env disk hot-plugged (QMP)", t.get("env_attached", 0.0) - t.get("supervisor_ready", 0.0)),
         ("pi started in the guest", t.get("pi_started", 0.0) - t.get("env_attached", 0.0)),
         ("pi's first RPC reply", r.get("boot_to_pi_ready", 0.0) - t.get("pi_started", 0.0)),
     ]
+    # The guest's own clock for the last two (supervisor.js: "started" and
+    # "first-output"); the rest of those stages is the host's channel and its
+    # replies crossing it.
+    if "guest_prepare" in t:
+        prepare, go = t["guest_prepare"], t.get("guest_go", 0.0)
+        marks[-1:-1] = [
+            ("  guest: clock and 9p mounts", prepare),
+            ("  guest: pi handed the task (go)", go),
+        ]
+        if "guest_first_output" in t:
+            # Cold, the launcher may still be loading pi when it is handed the task.
+            what = "pi's main()" if label == "warm" else "pi's load (if unfinished) and main()"
+            marks.append(
+                (f"  guest: {what} to its first output", t["guest_first_output"] - prepare - go)
+            )
+    if label == "cold" and "guest_preloaded" in t:
+        marks.append(("  guest: launcher loading pi (from its own start)", t["guest_preloaded"]))
     return {f"{label} stage: {name} (s)": max(0.0, v) for name, v in marks}
 
 

@@ -76,10 +76,15 @@ KEPT_EXTERNAL: frozenset[str] = frozenset()
 
 Not photon-node (pi's image resizing, WebAssembly), on purpose, for now. Loaded
 from the tree it works (inlined, its ``__dirname`` is undefined and pi silently
-sends images unresized), but under TCG its WebAssembly crashed pi itself
-(SIGSEGV or SIGILL, with and without ``--disable-wasm-trap-handler``) in 3 of 5
-full scenario runs here: a dead agent is worse than an unresized image. Adding
-``"@silvia-odwyer/photon-node"`` here turns it back on."""
+sends images unresized), but under TCG its WebAssembly crashed pi itself. Part
+of the cause was the emulated CPU (bare qemu64, no SSE4.1: V8's wasm fallbacks
+fail), fixed by ``piwork.vm.accel.TCG_CPU``: a standalone node resizing with
+photon in the guest then passed 15 of 15 runs (1 of 5 failed before, and 5 of 5
+with ``--liftoff-only``). pi itself still did not pass: in 3 runs of a VM test
+reading a 2400x100 PNG, pi died once with V8's ``Check failed:
+it->second.Size() > offset`` (its JIT page bookkeeping), once failed after 2
+minutes and once hung for 10. Adding ``"@silvia-odwyer/photon-node"`` here turns
+it back on."""
 
 
 def external_patterns(dropped: frozenset[str]) -> list[str]:

@@ -2,7 +2,8 @@
 
 Two builds from the same inputs must produce the same pack, so the hash covers
 everything that shapes the pack's bytes and nothing else: the builder's format
-version, the Debian pins, the npm lock file, and every file under ``vm-image/``
+version and its bundling switch (``bundle.KEPT_EXTERNAL``), the Debian pins,
+the npm lock file, and every file under ``vm-image/``
 and ``runtime-pack/`` (path, content, executable bit) except installed
 ``node_modules`` and tests. Changing any guest file therefore yields a new pack;
 running ``npm install`` in the source tree does not.
@@ -14,6 +15,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from piwork.pack.bundle import KEPT_EXTERNAL
 from piwork.pack.manifest import PACK_FORMAT
 
 # Bump when the builder's output changes for the same inputs (layout, pruning
@@ -49,6 +51,9 @@ def inputs_digest(source_root: Path) -> str:
     """Full sha256 hex digest of the build inputs under ``source_root``."""
     h = hashlib.sha256()
     h.update(f"piwork-pack format={PACK_FORMAT} builder={BUILDER_VERSION}\n".encode())
+    # The builder's one switch that changes the bundle for the same files (which
+    # packages stay outside it): a pack made the other way must not be found.
+    h.update(f"kept-external={','.join(sorted(KEPT_EXTERNAL))}\n".encode())
     for rel in input_files(source_root):
         path = source_root / rel
         executable = bool(path.stat().st_mode & 0o111)

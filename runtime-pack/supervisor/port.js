@@ -32,10 +32,12 @@ function findPort(name) {
 
 /** Wait up to 10 s for the port to appear (its module may still be loading). */
 async function waitForPort(name) {
-  for (let i = 0; i < 100; i++) {
+  // /init loads virtio_console while the supervisor starts: look often (a
+  // directory listing) so the port is used as soon as it appears.
+  for (let i = 0; i < 500; i++) {
     const dev = findPort(name);
     if (dev) return dev;
-    await sleep(100);
+    await sleep(20);
   }
   return null;
 }

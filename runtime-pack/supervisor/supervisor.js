@@ -33,10 +33,6 @@ const PI_CLI =
   "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
 const NODE = process.env.PIWORK_NODE || process.execPath;
 const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs";
-// WebAssembly bounds checks in code, not through guard pages and a SIGSEGV
-// handler: pi's image tool (photon, wasm) crashed pi with SIGSEGV under TCG
-// in one of three runs (tests/vm/test_vm_workbench.py).
-const NODE_FLAGS = ["--disable-wasm-trap-handler"];
 const EXTENSIONS_DIR = process.env.PIWORK_EXTENSIONS_DIR || "/opt/piwork/extensions";
 // 9p tags the host may give the VM, and where they are mounted (on "start").
 const SHARES = { pwstate: "/mnt/state", pwwork: "/mnt/work", pwout: "/mnt/outputs", pwup: "/mnt/uploads" };
@@ -169,6 +165,7 @@ function childEnv(extra) {
   delete env.PIWORK_TRANSPORT;
   delete env.PIWORK_PORT;
   delete env.UV_THREADPOOL_SIZE;
+  delete env.PIWORK_MODULES_MARK;
   return env;
 }
 
@@ -183,7 +180,7 @@ function spawnLauncher() {
   } catch {
     /* no extensions to warm */
   }
-  const child = spawn(NODE, [...NODE_FLAGS, LAUNCHER], {
+  const child = spawn(NODE, [LAUNCHER], {
     cwd: "/",
     env: childEnv({ PIWORK_WARM_EXTENSIONS: warm.join(":") }),
     stdio: ["pipe", "pipe", "pipe", "pipe"],
@@ -238,16 +235,20 @@ function mountedDirs() {
   }
 }
 
-/** Mount the 9p shares the VM has (after a restore they are this task's folders). */
-function mountShares() {
+/**
+ * The shell commands that mount the 9p shares the VM has (after a restore they
+ * are this task's folders). Tags come from sysfs and only known ones are used.
+ */
+function shareMounts() {
   const base = "/sys/bus/virtio/drivers/9pnet_virtio";
   let names = [];
   try {
     names = fs.readdirSync(base).filter((n) => n.startsWith("virtio"));
   } catch {
-    return;
+    return [];
   }
   const mounted = mountedDirs();
+  const cmds = [];
   for (const n of names) {
     let tag;
     try {
@@ -260,18 +261,35 @@ function mountShares() {
     fs.mkdirSync(dir, { recursive: true });
     let opts = "trans=virtio,version=9p2000.L,msize=512000,cache=none";
     if (tag === "pwup") opts += ",ro";
-    const r = spawnSync("/bin/busybox", ["mount", "-t", "9p", "-o", opts, tag, dir]);
-    if (r.status !== 0) log(`mount ${tag} failed: ${r.stderr}`);
+    cmds.push(`{ mount -t 9p -o ${opts} ${tag} ${dir} || echo "mount ${tag} failed" >&2; } &`);
   }
+  return cmds;
 }
 
-/** Wall-clock time is stale after a restore: take the host's. */
-function setClock(epochSeconds) {
+/** Wall-clock time is stale after a restore: the command that takes the host's. */
+function clockCommand(epochSeconds) {
   const t = Number(epochSeconds);
-  if (!Number.isFinite(t) || t <= 0) return;
+  if (!Number.isFinite(t) || t <= 0) return null;
   const d = new Date(t * 1000).toISOString().replace("T", " ").slice(0, 19);
-  const r = spawnSync("/bin/busybox", ["date", "-u", "-s", d]);
-  if (r.status !== 0) log(`date -s failed: ${r.stderr}`);
+  return `{ date -u -s '${d}' > /dev/null || echo "date -s failed" >&2; } &`;
+}
+
+/**
+ * Set the clock and mount the shares in ONE busybox shell, all at once: each
+ * process the supervisor starts is a fork of this Node process, which under
+ * TCG costs tens of milliseconds apiece on the warm start's path, and each 9p
+ * mount waits on a round trip to QEMU's 9p server.
+ */
+function prepareTask(msg) {
+  const cmds = [];
+  const clock = msg.clock ? clockCommand(msg.clock) : null;
+  if (clock) cmds.push(clock);
+  if (msg.mount === true) cmds.push(...shareMounts());
+  if (!cmds.length) return;
+  cmds.push("wait");
+  const r = spawnSync("/bin/busybox", ["sh", "-c", cmds.join("\n")], { stdio: ["ignore", "ignore", "pipe"] });
+  const err = r.error ? r.error.message : (r.stderr || "").toString().trim();
+  if (err) log(`preparing the task: ${err.slice(0, 500)}`);
 }
 
 /**
@@ -292,6 +310,10 @@ function startWorkbench(mode) {
     outbox.event({ ev: "workbench", ok: false, error: `cannot start: ${err.message}` });
     return;
   }
+  setImmediate(() => spawnWorkbench(mode, t0));
+}
+
+function spawnWorkbench(mode, t0) {
   let child;
   try {
     const arg = mode === "disk" || mode === "image" ? mode : "tmpfs";
@@ -333,8 +355,10 @@ function startPi(msg) {
     outbox.event({ ev: "error", message: `pi is already running (pid ${pi.pid})` });
     return;
   }
-  if (msg.clock) setClock(msg.clock);
-  if (msg.mount === true) mountShares();
+  // performance.now(), not Date.now(): prepareTask sets the wall clock.
+  const t0 = performance.now();
+  prepareTask(msg);
+  const tPrepared = performance.now();
   const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
   const env = childEnv(msg.env);
   const cwd = typeof msg.cwd === "string" && msg.cwd ? msg.cwd : "/root";
@@ -359,7 +383,7 @@ function startPi(msg) {
     entry.ctl.write(`${JSON.stringify({ op: "go", argv, env, cwd })}\n`);
   } else {
     try {
-      child = spawn(NODE, [...NODE_FLAGS, PI_CLI, ...argv], {
+      child = spawn(NODE, [PI_CLI, ...argv], {
         cwd,
         env,
         stdio: ["pipe", "pipe", "pipe"],
@@ -371,12 +395,23 @@ function startPi(msg) {
     }
   }
   pi = child;
-  // After "go": pi's start is not delayed by spawning the setup. Still in this
-  // tick, so the bash wrapper's "started" mark exists before pi can run a command.
+  const tGo = performance.now();
+  // After "go": pi's start is not delayed by spawning the setup. The bash
+  // wrapper's "started" mark is written in this tick, before pi can run a
+  // command; the spawn (a fork of this process) waits until "started" is out.
   // "image": an imported image (piwork env import) was hot-plugged too, as the lower layer.
   if (["disk", "image", "tmpfs"].includes(msg.workbench)) startWorkbench(msg.workbench);
   let reported = false;
-  const out = new LineSplitter((line) => outbox.add(line));
+  // Where a start's time goes, for `piwork bench`: the first line pi writes
+  // (its reply to the host's first request) is timed from the "start" op.
+  let firstLine = true;
+  const out = new LineSplitter((line) => {
+    if (firstLine) {
+      firstLine = false;
+      outbox.event({ ev: "first-output", ms: Math.round(performance.now() - t0) });
+    }
+    outbox.add(line);
+  });
   const errSplit = new LineSplitter((line) => {
     const text = line.toString("utf8");
     outbox.event({ ev: "stderr", text });
@@ -396,8 +431,9 @@ function startPi(msg) {
       }
     }
   });
-  if (entry) outbox.event({ ev: "started", pid: child.pid, preloaded: entry.loaded });
-  else child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid }));
+  const ms = { prepare: Math.round(tPrepared - t0), go: Math.round(tGo - tPrepared) };
+  if (entry) outbox.event({ ev: "started", pid: child.pid, preloaded: entry.loaded, ms });
+  else child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid, ms }));
   ports.start();
   child.on("close", (code, signal) => {
     out.flush();
@@ -474,6 +510,40 @@ function readMemAvailableKb() {
 
 // ---------------------------------------------------------------- inbound
 
+// /init loads the kernel modules while this process starts, and touches this
+// mark when done (vm-image/init). Mounting the 9p shares needs 9pnet_virtio:
+// a "start" that arrives before the mark waits for it (a cold boot only; a
+// saved VM has long had its modules). Unset (host-side tests): no wait.
+const MODULES_MARK = process.env.PIWORK_MODULES_MARK || "";
+const MODULES_WAIT_MS = 60000;
+let waitingForModules = null; // {starts, lines}: what arrived while a start waited
+
+function whenModulesLoaded(fn) {
+  if (waitingForModules) {
+    waitingForModules.starts.push(fn); // runs after the first (and hears "already running")
+    return;
+  }
+  if (!MODULES_MARK || fs.existsSync(MODULES_MARK)) {
+    fn();
+    return;
+  }
+  const waiting = { starts: [fn], lines: [] };
+  waitingForModules = waiting;
+  const t0 = Date.now();
+  const poll = () => {
+    const loaded = fs.existsSync(MODULES_MARK);
+    if (!loaded && Date.now() - t0 < MODULES_WAIT_MS) {
+      setTimeout(poll, 20);
+      return;
+    }
+    if (!loaded) log(`no ${MODULES_MARK} after ${MODULES_WAIT_MS} ms; starting pi anyway`);
+    waitingForModules = null;
+    for (const f of waiting.starts) f();
+    for (const line of waiting.lines) handleInboundLine(line);
+  };
+  poll();
+}
+
 function handleControl(text) {
   let msg;
   try {
@@ -495,7 +565,7 @@ function handleControl(text) {
       outbox.replayAfter(Number(msg.after) || 0);
       break;
     case "start":
-      startPi(msg);
+      whenModulesLoaded(() => startPi(msg));
       break;
     case "stop":
       if (!signalPi(msg.signal)) outbox.event({ ev: "error", message: "pi is not running" });
@@ -520,6 +590,11 @@ function handleInboundLine(line) {
   if (line.length === 0) return;
   if (line[0] === 0x21 /* ! */) {
     handleControl(line.subarray(1).toString("utf8"));
+    return;
+  }
+  if (waitingForModules) {
+    // A start waits for /init's modules: what follows it is for that pi.
+    waitingForModules.lines.push(Buffer.from(line));
     return;
   }
   if (!pi) {

@@ -182,6 +182,38 @@ test("ping answers with uptime fields; stop reports pi's exit", async (t) => {
   c.close();
 });
 
+test("a start waits for /init's modules mark; lines sent meanwhile reach that pi in order", async (t) => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-mods-"));
+  const mark = path.join(dir, "modules-loaded");
+  const { proc, port } = await startSupervisor({ PIWORK_MODULES_MARK: mark });
+  t.after(() => {
+    proc.kill("SIGKILL");
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+  const c = await connect(port);
+  c.send('!{"op":"hello","after":0}');
+  c.send('!{"op":"start","argv":[]}');
+  c.send('{"n":1}');
+  c.send('{"n":2}');
+  await new Promise((r) => setTimeout(r, 400));
+  assert.ok(!c.lines.some(ev("started")), "pi started before the modules were loaded");
+  assert.ok(!c.lines.some(ev("error")), "a line for the waiting pi was dropped");
+  fs.writeFileSync(mark, "");
+  const started = JSON.parse((await c.waitFor(ev("started"))).payload.slice(1));
+  // Where the start went, for `piwork bench`: plain numbers of milliseconds.
+  assert.ok(Number.isInteger(started.ms.prepare) && Number.isInteger(started.ms.go));
+  const echoes = [];
+  for (const n of [1, 2]) {
+    echoes.push(await c.waitFor(piLine((o) => o.line === `{"n":${n}}`)));
+  }
+  assert.ok(echoes[0].seq < echoes[1].seq);
+  // The first line pi wrote is announced, numbered just before it.
+  const first = await c.waitFor(ev("first-output"));
+  assert.equal(first.seq, echoes[0].seq - 1);
+  assert.ok(Number.isInteger(JSON.parse(first.payload.slice(1)).ms));
+  c.close();
+});
+
 test("a second start while pi runs is refused; bad control lines are reported", async (t) => {
   const { proc, port } = await startSupervisor();
   t.after(() => proc.kill("SIGKILL"));

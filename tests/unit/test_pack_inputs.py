@@ -92,6 +92,15 @@ def test_changes_when_the_builder_version_changes(
     assert compute_pack_id(src) != before
 
 
+def test_changes_when_a_package_is_kept_out_of_the_bundle(
+    src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Same files, another bundle: a pack built the other way must not be reused.
+    before = compute_pack_id(src)
+    monkeypatch.setattr(inputs, "KEPT_EXTERNAL", frozenset({"@silvia-odwyer/photon-node"}))
+    assert compute_pack_id(src) != before
+
+
 def test_the_real_tree_has_its_pins_and_lock_in_the_hash() -> None:
     files = input_files(repo_root())
     assert "vm-image/pins.toml" in files

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from piwork.vm.accel import Accel, HostFacts, choose_accel
+from piwork.vm.accel import TCG_CPU, Accel, HostFacts, choose_accel
 
 
 def linux(*, exists: bool = True, rw: bool = True, flags: str = "fpu sse2 vmx") -> HostFacts:
@@ -26,7 +26,9 @@ def test_nested_pvm_host_without_vmx_falls_back_to_tcg_and_says_why() -> None:
     choice = choose_accel(linux(flags="fpu sse2 hypervisor"))
     assert choice.accel is Accel.TCG
     assert "no vmx/svm" in choice.reason
-    assert choice.qemu_args == ["-accel", "tcg,thread=multi"]
+    # qemu64 plus SSE4: node's WebAssembly fails without them (TCG_CPU's docstring)
+    assert choice.qemu_args == ["-accel", "tcg,thread=multi", "-cpu", TCG_CPU]
+    assert "+sse4.1" in TCG_CPU
     assert choice.is_emulated
 
 

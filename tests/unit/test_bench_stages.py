@@ -1,0 +1,70 @@
+"""Where a start goes: the guest's own timings (untrusted) and the bench's stage rows."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from piwork.agent import guest_timings
+from piwork.bench import _stages
+
+
+def test_the_guest_timings_are_taken_in_seconds() -> None:
+    assert guest_timings({"ev": "started", "ms": {"prepare": 120, "go": 4}, "pid": 7}) == {
+        "guest_prepare": 0.12,
+        "guest_go": 0.004,
+    }
+    assert guest_timings({"ev": "first-output", "ms": 950}) == {"guest_first_output": 0.95}
+    assert guest_timings({"ev": "preloaded", "ms": 2300, "codeCache": "on"}) == {
+        "guest_preloaded": 2.3
+    }
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {"ev": "started", "ms": {"prepare": -1, "go": True}},
+        {"ev": "started", "ms": {"prepare": "12", "go": None}},
+        {"ev": "started", "ms": [1, 2]},
+        {"ev": "started", "ms": {"prepare": math.nan, "go": math.inf}},
+        {"ev": "first-output", "ms": 10**12},
+        {"ev": "first-output", "ms": {"x": 1}},
+        {"ev": "preloaded"},
+        {"ev": "exit", "ms": 5},
+    ],
+)
+def test_what_a_hostile_guest_sends_as_timings_is_dropped(msg: dict[str, Any]) -> None:
+    assert guest_timings(msg) == {}
+
+
+def _session(agent_timings: dict[str, float], run_timings: dict[str, float]) -> Any:
+    return SimpleNamespace(agent=SimpleNamespace(timings=agent_timings), timings=run_timings)
+
+
+def test_the_warm_stages_add_up_and_show_the_guests_part() -> None:
+    agent = {
+        "qemu_started": 0.1,
+        "restored": 0.3,
+        "supervisor_ready": 0.42,
+        "env_attached": 0.43,
+        "pi_started": 0.8,
+        "guest_prepare": 0.2,
+        "guest_go": 0.02,
+        "guest_first_output": 0.9,
+    }
+    run = {"start_to_pi_ready": 1.5, "boot_to_pi_ready": 1.45, "env_disk": 0.01}
+    rows = _stages("warm", cast(Any, _session(agent, run)))
+    top = {k: v for k, v in rows.items() if not k.startswith("warm stage:  ")}
+    assert sum(top.values()) == pytest.approx(1.5)  # the top-level stages are the whole start
+    assert rows["warm stage:   guest: clock and 9p mounts (s)"] == 0.2
+    assert rows["warm stage:   guest: pi's main() to its first output (s)"] == pytest.approx(0.68)
+    assert not any("launcher loading" in k for k in rows)  # the template's, not this start's
+
+
+def test_a_start_without_guest_timings_still_has_its_stages() -> None:
+    rows = _stages("cold", cast(Any, _session({"pi_started": 1.0}, {"boot_to_pi_ready": 2.0})))
+    assert rows["cold stage: pi's first RPC reply (s)"] == 1.0
+    assert not any("guest:" in k for k in rows)

@@ -1,9 +1,9 @@
-"""A booted VM with pi running in it, reachable over RPC.
+"""``AgentVm``: a booted VM with pi running in it, reachable over RPC.
 
-``AgentVm`` composes the VM (``piwork.vm``), the supervisor channel and the pi
-RPC client (``piwork.rpc``) for one set of task directories. It knows how to
-start pi with stable guest paths and how to stop everything, but nothing about
-tasks, policy or front ends: the runner adds those.
+It composes the VM (``piwork.vm``), the supervisor channel and the pi RPC client
+(``piwork.rpc``) for one set of task directories: cold or warm start (the saved VM),
+the environment disk, the git guard, pause/resume, stop. It knows nothing about tasks,
+policy or front ends: ``piwork.run`` adds those.
 """
 
 from __future__ import annotations
@@ -15,27 +15,38 @@ import os
 import secrets
 import shutil
 import signal
-import socket
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
-from piwork import errors, sharefs
+from piwork import sharefs
+from piwork.agent.door import PiDoor, PiGone, VmExit, guest_timings
+from piwork.agent.spec import (
+    GUEST_AGENT_DIR,
+    GUEST_OUTPUTS,
+    GUEST_SESSION,
+    GUEST_STATE,
+    GUEST_UPLOADS,
+    PI_TOOLS,
+    AgentVmConfig,
+    BootModeCallback,
+    LineCallback,
+    StageCallback,
+    free_tcp_port,
+    socket_dir,
+    vm_spec,
+)
 from piwork.aio import discard
-from piwork.env import TaskEnv
 from piwork.env.store import BUILD_ENV_FILE
-from piwork.pack.manifest import Manifest
-from piwork.rpc.client import LineTap, Listener, RpcClient, UiHandler
+from piwork.rpc.client import RpcClient
 from piwork.rpc.framing import OversizedLine
-from piwork.rpc.models import BashResult, Response, SessionState, UiRequest
+from piwork.rpc.models import SessionState
 from piwork.vm import gitguard
-from piwork.vm.accel import AccelChoice
 from piwork.vm.channel import Endpoint, GuestChannel
-from piwork.vm.command import ENV_SCSI_BUS, Share, Transport, VmSpec
+from piwork.vm.command import ENV_SCSI_BUS, Transport, VmSpec
 from piwork.vm.machine import VirtualMachine, VmError
 from piwork.vm.netmux import TARGET_EGRESS, TARGET_GATEWAY, NetMux
 from piwork.vm.template import (
@@ -57,223 +68,6 @@ from piwork.vm.template import (
 
 log = logging.getLogger(__name__)
 
-GUEST_STATE = "/mnt/state"
-GUEST_WORK = "/mnt/work"
-GUEST_OUTPUTS = "/mnt/outputs"
-GUEST_UPLOADS = "/mnt/uploads"
-GUEST_SESSION = f"{GUEST_STATE}/session.jsonl"
-GUEST_AGENT_DIR = f"{GUEST_STATE}/agent"
-GUEST_EXTENSIONS = "/opt/piwork/extensions"
-GATE_EXTENSION = f"{GUEST_EXTENSIONS}/permission-gate.ts"
-PI_TOOLS = ("read", "bash", "edit", "write", "ask_user")
-
-
-@dataclass(frozen=True)
-class TaskDirs:
-    """Host directories of one task, shared into the guest at fixed paths."""
-
-    state: Path
-    outputs: Path
-    uploads: Path
-    work: Path | None = None
-
-    def shares(self) -> list[Share]:
-        shares = [
-            Share("pwstate", self.state, guard_git=False),  # piwork's own: no host git there
-            Share("pwout", self.outputs),
-            Share("pwup", self.uploads, readonly=True),
-        ]
-        if self.work is not None:
-            shares.append(Share("pwwork", self.work))
-        return shares
-
-    @property
-    def guest_cwd(self) -> str:
-        return GUEST_WORK if self.work is not None else GUEST_OUTPUTS
-
-
-@dataclass
-class AgentVmConfig:
-    pack_dir: Path
-    manifest: Manifest
-    accel: AccelChoice
-    dirs: TaskDirs
-    log_dir: Path
-    gateway_port: int
-    egress_port: int | None = None
-    transport: Transport = Transport.VIRTIO
-    memory_mb: int = 1024
-    cpus: int = 2
-    boot_stall_timeout: float = 90.0
-    task_id: str = "adhoc"
-    provider: str = "piwork-demo"
-    model: str = "demo"
-    extra_env: dict[str, str] = field(default_factory=dict)
-    extensions: list[str] = field(default_factory=list)
-    warm_start: bool = False
-    """Restore the saved VM (piwork.vm.template) if it can; else boot, saying why."""
-    template_root: Path | None = None  # default: next to the pack cache
-    moved_aside_dir: Path | None = None
-    """Where git metadata the guest created goes after the run (default: beside log_dir)."""
-    env: TaskEnv | None = None
-    """The task's writable environment disk (piwork.env), hot-plugged after the VM is up;
-    None with a workbench pack: the guest's installs live in RAM until power-off."""
-
-
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _socket_dir(preferred: Path) -> Path:
-    """AF_UNIX paths are limited to ~104 bytes; fall back to a short temp dir.
-
-    Measured with the longest name put there (the console socket beside the
-    QMP one: ``cqmp-<pid>-<id>.sock``), not a short stand-in.
-    """
-    longest = f"cqmp-{4194304}-{2**48:x}.sock"
-    if len(str(preferred / longest)) < 100:
-        preferred.mkdir(parents=True, exist_ok=True)
-        return preferred
-    return Path(tempfile.mkdtemp(prefix="piwork-"))
-
-
-def vm_spec(
-    cfg: AgentVmConfig,
-    sock_dir: Path,
-    tag: str,
-    *,
-    host_tcp_port: int | None = None,
-    tcp_secret_file: Path | None = None,
-) -> VmSpec:
-    """The VM a task with ``cfg`` runs in: the one place it is put together, so
-    the saved VM it would restore (:func:`saved_vm_for`) is the one ``doctor`` reports."""
-    return VmSpec(
-        pack_dir=cfg.pack_dir,
-        manifest=cfg.manifest,
-        accel=cfg.accel,
-        qmp_socket=sock_dir / f"qmp-{tag}.sock",
-        console_log=cfg.log_dir / "console.log",
-        transport=cfg.transport,
-        rpc_socket=sock_dir / f"rpc-{tag}.sock" if cfg.transport is Transport.VIRTIO else None,
-        host_tcp_port=host_tcp_port,
-        tcp_secret_file=tcp_secret_file,
-        net_socket=sock_dir / f"net-{tag}.sock",
-        memory_mb=cfg.memory_mb,
-        cpus=cfg.cpus,
-        shares=cfg.dirs.shares(),
-        name=f"piwork-{cfg.task_id}",
-    )
-
-
-def saved_vm_for(cfg: AgentVmConfig) -> Template:
-    """The saved VM (``piwork.vm.template``) a task with ``cfg`` restores on a warm start.
-
-    Raises TemplateUnavailable when there can be none (e.g. QEMU's version is unknown).
-    """
-    spec = vm_spec(cfg, cfg.log_dir, "probe")  # socket paths are not part of the key
-    return template_for(spec, cfg.template_root or default_root(cfg.pack_dir))
-
-
-StageCallback = Callable[[str, float], None]
-LineCallback = Callable[[dict[str, Any]], None]
-BootModeCallback = Callable[[str, dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class VmExit:
-    """How the VM ended while starting: what a person (and the task record) is told."""
-
-    code: int
-    status: str
-    """e.g. ``killed by SIGKILL`` or ``status 1``."""
-    console_log: Path
-    console_tail: str
-
-
-class PiGone(errors.VmError, RuntimeError):
-    """pi (or the supervisor, or the VM under it) went away; the message says how."""
-
-
-class PiDoor:
-    """What a run may ask of pi: prompt, steer, follow up, abort, wait, its dialogs.
-
-    The only way above this module to reach pi's RPC client; :class:`AgentVm`
-    adds the VM. A test double (tests/unit/guest_double.py) reuses it over a
-    fake guest, so the session runs against the same door either way.
-    """
-
-    rpc: RpcClient
-    pi_exit: asyncio.Future[dict[str, Any]] | None
-    stderr_tail: list[str]
-
-    def connect(self, *, line_tap: LineTap, ui_handler: UiHandler, listener: Listener) -> None:
-        """Where pi's raw lines (from a worker thread for big ones), dialogs and events go."""
-        self.rpc.set_line_tap(line_tap, thread_safe=True)
-        self.rpc.set_ui_handler(ui_handler)
-        self.rpc.add_listener(listener)
-
-    def add_listener(self, listener: Listener) -> Callable[[], None]:
-        return self.rpc.add_listener(listener)
-
-    async def prompt(self, text: str) -> None:
-        await self.rpc.prompt(text)
-
-    async def wait_idle(self) -> None:
-        await self.rpc.wait_idle()
-
-    async def steer(self, text: str) -> None:
-        await self.rpc.steer(text)
-
-    async def follow_up(self, text: str) -> None:
-        await self.rpc.follow_up(text)
-
-    async def abort(self, timeout: float = 30) -> Response:
-        return await self.rpc.abort(timeout=timeout)
-
-    def open_dialogs(self) -> list[UiRequest]:
-        return list(self.rpc.open_dialogs.values())
-
-    async def run_bash(self, command: str, timeout: float | None) -> BashResult:
-        """Run ``command`` through pi's own bash (RPC ``bash``: the shell its tool uses,
-        in the workbench root, no model involved). ``piwork env build`` runs its steps
-        here; the output the result carries is pi's tail of it, so callers that want
-        all of it redirect it to a file on a share."""
-        return await self.rpc.bash(command, timeout=timeout)
-
-    async def cancel_open_dialogs(self) -> list[UiRequest]:
-        """Answer every open dialog with a cancel (pi would hang on them); returns them."""
-        opened = self.open_dialogs()
-        await self.rpc.cancel_open_dialogs()
-        return opened
-
-
-def guest_timings(msg: dict[str, Any]) -> dict[str, float]:
-    """The guest's own account of pi's start (seconds), for ``piwork bench`` only.
-
-    Untrusted numbers from the VM: kept only if they are plain numbers of
-    milliseconds between 0 and an hour, and used for nothing but printing.
-    """
-
-    def seconds(v: object) -> float | None:
-        if isinstance(v, bool) or not isinstance(v, int | float):
-            return None
-        return v / 1000 if 0 <= v < 3_600_000 else None  # NaN fails both tests
-
-    ev = msg.get("ev")
-    out: dict[str, float] = {}
-    if ev in ("first-output", "preloaded"):
-        s = seconds(msg.get("ms"))
-        if s is not None:
-            out[f"guest_{str(ev).replace('-', '_')}"] = s
-    elif ev == "started" and isinstance(msg.get("ms"), dict):
-        for key in ("prepare", "go"):
-            s = seconds(msg["ms"].get(key))
-            if s is not None:
-                out[f"guest_{key}"] = s
-    return out
-
 
 class AgentVm(PiDoor):
     """``async with AgentVm(cfg) as agent:`` boots the VM and starts pi in it."""
@@ -293,11 +87,11 @@ class AgentVm(PiDoor):
         self.on_pi_line = on_pi_line
         self.on_stage = on_stage
         self.on_supervisor_event = on_supervisor_event
-        sock_dir = _socket_dir(cfg.log_dir.parent / "run")
+        sock_dir = socket_dir(cfg.log_dir.parent / "run")
         self._own_sock_dir = sock_dir if sock_dir != cfg.log_dir.parent / "run" else None
         """A temp dir made for the sockets (long paths): removed by :meth:`stop`."""
         self.rpc = RpcClient(send_line=self._send_line)
-        host_port = _free_tcp_port() if cfg.transport is Transport.TCP else None
+        host_port = free_tcp_port() if cfg.transport is Transport.TCP else None
         tag = f"{os.getpid()}-{id(self):x}"
         self._tcp_secret: bytes | None = None
         secret_file: Path | None = None
@@ -640,7 +434,7 @@ class AgentVm(PiDoor):
         for share in self.spec.shares:
             (tmp / "shares" / share.tag).mkdir(parents=True)
             shares.append(replace(share, host_path=tmp / "shares" / share.tag))
-        sock_dir = _socket_dir(tmp / "run")
+        sock_dir = socket_dir(tmp / "run")
         spec = replace(
             self.spec,
             memory_file=tmp / RAM,
@@ -867,40 +661,3 @@ class AgentVm(PiDoor):
                 self._remove_secret()
                 if self._own_sock_dir is not None:
                     shutil.rmtree(self._own_sock_dir, ignore_errors=True)
-
-
-class Agent(Protocol):
-    """The door to the VM and pi that a run uses: :class:`AgentVm`, or a test double."""
-
-    pi_exit: asyncio.Future[dict[str, Any]] | None
-    stderr_tail: list[str]
-    timings: dict[str, float]
-
-    def connect(self, *, line_tap: LineTap, ui_handler: UiHandler, listener: Listener) -> None: ...
-    def add_listener(self, listener: Listener) -> Callable[[], None]: ...
-    async def start(self) -> None: ...
-    async def wait_pi_ready(self, timeout: float = ...) -> SessionState: ...
-    async def stop(self, *, graceful: bool = True) -> None: ...
-    async def prompt(self, text: str) -> None: ...
-    async def wait_idle(self) -> None: ...
-    async def steer(self, text: str) -> None: ...
-    async def follow_up(self, text: str) -> None: ...
-    async def abort(self, timeout: float = ...) -> Any: ...
-    def open_dialogs(self) -> list[UiRequest]: ...
-    async def cancel_open_dialogs(self) -> list[UiRequest]: ...
-    async def pause(self) -> None: ...
-    async def resume(self) -> None: ...
-    async def exit_diagnosis(self, wait: float = ...) -> VmExit | None: ...
-    def git_readonly_notice(self) -> str | None: ...
-    def preview_mux(self) -> NetMux | None: ...
-    async def sync_folder(self) -> object: ...
-    @property
-    def git_scan_seconds(self) -> float | None: ...
-    async def move_aside_new_git(self) -> list[gitguard.MovedAside]: ...
-    def take_git_reports(self) -> tuple[list[gitguard.MovedAside], str | None]: ...
-    @property
-    def qemu_pid(self) -> int | None: ...
-
-
-AgentFactory = Callable[..., Agent]
-"""``factory(cfg, on_stage=, on_supervisor_event=, on_boot_mode=)``, like ``AgentVm``."""

@@ -224,3 +224,31 @@ async def test_record_and_task_file_refuse_a_dir_that_is_not_a_task(
     with pytest.raises(envdisk.EnvDiskError, match="not a task dir"):
         await orphans.mark_run(conn, "box", "/nowhere/run/x", env, None)
     assert not (bad / orphans.RECORD).exists()
+
+
+async def test_an_orphan_from_another_run_is_left_and_a_lost_one_is_said(
+    conn: asyncssh.SSHClientConnection, sshd: Sshd, tmp_path: Path
+) -> None:
+    """Only the disk of the run this machine recorded is grafted; if none is there, the
+    person is told the task's disk is as it was before that run."""
+    root = await remote_root(conn, sshd.host(), create=True)
+    env = task_env(tmp_path)
+    layer = str(tmp_path / "layers" / "L1.qcow2")
+    disk = await plant(conn, root, env, ["-u", "-b", layer, "-F", "qcow2"])
+    await asyncio.to_thread(disk.with_suffix(".run").write_text, "another\n")
+    before = orphans.disk_identity(env.disk)
+    said: list[str] = []
+    assert not await orphans.recover(conn, root, "box", env, said.append)
+    assert len(said) == 1 and "from another run" in said[0], said
+    assert await asyncio.to_thread(disk.exists) and orphans.disk_identity(env.disk) == before
+
+    await asyncio.to_thread(disk.unlink)
+    backing = envdisk.local_chain(env)[1]
+    await orphans.mark_run(conn, "box", f"{root}/run/cafe0123", env, backing)
+    assert not await orphans.recover(conn, root, "box", env, said.append)
+    assert "left no environment disk" in said[1] and "as it was before" in said[1], said
+    assert not orphans.record_path(env).exists()
+    # A record for another host is not this host's business.
+    await orphans.mark_run(conn, "elsewhere", f"{root}/run/cafe0124", env, backing)
+    assert not await orphans.recover(conn, root, "box", env, said.append)
+    assert len(said) == 2 and orphans.record_path(env).exists()

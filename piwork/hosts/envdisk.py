@@ -13,10 +13,10 @@ remote host:
   node by node), so the header's paths (this machine's) are never opened there;
 - when the VM has stopped it is brought back into ``<task>/env.qcow2`` (the
   task's ``env.lock`` held from before the upload until then), so ``piwork
-  resume`` and the folder's next task see what was installed. (A run whose
-  piwork is killed, or whose host is lost, before then keeps its installs only
-  in the remote run directory, which the next connect removes: the disk here
-  stays as it was before the run.)
+  resume`` and the folder's next task see what was installed. A run whose
+  piwork is killed, or whose host is lost, before then leaves its disk there:
+  the next connect's sweep keeps it, and the task's next ``--host`` start on
+  that host brings it back (:mod:`piwork.hosts.orphans`).
 
 Trust: the disk that comes back was written by a QEMU on another machine. Its
 contents are the guest's and are never read here; its qcow2 header could name
@@ -163,14 +163,25 @@ def blockdev_chain(layers: list[str], disk: str) -> list[dict[str, Any]]:
     return nodes
 
 
-def accept_returned(tmp: Path, backing: str | None) -> None:
-    """Check the disk that came back and give it this machine's backing path (see module)."""
+def accept_returned(tmp: Path, backing: str | None, *, strict: bool = False) -> None:
+    """Check the disk that came back and give it this machine's backing path (see module).
+
+    ``strict``: its header must already name ``backing`` (the file it was sent on top
+    of, which QEMU there never rewrites), else it is refused rather than mended: for a
+    disk kept on the host after its run was interrupted (piwork.hosts.orphans).
+    """
     info = _qemu_img_info(tmp, chain=False)
     if not isinstance(info, dict) or info.get("format") != "qcow2":
         raise EnvDiskError("the environment disk that came back is not a qcow2 image")
     specific = (info.get("format-specific") or {}).get("data") or {}
     if specific.get("data-file") or specific.get("data-file-raw"):
         raise EnvDiskError("the environment disk that came back names an external data file")
+    named = info.get("full-backing-filename") or info.get("backing-filename")
+    if strict and (named or None) != backing:
+        raise EnvDiskError(
+            f"the environment disk that came back names the backing file {named!r}, "
+            f"not the one it was sent on top of ({backing!r})"
+        )
     args = ["qemu-img", "rebase", "-u", "-f", "qcow2", "-b", backing or ""]
     if backing:
         args += ["-F", "qcow2"]
@@ -182,14 +193,19 @@ def accept_returned(tmp: Path, backing: str | None) -> None:
 
 
 async def bring_back(
-    conn: asyncssh.SSHClientConnection, remote: str, env: TaskEnv, backing: str | None
+    conn: asyncssh.SSHClientConnection,
+    remote: str,
+    env: TaskEnv,
+    backing: str | None,
+    *,
+    strict: bool = False,
 ) -> int:
     """Replace ``env.disk`` with the remote copy, checked; the bytes brought back."""
     tmp = env.disk.with_name(f".{env.disk.name}.remote-{secrets.token_hex(4)}")
     try:
         async with conn.start_sftp_client() as sftp:
             await sftp.get(remote, str(tmp), follow_symlinks=False)
-        await asyncio.to_thread(accept_returned, tmp, backing)
+        await asyncio.to_thread(accept_returned, tmp, backing, strict=strict)
         os.chmod(tmp, 0o600)
         size = tmp.stat().st_size
         fd = os.open(tmp, os.O_RDONLY)

@@ -31,7 +31,7 @@ from qemu.qmp import QMPClient, Runstate
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
 from piwork.checkpoints.shadow import refused_prefix
-from piwork.hosts import envdisk, store, templates
+from piwork.hosts import envdisk, orphans, store, templates
 from piwork.hosts.check import HostReport, run_check
 from piwork.hosts.connect import Confirm, connect
 from piwork.hosts.packs import PackUpload, Progress, ensure_pack
@@ -39,7 +39,7 @@ from piwork.hosts.remote import put_files, remote_root, run
 from piwork.hosts.store import Host, HostError
 from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
 from piwork.hosts.sync import Conflict, FolderSync, SyncResult
-from piwork.hosts.watchdog import LEASE_SECONDS, RemoteQemu, sweep
+from piwork.hosts.watchdog import LEASE_SECONDS, ORPHANS_KEPT, RemoteQemu, sweep
 from piwork.vm import gitguard
 from piwork.vm.channel import GuestChannel
 from piwork.vm.command import ENV_SCSI_BUS, Transport, VmSpec, build_command, console_socket
@@ -92,8 +92,16 @@ class RemoteLink:
             # No socket probe here: a refusal shows at the first channel, with the fix.
             report = await run_check(conn, root, probe_sockets=False)
             swept = await sweep(conn, root)
-            if swept:
-                log.info("removed run dirs left by a killed piwork on %s: %s", host.name, swept)
+            if swept.removed:
+                log.info("removed run dirs left by a killed piwork on %s: %s",
+                         host.name, swept.removed)  # fmt: skip
+            for task, rundir in swept.kept.items():
+                log.info("kept the environment disk of task %s's interrupted run %s on %s "
+                         "for its next start there", task, rundir, host.name)  # fmt: skip
+            for task in swept.dropped:
+                log.warning("dropped the environment disk kept on %s for task %s: more "
+                            "than %d kept there (the oldest go)",
+                            host.name, task, ORPHANS_KEPT)  # fmt: skip
         except BaseException:
             conn.close()
             raise
@@ -548,12 +556,15 @@ class RemoteAgentVm(AgentVm):
         if env is None or not self.cfg.manifest.workbench:
             return
         self._env_hold.enter_context(env.lock())  # before the copy: no freeze meanwhile
-        layers, self._env_backing = await asyncio.to_thread(envdisk.local_chain, env)
         conn = self.link.conn
+        # An earlier run of this task here whose piwork died: its installs first.
+        await orphans.recover(conn, self.link.root, self.link.host.name, env, self.progress)
+        layers, self._env_backing = await asyncio.to_thread(envdisk.local_chain, env)
         self._env_layers, sent = await envdisk.ensure_layers(
             conn, self.link.root, layers, self.progress
         )
         self.remote_env = posixpath.join(self.rundir, "env.qcow2")
+        await orphans.mark_run(conn, self.link.host.name, self.rundir, env, self._env_backing)
         disk = await envdisk.send_disk(conn, env, self.remote_env)
         if self.progress:
             self.progress(
@@ -573,10 +584,15 @@ class RemoteAgentVm(AgentVm):
         )
         self._env_attached = True
 
-    async def _bring_env_back(self) -> None:
+    async def _bring_env_back(self) -> bool:
+        """The disk back here; False if it is left there for the next start (see orphans)."""
         env = self.cfg.env
+        if env is None or self.remote_env is None:
+            self._env_hold.close()
+            return True
+        left_there = False
         try:
-            if env is not None and self.remote_env is not None and self._env_attached:
+            if self._env_attached:
                 size = await envdisk.bring_back(
                     self.link.conn, self.remote_env, env, self._env_backing
                 )
@@ -584,14 +600,25 @@ class RemoteAgentVm(AgentVm):
                 log.info(
                     "environment disk brought back from %s (%d bytes)", self.link.host.name, size
                 )
-        except (envdisk.EnvDiskError, asyncssh.Error, OSError) as exc:
+        except envdisk.EnvDiskError as exc:
             if self.progress:
                 self.progress(
                     f"could not bring the environment disk back from {self.link.host.name}: "
                     f"{exc}; the task's disk here is as it was before this run"
                 )
+        except (asyncssh.Error, OSError) as exc:
+            left_there = True
+            if self.progress:
+                self.progress(
+                    f"could not bring the environment disk back from {self.link.host.name}: "
+                    f"{exc}; it is kept there, and the task's next start on "
+                    f"{self.link.host.name} brings it back"
+                )
         finally:
+            if not left_there:
+                orphans.clear_record(env)
             self._env_hold.close()
+        return not left_there
 
     async def sync_folder(self) -> SyncResult | None:
         """Bring the agent's changes to the working folder here (three-way; see hosts.sync).
@@ -621,8 +648,11 @@ class RemoteAgentVm(AgentVm):
             await self.sync_folder()
             with contextlib.suppress(asyncssh.Error, OSError):
                 await download_tree(self.link.conn, self.remote_dirs, self.cfg.dirs)
-            await self._bring_env_back()
-            await self.link.conn.run(f"rm -rf -- {shlex.quote(self.rundir)}", check=False)
+            if await self._bring_env_back():
+                await self.link.conn.run(f"rm -rf -- {shlex.quote(self.rundir)}", check=False)
+            else:  # QEMU has stopped: the sweep keeps the disk, removes the folder copy
+                with contextlib.suppress(asyncssh.Error, OSError):
+                    await sweep(self.link.conn, self.link.root)
 
 
 def _pairs(local: TaskDirs, remote: TaskDirs) -> list[tuple[Path, str, bool]]:

@@ -25,6 +25,7 @@ import posixpath
 import secrets
 import shlex
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import asyncssh
 
@@ -82,33 +83,92 @@ echo "exit $code"
 WATCHDOG_SHA = hashlib.sha256(WATCHDOG.encode()).hexdigest()
 
 
+ORPHANS_KEPT = 8
+"""At most this many interrupted runs' environment disks are kept on a host (one per task)."""
+TASK_FILE = "task"
+"""In a run dir: the id of the task it belongs to, written by this machine at setup."""
+
 SWEEP = r"""
-# Remove run dirs whose QEMU is gone: they hold a copy of a task's folder.
-cd "$1/run" 2>/dev/null || exit 0
+# Remove run dirs whose QEMU is gone: they hold a copy of a task's folder. A dead run's
+# environment disk (the agent's installs) is first kept as envs/orphans/<task>.qcow2.
+umask 077
+root=$1 cap=$2
+orphans="$root/envs/orphans"
+keep() {  # $1: the run dir of a QEMU that ran and is gone
+  [ -f "$1/env.qcow2" ] && [ ! -L "$1/env.qcow2" ] || return 0
+  t=$(head -c 80 "$1/task" 2>/dev/null | head -n 1)
+  case $t in
+    ''|[!0-9a-z]*|*[!0-9a-z_-]*) echo "unowned $1"; return 0;;
+  esac
+  [ "${#t}" -le 64 ] || { echo "unowned $1"; return 0; }
+  mkdir -p -- "$orphans" || return 0
+  if [ -f "$orphans/$t.qcow2" ] && [ "$orphans/$t.qcow2" -nt "$1/env.qcow2" ]; then
+    echo "older $1 $t"; return 0
+  fi
+  rm -f -- "$orphans/$t.run"
+  mv -f -- "$1/env.qcow2" "$orphans/$t.qcow2" && printf '%s\n' "$1" >"$orphans/$t.run" &&
+    echo "kept $1 $t"
+}
+gone() { rm -rf -- "$1"; echo "removed $1"; }
+cd "$root/run" 2>/dev/null || exit 0
 for d in */; do
   d=${d%/}
   [ -d "$d" ] || continue
   if [ -f "$d/qemu.exit" ]; then
-    rm -rf -- "$d"; echo "$d"
+    keep "$d"; gone "$d"
   elif [ -f "$d/qemu.pid" ]; then
     p=$(cat "$d/qemu.pid")
-    if ! kill -0 "$p" 2>/dev/null; then rm -rf -- "$d"; echo "$d"; fi
+    if ! kill -0 "$p" 2>/dev/null; then keep "$d"; gone "$d"; fi
   elif [ -n "$(find "$d" -maxdepth 0 -mmin +10)" ]; then
-    rm -rf -- "$d"; echo "$d"
+    gone "$d"  # QEMU never started: its disk may be half sent, and nothing ran on it
   fi
+done
+# Bounded: the newest $cap kept, the older ones dropped (names are checked task ids).
+cd "$orphans" 2>/dev/null || exit 0
+ls -1t -- *.qcow2 2>/dev/null | tail -n +"$((cap + 1))" | while read -r f; do
+  rm -f -- "$f" "${f%.qcow2}.run"; echo "dropped ${f%.qcow2}"
 done
 """
 
 
-async def sweep(conn: asyncssh.SSHClientConnection, root: str) -> list[str]:
-    """Remove the run dirs a killed piwork left (QEMU gone); the names removed.
+@dataclass
+class Swept:
+    """What a sweep did: run dirs removed, environment disks kept (task -> run), dropped."""
+
+    removed: list[str] = field(default_factory=list)
+    kept: dict[str, str] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    unowned: list[str] = field(default_factory=list)
+    """Run dirs whose disk named no valid task: removed with it (a run before the task file)."""
+
+
+async def sweep(conn: asyncssh.SSHClientConnection, root: str, *, cap: int = ORPHANS_KEPT) -> Swept:
+    """Remove the run dirs a killed piwork left (QEMU gone), keeping their environment disks.
 
     A run dir holds a copy of the task's folder: it must not outlive its VM.
     One with a running QEMU (another piwork's task) or just being set up (no
-    QEMU yet, younger than 10 minutes) is kept.
+    QEMU yet, younger than 10 minutes) is kept. The environment disk of a run
+    whose QEMU ran holds what the agent installed and exists nowhere else: it
+    is moved to ``<root>/envs/orphans/<task>.qcow2`` (the newest per task, at
+    most ``cap`` of them) for the task's next ``--host`` start to bring back
+    (:mod:`piwork.hosts.orphans`).
     """
-    result = await conn.run("sh -s -- " + shlex.quote(root), input=SWEEP, check=False)
-    return str(result.stdout or "").split()
+    result = await conn.run(
+        f"sh -s -- {shlex.quote(root)} {int(cap)}", input=SWEEP, check=False, timeout=120
+    )
+    swept = Swept()
+    for line in str(result.stdout or "").splitlines():
+        word, _, rest = line.partition(" ")
+        parts = rest.split()
+        if word == "removed" and len(parts) == 1:
+            swept.removed.append(parts[0])
+        elif word == "kept" and len(parts) == 2:
+            swept.kept[parts[1]] = parts[0]
+        elif word == "dropped" and len(parts) == 1:
+            swept.dropped.append(parts[0])
+        elif word == "unowned" and len(parts) == 1:
+            swept.unowned.append(parts[0])
+    return swept
 
 
 async def install(conn: asyncssh.SSHClientConnection, root: str) -> str:

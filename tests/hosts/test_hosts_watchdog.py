@@ -149,7 +149,7 @@ async def test_sweep_removes_only_run_dirs_whose_qemu_is_gone(sshd: Sshd) -> Non
         for name, (fname, content) in layout.items():
             (run / name / "share").mkdir(parents=True)
             (run / name / fname).write_text(content)
-        removed = await sweep(conn, root)
+        removed = (await sweep(conn, root)).removed
     finally:
         conn.close()
         await conn.wait_closed()

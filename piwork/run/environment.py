@@ -195,6 +195,7 @@ class Environment:
         emit: Callable[..., None],
         *,
         clean: bool,
+        host: str | None = None,
     ) -> TaskEnv | None:
         """The task's writable workbench disk (piwork.env), or None for a pack without one.
 
@@ -208,7 +209,26 @@ class Environment:
         self.timings["env_disk"] = time.monotonic() - t
         if env.note:
             emit(EventKind.NOTICE, message=f"environment: {env.note}")
+        waiting = remote_installs_waiting(env) if host is None else None
+        if waiting is not None:
+            emit(EventKind.NOTICE, message=(
+                f"environment: the installs of this task's interrupted run on {waiting} are "
+                f"kept there; this run starts from the disk as it was before that run. "
+                f"`piwork resume {task.id} --host {waiting}` brings them back (after a run "
+                "here, piwork keeps them there and says where instead of overwriting)."
+            ))  # fmt: skip
         return env
+
+
+def remote_installs_waiting(env: TaskEnv) -> str | None:
+    """The host a killed ``--host`` run of this task left its installs on, if any
+    (piwork.hosts.orphans brings them back at the task's next start there)."""
+    from piwork.hosts.orphans import RECORD, read_record
+
+    if not env.disk.with_name(RECORD).exists():
+        return None
+    record = read_record(env)
+    return record.host if record is not None else None
 
 
 async def prepare(

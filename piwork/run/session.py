@@ -271,7 +271,9 @@ class TaskSession:
         except environment.ModelNotFound as exc:
             raise RunError(str(exc)) from exc
         self.usage.gateway_prices = env.gateway_prices
-        task_env = await env.task_env(self.paths, task, folder, self.emit, clean=self.req.clean_env)
+        task_env = await env.task_env(
+            self.paths, task, folder, self.emit, clean=self.req.clean_env, host=self.req.host
+        )
         self.timings.update(env.timings)
         await self.set_status(TaskStatus.RUNNING)
         r = self.req

@@ -252,3 +252,21 @@ async def test_an_orphan_from_another_run_is_left_and_a_lost_one_is_said(
     await orphans.mark_run(conn, "elsewhere", f"{root}/run/cafe0124", env, backing)
     assert not await orphans.recover(conn, root, "box", env, said.append)
     assert len(said) == 2 and orphans.record_path(env).exists()
+
+
+def test_a_local_run_says_installs_wait_on_the_host(tmp_path: Path) -> None:
+    """A run here (no --host) of a task whose --host run was killed is told where its
+    installs are and how to bring them back, rather than silently starting without them."""
+    from piwork.hosts.orphans import RunRecord, clear_record, write_record
+    from piwork.run.environment import remote_installs_waiting
+
+    task_dir = tmp_path / "0123456789ab"
+    task_dir.mkdir()
+    env = TaskEnv(disk=task_dir / "env.qcow2", base=None, size=0)
+    assert remote_installs_waiting(env) is None
+    write_record(env, RunRecord("kvmbox", "/srv/piwork/run/abcd", (1, 2, 3), None))
+    assert remote_installs_waiting(env) == "kvmbox"
+    (task_dir / "env.remote.json").write_text("{not json")
+    assert remote_installs_waiting(env) is None  # an unreadable record is no record
+    clear_record(env)
+    assert remote_installs_waiting(env) is None

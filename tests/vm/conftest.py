@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
+from piwork.config import Paths, get_paths
 from piwork.models.scripted import ScriptedModelServer, Text, pi_provider_config
 from piwork.pack import ensure_pack, load_manifest
 from piwork.pack.manifest import Manifest
@@ -161,3 +164,30 @@ class ScriptedAsker:
     ) -> object:
         self.questions.append((method, title))
         return self.answer(title) if callable(self.answer) else self.answer
+
+
+def private_paths(home: Path) -> Paths:
+    """What ``get_paths()`` gives with ``PIWORK_HOME=home`` (the pack cache stays shared)."""
+    return Paths(
+        data=home / "data", cache=get_paths().cache, state=home / "state", config=home / "config"
+    )
+
+
+def piwork_cli(
+    paths: Paths, *args: str, timeout: float = 600, path_env: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``piwork ARGS`` as a person runs it, in ``paths``' home (no terminal: nobody to ask)."""
+    env = {**os.environ, "PIWORK_HOME": str(paths.data.parent)}
+    if path_env is not None:
+        env["PATH"] = path_env
+    proc = subprocess.run(
+        [sys.executable, "-m", "piwork.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    print(f"--- piwork {' '.join(args)}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc

@@ -24,8 +24,8 @@ from piwork.pack.manifest import Manifest
 from piwork.policy import Choice
 from piwork.runner import Asker, EventKind, RunEvent, RunRequest, TaskSession
 
-from .conftest import ScriptedAsker, scripted_provider
-from .test_vm_permissions import private_paths, script
+from .conftest import ScriptedAsker, private_paths, scripted_provider
+from .test_vm_permissions import script
 
 pytestmark = pytest.mark.vm
 

@@ -20,9 +20,9 @@ from piwork.pack.manifest import Manifest
 from piwork.policy import Choice
 from piwork.runner import Asker, RunRequest, TaskSession
 
-from .conftest import ScriptedAsker, scripted_provider
+from .conftest import ScriptedAsker, private_paths, scripted_provider
 from .test_vm_checkpoints import always_allow, changes, piwork
-from .test_vm_permissions import private_paths, script
+from .test_vm_permissions import script
 
 pytestmark = pytest.mark.vm
 

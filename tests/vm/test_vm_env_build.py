@@ -24,19 +24,18 @@ import asyncio
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import cast
 
 import pytest
 
-from piwork.config import Paths, get_paths
+from piwork.config import Paths
 from piwork.env import store_for
 from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
 from piwork.policy import Choice
 from piwork.runner import RunEvent, RunRequest, TaskSession
 
-from .conftest import ScriptedAsker, per_prompt, scripted_provider
+from .conftest import ScriptedAsker, per_prompt, piwork_cli, private_paths, scripted_provider
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
 
@@ -62,30 +61,10 @@ RUN echo never
 DATA = "data copied from the build folder\n"
 
 
-def private_paths(home: Path) -> Paths:
-    """What ``get_paths()`` gives with ``PIWORK_HOME=home`` (the pack cache stays shared)."""
-    return Paths(
-        data=home / "data", cache=get_paths().cache, state=home / "state", config=home / "config"
-    )
-
-
 def env_build(
     paths: Paths, *args: str, path_env: str | None = None
 ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PIWORK_HOME": str(paths.data.parent)}
-    if path_env is not None:
-        env["PATH"] = path_env
-    proc = subprocess.run(
-        [sys.executable, "-m", "piwork.cli.main", "env", "build", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    print(f"--- env build {args}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    return piwork_cli(paths, "env", "build", *args, timeout=1500, path_env=path_env)
 
 
 def layers(paths: Paths) -> set[str]:

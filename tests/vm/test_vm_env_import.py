@@ -13,22 +13,19 @@ reads the file); ``piwork env reset`` gives the next task Debian again.
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import cast
 
 import pytest
 
-from piwork.config import Paths, get_paths
+from piwork.config import Paths
 from piwork.env import store_for
 from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
 from piwork.policy import Choice
 from piwork.runner import RunEvent, RunRequest, TaskSession
 from tests.oci_archive import busybox_image
 
-from .conftest import ScriptedAsker, per_prompt, scripted_provider
+from .conftest import ScriptedAsker, per_prompt, piwork_cli, private_paths, scripted_provider
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
 
@@ -37,26 +34,6 @@ CHECK = (
     "cat /etc/piwork-marker; ls /etc/debian_version 2>&1 || echo NO-DEBIAN; "
     'echo "shell $0"; echo written > /root/kept.txt && cat /root/kept.txt; pwd'
 )
-
-
-def private_paths(home: Path) -> Paths:
-    return Paths(
-        data=home / "data", cache=get_paths().cache, state=home / "state", config=home / "config"
-    )
-
-
-def cli(paths: Paths, *args: str) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "piwork.cli.main", *args],
-        env={**os.environ, "PIWORK_HOME": str(paths.data.parent)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
-    print(f"--- piwork {' '.join(args)}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 async def run_task(paths: Paths, folder: Path, command: str) -> str:
@@ -86,12 +63,12 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
     folder.mkdir()
     archive = busybox_image(tmp_path / "image.tar", MARKER)
 
-    imported = cli(paths, "env", "import", str(archive), str(folder))
+    imported = piwork_cli(paths, "env", "import", str(archive), str(folder))
     assert imported.returncode == 0, imported.stderr
     assert "image i-" in imported.stdout and "the next task runs on image" in imported.stdout
     rec = store_for(paths).folder(folder.resolve())
     assert rec is not None and rec.image is not None
-    again = cli(paths, "env", "import", str(archive), str(folder))
+    again = piwork_cli(paths, "env", "import", str(archive), str(folder))
     assert f"image {rec.image} (cached)" in again.stdout
 
     result = await run_task(paths, folder, CHECK)
@@ -105,7 +82,7 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
         f"FROM {rec.image}\nENV IMG_VAR=from-the-build\n"
         'RUN echo "built on $(cat /etc/piwork-marker)" > /etc/built.txt && cat /etc/built.txt\n'
     )
-    built = cli(paths, "env", "build", str(folder))
+    built = piwork_cli(paths, "env", "build", str(folder))
     assert built.returncode == 0, built.stderr
     assert "  | built on imported image marker 7f3a" in built.stdout
     rec2 = store_for(paths).folder(folder.resolve())
@@ -117,7 +94,7 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
     assert "var=from-the-build" in result and "NO-DEBIAN" in result
 
     # Back to the pack's Debian workbench.
-    assert cli(paths, "env", "reset", str(folder)).returncode == 0
+    assert piwork_cli(paths, "env", "reset", str(folder)).returncode == 0
     result = await run_task(paths, folder, "cat /etc/debian_version; cat /etc/piwork-marker 2>&1")
     assert "No such file" in result and MARKER.decode().strip() not in result
     assert result.split()[0][:2].isdigit()  # e.g. 12.x

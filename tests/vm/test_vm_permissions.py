@@ -23,7 +23,7 @@ from typing import Any, cast
 
 import pytest
 
-from piwork.config import Paths, get_paths
+from piwork.config import Paths
 from piwork.models.providers import Provider
 from piwork.models.scripted import (
     ChatRequest,
@@ -39,7 +39,7 @@ from piwork.pack.manifest import Manifest
 from piwork.policy import Action, AuditLog, Choice, PermissionRequest
 from piwork.runner import AllowAsker, Asker, EventKind, Outcome, RunEvent, RunRequest, TaskSession
 
-from .conftest import ScriptedAsker, scripted_provider
+from .conftest import ScriptedAsker, private_paths, scripted_provider
 
 pytestmark = pytest.mark.vm
 
@@ -69,13 +69,6 @@ class Person(ScriptedAsker):
 
 def as_asker(person: Person) -> Asker:
     return cast(Asker, person)
-
-
-def private_paths(home: Path) -> Paths:
-    """What ``get_paths()`` gives with ``PIWORK_HOME=home`` (the pack cache stays shared)."""
-    return Paths(
-        data=home / "data", cache=get_paths().cache, state=home / "state", config=home / "config"
-    )
 
 
 def script(*steps: Step) -> Callable[[ChatRequest], Step]:

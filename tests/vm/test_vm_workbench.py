@@ -43,7 +43,7 @@ from typing import cast
 
 import pytest
 
-from piwork.config import Paths, get_paths
+from piwork.config import Paths
 from piwork.env import store_for
 from piwork.env.registries import registry_rules
 from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
@@ -53,7 +53,7 @@ from piwork.policy.rules import Action, Rule, Scope, Verdict
 from piwork.policy.store import PolicyStore
 from piwork.runner import Outcome, RunEvent, RunRequest, TaskSession
 
-from .conftest import ScriptedAsker, per_prompt, scripted_provider
+from .conftest import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 # Four VM starts and real installs under TCG (apt-get update alone parses Debian's
 # package lists in an emulated CPU): far past the suite's 600 s default.
@@ -176,13 +176,6 @@ def piwork_cli(paths: Paths, *args: str) -> str:
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
-
-
-def private_paths(home: Path) -> Paths:
-    """What ``get_paths()`` gives with ``PIWORK_HOME=home`` (the pack cache stays shared)."""
-    return Paths(
-        data=home / "data", cache=get_paths().cache, state=home / "state", config=home / "config"
-    )
 
 
 def check_installed(result: str, blob_hash: str) -> None:

@@ -262,6 +262,22 @@ class MessageView(QFrame):
         self._interval = int(min(1000, max(80, cost_ms * 4)))
 
 
+def sheet_head(sheet: QFrame, title: str, queued: int, what: str) -> tuple[QVBoxLayout, QLabel]:
+    """A question sheet's frame, its title (with how many more wait) and its main text:
+    what the permission sheet and the preview sheet share."""
+    sheet.setObjectName("permissionSheet")
+    sheet.setFrameShape(QFrame.Shape.StyledPanel)
+    lay = QVBoxLayout(sheet)
+    head = QLabel(title + (f"  ({queued} more waiting)" if queued else ""))
+    head.setObjectName("sheetTitle")
+    lay.addWidget(head)
+    label = plain_label(what)
+    label.setWordWrap(True)
+    label.setObjectName("sheetWhat")
+    lay.addWidget(label)
+    return lay, label
+
+
 class ToolRow(QFrame):
     """One tool step: icon, tool, key argument, ok/error, duration; click to see the output."""
 
@@ -357,17 +373,7 @@ class PermissionSheet(QFrame):
         registry_rules: Sequence[Rule] = (),
     ) -> None:
         super().__init__()
-        self.setObjectName("permissionSheet")
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        lay = QVBoxLayout(self)
-        title = QLabel("Permission needed" + (f"  ({queued} more waiting)" if queued else ""))
-        title.setObjectName("sheetTitle")
-        lay.addWidget(title)
-        what = plain_label(plain)
-        what.setWordWrap(True)
-        what.setObjectName("sheetWhat")
-        self.what = what
-        lay.addWidget(what)
+        lay, self.what = sheet_head(self, "Permission needed", queued, plain)
         if detail:
             # The guest's own wording (pi's gate, in the VM): labelled as such, so it is
             # not read as a second request nor as the host's words above it.
@@ -456,16 +462,8 @@ class PreviewSheet(QFrame):
 
     def __init__(self, q: PreviewQuestion, queued: int = 0) -> None:
         super().__init__()
-        self.setObjectName("permissionSheet")
-        self.setFrameShape(QFrame.Shape.StyledPanel)
-        lay = QVBoxLayout(self)
-        title = QLabel("Open a preview?" + (f"  ({queued} more waiting)" if queued else ""))
-        title.setObjectName("sheetTitle")
-        lay.addWidget(title)
-        self.what = plain_label(sanitize(q.question, limit=600))
-        self.what.setWordWrap(True)
-        self.what.setObjectName("sheetWhat")
-        lay.addWidget(self.what)
+        question = sanitize(q.question, limit=600)
+        lay, self.what = sheet_head(self, "Open a preview?", queued, question)
         row = QHBoxLayout()
         self.buttons: dict[PreviewChoice, QPushButton] = {}
         self.rule_labels: dict[PreviewChoice, QLabel] = {}

@@ -211,24 +211,45 @@ def _stages(label: str, session: TaskSession) -> dict[str, float]:
             t.get("supervisor_ready", 0.0) - t.get("qemu_started", 0.0),
         ),
         ("env disk hot-plugged (QMP)", t.get("env_attached", 0.0) - t.get("supervisor_ready", 0.0)),
-        ("pi started in the guest", t.get("pi_started", 0.0) - t.get("env_attached", 0.0)),
-        ("pi's first RPC reply", r.get("boot_to_pi_ready", 0.0) - t.get("pi_started", 0.0)),
+        (
+            "pi started in the guest",
+            t.get("pi_started", 0.0)
+            - t.get("env_attached", 0.0)
+            - t.get("pi_switch", 0.0)
+            - t.get("pi_model", 0.0),
+        ),
     ]
-    # The guest's own clock for the last two (supervisor.js: "started" and
-    # "first-output"); the rest of those stages is the host's channel and its
-    # replies crossing it.
+    # The guest's own clock (supervisor.js: "started" and "first-output"); the rest
+    # of those stages is the host's channel and its replies crossing it.
     if "guest_prepare" in t:
         prepare, go = t["guest_prepare"], t.get("guest_go", 0.0)
-        marks[-1:-1] = [
+        marks += [
             ("  guest: clock and 9p mounts", prepare),
             ("  guest: pi handed the task (go)", go),
         ]
-        if "guest_first_output" in t:
-            # Cold, the launcher may still be loading pi when it is handed the task.
-            what = "pi's main()" if label == "warm" else "pi's load (if unfinished) and main()"
-            marks.append(
-                (f"  guest: {what} to its first output", t["guest_first_output"] - prepare - go)
-            )
+        if "guest_bind" in t:
+            marks.append(("  guest: the saved pi bound to the task (env, cwd)", t["guest_bind"]))
+    primed = "pi_switch" in t
+    if primed:
+        # A primed pi (piwork.vm.template): its main() ran in the saved VM; it takes
+        # the task's session (the first line it writes is that reply) and model.
+        marks += [
+            ("pi took the task's session (switch_session)", t["pi_switch"]),
+            ("pi's model checked (get_state; set_model if not the task's)", t.get("pi_model", 0.0)),
+        ]
+    first_reply = r.get("boot_to_pi_ready", 0.0) - t.get("pi_started", 0.0)
+    marks.append(("pi's first RPC reply", first_reply))
+    if "guest_first_output" in t and "guest_prepare" in t:
+        before = t["guest_prepare"] + t.get("guest_go", 0.0) + t.get("guest_bind", 0.0)
+        # Cold, the launcher may still be loading pi when it is handed the task.
+        what = (
+            "switch_session"
+            if primed
+            else "pi's main()"
+            if label == "warm"
+            else "pi's load (if unfinished) and main()"
+        )
+        marks.append((f"  guest: {what} to its first output", t["guest_first_output"] - before))
     if label == "cold" and "guest_preloaded" in t:
         marks.append(("  guest: launcher loading pi (from its own start)", t["guest_preloaded"]))
     return {f"{label} stage: {name} (s)": max(0.0, v) for name, v in marks}

@@ -107,7 +107,7 @@ def guest_timings(msg: dict[str, Any]) -> dict[str, float]:
         if s is not None:
             out[f"guest_{str(ev).replace('-', '_')}"] = s
     elif ev == "started" and isinstance(msg.get("ms"), dict):
-        for key in ("prepare", "go"):
+        for key in ("prepare", "go", "bind"):
             s = seconds(msg["ms"].get(key))
             if s is not None:
                 out[f"guest_{key}"] = s

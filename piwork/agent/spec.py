@@ -5,6 +5,7 @@ configuration, and the one place a VM spec and its saved VM are derived (``vm_sp
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import tempfile
@@ -33,7 +34,73 @@ GUEST_SESSION = f"{GUEST_STATE}/session.jsonl"
 GUEST_AGENT_DIR = f"{GUEST_STATE}/agent"
 GUEST_EXTENSIONS = "/opt/piwork/extensions"
 GATE_EXTENSION = f"{GUEST_EXTENSIONS}/permission-gate.ts"
+ASK_USER_EXTENSION = f"{GUEST_EXTENSIONS}/ask-user.ts"
+TASK_EXTENSIONS = (GATE_EXTENSION, ASK_USER_EXTENSION)
+"""The extensions a task's pi runs with; a saved VM's pi is primed with them all."""
 PI_TOOLS = ("read", "bash", "edit", "write", "ask_user")
+
+PRIME_PROVIDER = "piwork-idle"
+PRIME_MODEL = "idle"
+PRIME_DIR = "/tmp/piwork-prime"
+"""The primed pi's working directory and home: in the guest's own RAM, never a share."""
+
+
+def pi_flags(extensions: list[str] | tuple[str, ...]) -> list[str]:
+    """pi's arguments every task has (besides its session and model)."""
+    argv = [
+        "--mode", "rpc",
+        "--offline",
+        "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
+        "--tools", ",".join(PI_TOOLS),
+    ]  # fmt: skip
+    for ext in extensions:
+        argv += ["-e", ext]
+    return argv
+
+
+def prime_op() -> dict[str, Any]:
+    """The supervisor's ``prime``: what pi's ``main()`` runs with in a saved VM being made.
+
+    No task is in it: an in-memory session, a working directory and home in the
+    guest's RAM, and one model that nobody serves (a closed port on the guest's
+    loopback; pi needs a model to start). The agent dir is the task's path, so
+    pi keeps it: the task's own is mounted over it after the restore, and pi
+    reads it again when the host switches it to the task's session. What pi
+    writes there meanwhile stays under that mount, in the guest's RAM.
+    """
+    models = {
+        "providers": {
+            PRIME_PROVIDER: {
+                "baseUrl": "http://127.0.0.1:9/v1",
+                "api": "openai-completions",
+                "apiKey": "none",
+                "models": [
+                    {
+                        "id": PRIME_MODEL,
+                        "name": PRIME_MODEL,
+                        "contextWindow": 128000,
+                        "maxTokens": 4096,
+                        "reasoning": False,
+                        "input": ["text"],
+                    }
+                ],
+            }
+        }
+    }
+    return {
+        "argv": [
+            *pi_flags(TASK_EXTENSIONS),
+            *("--no-session", "--provider", PRIME_PROVIDER, "--model", PRIME_MODEL),
+        ],
+        "env": {
+            "PI_CODING_AGENT_DIR": GUEST_AGENT_DIR,
+            "PI_OFFLINE": "1",
+            "HOME": f"{PRIME_DIR}/home",
+            "TERM": "dumb",
+        },
+        "cwd": PRIME_DIR,
+        "files": {"models.json": json.dumps(models)},
+    }
 
 
 @dataclass(frozen=True)

@@ -30,18 +30,20 @@ from piwork.agent.spec import (
     GUEST_SESSION,
     GUEST_STATE,
     GUEST_UPLOADS,
-    PI_TOOLS,
+    TASK_EXTENSIONS,
     AgentVmConfig,
     BootModeCallback,
     LineCallback,
     StageCallback,
     free_tcp_port,
+    pi_flags,
+    prime_op,
     socket_dir,
     vm_spec,
 )
 from piwork.aio import discard
 from piwork.env.store import BUILD_ENV_FILE
-from piwork.rpc.client import RpcClient
+from piwork.rpc.client import RpcClient, RpcError
 from piwork.rpc.framing import OversizedLine
 from piwork.rpc.models import SessionState
 from piwork.vm import gitguard
@@ -110,6 +112,10 @@ class AgentVm(PiDoor):
         self.channel = self._new_channel()
         self.pi_exit: asyncio.Future[dict[str, Any]] | None = None
         self._pi_started: asyncio.Future[int] | None = None
+        self._primed_with: tuple[str, ...] | None = None
+        """The restored saved VM's primed extensions (None: cold boot or not primed)."""
+        self._bound_primed = False
+        """pi's start bound the primed pi to this task (the supervisor said so)."""
         self.timings: dict[str, float] = {}
         self.stderr_tail: list[str] = []
         self._vm_watch: asyncio.Task[None] | None = None
@@ -204,6 +210,9 @@ class AgentVm(PiDoor):
         if ev in ("preloaded", "started", "first-output"):
             self._note_guest_timing(msg)  # figures for `piwork bench`
         if ev == "started" and self._pi_started is not None and not self._pi_started.done():
+            # A guest that says "primed" when it is not gets a session switch it did not
+            # need; one that hides it keeps pi on the prime's session: both only its own loss.
+            self._bound_primed = msg.get("primed") is True
             self._pi_started.set_result(int(msg.get("pid") or 0))
         elif ev == "exit":
             if self.pi_exit is not None and not self.pi_exit.done():
@@ -238,18 +247,12 @@ class AgentVm(PiDoor):
         self.timings.update(guest_timings(msg))
 
     def pi_argv(self) -> list[str]:
-        argv = [
-            "--mode", "rpc",
-            "--offline",
+        return [
+            *pi_flags(self.cfg.extensions),
             "--session", GUEST_SESSION,
             "--provider", self.cfg.provider,
             "--model", self.cfg.model,
-            "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
-            "--tools", ",".join(PI_TOOLS),
         ]  # fmt: skip
-        for ext in self.cfg.extensions:
-            argv += ["-e", ext]
-        return argv
 
     def pi_env(self) -> dict[str, str]:
         """pi's environment; the run adds the proxy variables (``cfg.extra_env``,
@@ -380,6 +383,7 @@ class AgentVm(PiDoor):
                 await self._discard_template(tpl)
             raise TemplateUnavailable(f"restoring the saved VM failed ({short})") from exc
         restored = time.monotonic() - t
+        self._primed_with = await self._template_primed(tpl)
         self.timings["restored"] = restored
         data: dict[str, Any] = {"warm": True, "restored": round(restored, 3)}
         if built is not None:
@@ -391,6 +395,10 @@ class AgentVm(PiDoor):
     def _make_vm(self, spec: VmSpec) -> VirtualMachine:
         """The VM for ``spec`` (a remote host makes its own: piwork.hosts.vm)."""
         return VirtualMachine(spec, on_stage=self.on_stage)
+
+    async def _template_primed(self, tpl: Template) -> tuple[str, ...] | None:
+        """The extensions the restored VM's pi was primed with (None: not primed)."""
+        return await asyncio.to_thread(tpl.primed_with)
 
     async def _discard_template(self, tpl: Template) -> None:
         await asyncio.to_thread(discard_template, tpl)
@@ -450,14 +458,26 @@ class AgentVm(PiDoor):
             name="piwork-template",
         )
         vm = VirtualMachine(spec)
-        loaded, on_event = preload_watch()
+        watch = preload_watch()
         channel = GuestChannel(
-            Endpoint(unix_path=spec.rpc_socket), lambda _l: None, on_event, alive=lambda: vm.running
+            Endpoint(unix_path=spec.rpc_socket),
+            lambda _l: None,
+            watch.on_event,
+            alive=lambda: vm.running,
         )
         try:
             stall = self.cfg.boot_stall_timeout
-            boot = await boot_and_save(vm, channel, loaded, tmp / STATE, stall)
-            await asyncio.to_thread(commit, tmp, tpl, {"boot_seconds": round(boot, 1)})
+            boot, unprimed = await boot_and_save(
+                vm, channel, watch, tmp / STATE, stall, prime=prime_op()
+            )
+            meta: dict[str, Any] = {"boot_seconds": round(boot, 1)}
+            if unprimed is None:
+                meta["primed"] = list(TASK_EXTENSIONS)
+            else:
+                # Still a saved VM with pi loaded: tasks run pi's main() after the restore.
+                log.warning("the saved VM's pi could not be primed: %s", unprimed)
+                meta["prime_error"] = unprimed
+            await asyncio.to_thread(commit, tmp, tpl, meta)
         except (VmError, OSError, RuntimeError, TimeoutError) as exc:
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]
             raise TemplateUnavailable(f"could not make the saved VM ({short})") from exc
@@ -542,7 +562,11 @@ class AgentVm(PiDoor):
         loop = asyncio.get_running_loop()
         self._pi_started = loop.create_future()
         self.pi_exit = loop.create_future()
+        self._bound_primed = False
         self.rpc.reset()
+        # A restored VM whose pi was primed with (at least) this task's extensions can
+        # have it bound to the task instead of running pi's main() again.
+        bind = self._primed_with is not None and set(self.cfg.extensions) <= set(self._primed_with)
         # mount: the task's 9p folders (the supervisor mounts them now, not /init);
         # clock: wall time is stale after a restore.
         await self.channel.send_op(
@@ -552,13 +576,70 @@ class AgentVm(PiDoor):
             cwd=self.cfg.dirs.guest_cwd,
             mount=True,
             clock=time.time(),
+            bind=bind,
             # The guest builds the workbench root while pi starts (supervisor.js).
             **self._workbench_op(),
+        )
+        # Sent at once: the supervisor holds it until pi is bound (one round trip saved).
+        # Had it started a fresh pi instead, that pi already has this session: a no-op.
+        switch = (
+            asyncio.ensure_future(self.rpc.switch_session(GUEST_SESSION, timeout=60))
+            if bind
+            else None
         )
         try:
             await asyncio.wait_for(self._pi_started, 30)
         except TimeoutError:
+            if switch is not None:
+                discard(switch)
             raise self.vm._error("the supervisor did not start pi within 30s") from None
+        except BaseException:
+            if switch is not None:
+                discard(switch)
+            raise
+        if switch is not None:
+            await self._bind_session(switch)
+
+    async def _bind_session(self, switch: asyncio.Future[bool]) -> None:
+        """A primed pi (bound to this task's env and cwd) takes the task's session and model.
+
+        What ``--session`` and ``--model`` do at a normal start: ``switch_session``
+        makes pi build its session, settings, models, resources and extensions again
+        from the task's agent dir and cwd, which picks the model the session last
+        used or, for a new one, the agent dir's default; only if that is not the
+        task's model is it set (``set_model``; pi records it in ``settings.json``).
+        """
+        exited: asyncio.Future[Any] | None = self.pi_exit
+        try:
+            t = time.monotonic()
+            if not await self._unless_pi_exits(switch, exited):
+                raise PiGone("an extension refused pi's switch to the task's session")
+            self.timings["pi_switch"] = time.monotonic() - t
+            t = time.monotonic()
+            state = await self._unless_pi_exits(self.rpc.get_state(timeout=60), exited)
+            model = state.model or {}
+            if (model.get("provider"), model.get("id")) != (self.cfg.provider, self.cfg.model):
+                await self._unless_pi_exits(
+                    self.rpc.set_model(self.cfg.provider, self.cfg.model, timeout=60), exited
+                )
+            self.timings["pi_model"] = time.monotonic() - t
+        except RpcError as exc:
+            tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
+            raise PiGone(f"pi could not take the task's session and model: {exc}\n{tail}") from exc
+
+    async def _unless_pi_exits(self, aw: Any, exited: asyncio.Future[Any] | None) -> Any:
+        """``await aw``, unless pi exits first (then PiGone, saying how)."""
+        fut = asyncio.ensure_future(aw)
+        waits: set[asyncio.Future[Any]] = {fut} if exited is None else {fut, exited}
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not fut.done():
+                discard(fut)
+        if fut not in done:
+            assert exited is not None
+            raise PiGone(f"pi exited while taking the task's session: {exited.result()}")
+        return fut.result()
 
     async def sync_folder(self) -> object:
         """The working folder is shared with this machine's VM: nothing to bring back.

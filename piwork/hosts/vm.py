@@ -411,6 +411,9 @@ class RemoteAgentVm(AgentVm):
             self.link, spec, run_id=self.run_id, lease=self.lease, on_stage=self.on_stage
         )
 
+    async def _template_primed(self, tpl: Template) -> tuple[str, ...] | None:
+        return None  # built unprimed (see _build_remote_template); its meta.json is there
+
     async def _discard_template(self, tpl: Template) -> None:
         with contextlib.suppress(asyncssh.Error, OSError):  # the next check finds it anyway
             await templates.discard(self.link.conn, tpl)
@@ -483,14 +486,16 @@ class RemoteAgentVm(AgentVm):
             name="piwork-template",
         )
         vm = RemoteMachine(self.link, spec, run_id=run_id, lease=self.lease)
-        loaded, on_event = preload_watch()
+        watch = preload_watch()
         channel = GuestChannel(
             RemoteEndpoint(lambda: self.link.conn, str(spec.rpc_socket)),
-            lambda _l: None, on_event, alive=lambda: vm.running,
+            lambda _l: None, watch.on_event, alive=lambda: vm.running,
         )  # fmt: skip
         try:
             state = Path(tmp, templates.STATE)
-            boot = await boot_and_save(vm, channel, loaded, state, self.cfg.boot_stall_timeout)
+            # Not primed: a remote host is meant to have KVM, where pi's main() after a
+            # restore costs what it does natively (priming saves TCG's re-translation).
+            boot, _ = await boot_and_save(vm, channel, watch, state, self.cfg.boot_stall_timeout)
             await templates.commit(self.link.conn, tmp, tpl, {"boot_seconds": round(boot, 1)})
         except (VmError, OSError, RuntimeError, TimeoutError, asyncssh.Error) as exc:
             short = getattr(exc, "short", None) or str(exc).splitlines()[0]

@@ -26,8 +26,7 @@ import orjson
 
 from piwork import sharefs
 from piwork.agent import (
-    GATE_EXTENSION,
-    GUEST_EXTENSIONS,
+    TASK_EXTENSIONS,
     Agent,
     AgentFactory,
     AgentVmConfig,
@@ -178,7 +177,7 @@ class Environment:
             task_id=task.id,
             provider=self.provider.name,
             model=self.model_id,
-            extensions=[GATE_EXTENSION, f"{GUEST_EXTENSIONS}/ask-user.ts"],
+            extensions=list(TASK_EXTENSIONS),
             extra_env={
                 "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
                 **guest_network_env(self.egress_token),

@@ -35,7 +35,7 @@ import shlex
 import shutil
 import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -48,7 +48,7 @@ from piwork.fsutil import atomic_write_bytes, fsync_dir, sha256_file
 from piwork.vm.channel import GuestChannel
 from piwork.vm.command import Transport, VmSpec
 
-TEMPLATE_FORMAT = 4
+TEMPLATE_FORMAT = 5
 """2: no network card; the netmux virtio-serial port instead (a format-1 template
 had a NIC and cannot be restored without one: its key no longer matches). Every
 VM piwork starts has the netmux port, so the key needs no field for it.
@@ -56,7 +56,9 @@ VM piwork starts has the netmux port, so the key needs no field for it.
 4: the workbench image and the (empty) virtio-scsi controller the task's
 environment disk is hot-plugged on after restore: the template itself holds
 no writable disk, so nothing a clone's disk holds can disagree with the saved
-page cache (the guest mounts it only after restore, as it does the 9p shares)."""
+page cache (the guest mounts it only after restore, as it does the 9p shares).
+5: pi's main() has run in the saved VM (primed, see :func:`boot_and_save`): a format-4
+template's pi cannot be bound to a task, and would be rebuilt anyway."""
 META = "meta.json"
 RAM = "ram"
 STATE = "state"
@@ -139,6 +141,17 @@ class Template:
     def state(self) -> Path:
         return self.dir / STATE
 
+    def primed_with(self) -> tuple[str, ...] | None:
+        """The extensions its pi was primed with (``meta.json``'s ``primed``); None: the
+        saved VM's pi is only loaded, and a task's start runs pi's main() as usual."""
+        try:
+            primed = orjson.loads((self.dir / META).read_bytes()).get("primed")
+        except (OSError, orjson.JSONDecodeError, AttributeError):
+            return None
+        if not isinstance(primed, list) or not all(isinstance(p, str) for p in primed):
+            return None
+        return tuple(primed)
+
     def check(self) -> None:
         """Raise TemplateUnavailable unless the files are complete and match the key."""
         try:
@@ -207,34 +220,63 @@ async def save_vm(qmp_execute: Any, state_path: Path, timeout: float = 120.0) ->
     await _wait_migration(qmp_execute, timeout)
 
 
-def preload_watch() -> tuple[asyncio.Event, Callable[[dict[str, Any]], None]]:
-    """An event set when the guest says pi is loaded and idle (``preloaded``), and the
-    supervisor-event callback that sets it: what a template build waits for."""
-    loaded = asyncio.Event()
+@dataclass
+class PreloadWatch:
+    """What a template build hears from the guest: pi loaded (``preloaded``), then,
+    if it was asked to, whether pi's main() ran (``primed``: ok and error)."""
 
-    def on_event(msg: dict[str, Any]) -> None:
-        if msg.get("ev") == "preloaded":
-            loaded.set()
+    loaded: asyncio.Event
+    primed: asyncio.Event
+    prime_result: dict[str, Any]
 
-    return loaded, on_event
+    def on_event(self, msg: dict[str, Any]) -> None:
+        ev = msg.get("ev")
+        if ev == "preloaded":
+            self.loaded.set()
+        elif ev == "primed" and not self.primed.is_set():
+            self.prime_result.update(ok=msg.get("ok") is True, error=msg.get("error"))
+            self.primed.set()
+
+
+def preload_watch() -> PreloadWatch:
+    """The guest events a template build waits for; give ``.on_event`` to its channel."""
+    return PreloadWatch(asyncio.Event(), asyncio.Event(), {})
 
 
 async def boot_and_save(
-    vm: Any, channel: GuestChannel, loaded: asyncio.Event, state: Path, stall_timeout: float
-) -> float:
-    """Boot ``vm`` (a local or a remote machine) until pi is preloaded, save its state to
-    ``state`` with no host connection in it, power it off; the boot's seconds.
+    vm: Any,
+    channel: GuestChannel,
+    watch: PreloadWatch,
+    state: Path,
+    stall_timeout: float,
+    prime: dict[str, Any] | None = None,
+) -> tuple[float, str | None]:
+    """Boot ``vm`` (a local or a remote machine) until pi is preloaded, prime it if
+    ``prime`` (the supervisor's ``prime`` op) is given, save its state to ``state``
+    with no host connection in it, power it off.
 
-    ``channel`` is the VM's RPC channel made with :func:`preload_watch`'s callback."""
+    Returns the boot's seconds and why priming failed (None: primed, or not asked).
+    A failed prime is not fatal: the supervisor has loaded a fresh, unprimed pi by
+    the time it says so, and the template is saved with that one (``loaded`` is
+    waited for again). ``channel`` is the VM's RPC channel made with ``watch.on_event``.
+    """
     t = time.monotonic()
     await vm.launch()
     await asyncio.gather(vm.wait_booted(stall_timeout), channel.start(timeout=600))
-    await asyncio.wait_for(loaded.wait(), 600)
+    await asyncio.wait_for(watch.loaded.wait(), 600)
+    prime_error: str | None = None
+    if prime is not None:
+        watch.loaded.clear()
+        await channel.send_op("prime", **prime)
+        await asyncio.wait_for(watch.primed.wait(), 600)
+        if not watch.prime_result.get("ok"):
+            prime_error = str(watch.prime_result.get("error") or "no reason given")[:500]
+            await asyncio.wait_for(watch.loaded.wait(), 600)  # the unprimed pi it loaded instead
     boot = time.monotonic() - t
     await channel.close()  # no host connection in the saved state
     await save_vm(vm.qmp_execute, state)
     await vm.shutdown(grace=0)
-    return boot
+    return boot, prime_error
 
 
 async def restore_vm(qmp_execute: Any, state_path: Path, timeout: float = 60.0) -> None:

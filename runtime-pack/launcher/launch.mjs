@@ -17,6 +17,12 @@
 // main(argv, {extensionFactories})) in place of its `-e X.ts` argument, so
 // pi never starts jiti. Anything not precompiled takes the old path.
 //
+// Primed (a saved VM): the host may instead send {"op":"prime"} while making
+// the saved VM: pi's main() then runs with no task (see prime() below), and a
+// restored VM is bound to its task with {"op":"bind", env, cwd} plus RPC
+// switch_session: a restored VM skips main(), which TCG would otherwise
+// translate again on every restore.
+//
 // V8 code cache (made by the pack builder, piwork/pack/codecache.py): Node's
 // compile cache entries for the bundle and the extensions, on the read-only
 // disk at /opt/piwork/node-cache. Node looks for them in a directory named
@@ -30,6 +36,8 @@ import module from "node:module";
 import net from "node:net";
 import os from "node:os";
 import path from "node:path";
+import v8 from "node:v8";
+import vm from "node:vm";
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 
@@ -96,20 +104,20 @@ async function loadCompiled(paths) {
   return rest;
 }
 
-/** argv without the `-e`/`--extension` pairs we hold factories for, and those factories. */
+/** argv without the `-e`/`--extension` pairs we hold factories for, and [path, factory] for those. */
 function takeExtensions(argv, have) {
   const out = [];
   const picked = [];
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     if ((a === "-e" || a === "--extension") && i + 1 < argv.length && have.has(argv[i + 1])) {
-      picked.push(have.get(argv[i + 1]));
+      picked.push([argv[i + 1], have.get(argv[i + 1])]);
       i++;
       continue;
     }
     out.push(a);
   }
-  return { argv: out, extensionFactories: picked };
+  return { argv: out, picked };
 }
 
 // Extensions are loaded by pi through jiti ("jiti/static", file cache in
@@ -161,31 +169,128 @@ function applyEnv(env) {
   for (const [k, v] of Object.entries(env)) process.env[k] = String(v);
 }
 
-let buf = "";
-let started = false;
-ctl.on("data", (chunk) => {
-  buf += chunk.toString("utf8");
-  const nl = buf.indexOf("\n");
-  if (nl === -1) return;
-  const msg = JSON.parse(buf.slice(0, nl));
-  started = true;
-  ctl.removeAllListeners("data");
-  ctl.destroy();
-  if (msg.op !== "go") {
-    process.stderr.write(`piwork-launcher: unexpected ${JSON.stringify(msg.op)}\n`);
-    process.exit(70);
-  }
+/** pi's HTTP goes through the proxy the environment names (the task's, once bound). */
+function useProxyFromEnv() {
+  setGlobalDispatcher(new EnvHttpProxyAgent({ bodyTimeout: 0, headersTimeout: 0 }));
+}
+
+/** Apply a task's (or the prime's) environment and working directory, then run pi's main. */
+function runMain(msg, factoryFor = (_p, f) => f) {
   applyEnv(msg.env || {});
-  if (msg.cwd) process.chdir(msg.cwd);
+  if (msg.cwd) {
+    fs.mkdirSync(msg.cwd, { recursive: true });
+    process.chdir(msg.cwd);
+  }
   // What pi's cli.js does before main().
   process.title = "pi";
   process.env.PI_CODING_AGENT = "true";
   process.emitWarning = () => {};
-  setGlobalDispatcher(new EnvHttpProxyAgent({ bodyTimeout: 0, headersTimeout: 0 }));
-  const { argv, extensionFactories } = takeExtensions((msg.argv || []).map(String), factories);
+  useProxyFromEnv();
+  const { argv, picked } = takeExtensions((msg.argv || []).map(String), factories);
+  const extensionFactories = picked.map(([p, f]) => factoryFor(p, f));
   main(argv, extensionFactories.length ? { extensionFactories } : undefined);
+}
+
+// A primed pi's extensions: pi calls each factory again whenever it builds a
+// session (switch_session), and a slot calls its extension only if the bound
+// task asked for it (-e), so one saved VM serves tasks with any subset.
+const active = new Set();
+
+/**
+ * "prime" (a saved VM being made): run pi's main() now, with no task in it,
+ * so a restored VM skips it. Its agent dir (PI_CODING_AGENT_DIR, the path the
+ * task's own will be mounted on) gets the files the host sent: a models.json
+ * naming one model nobody serves, so pi starts. Plain names only. Every
+ * extension must be precompiled (a slot): pi would load any other for every
+ * task, asked for or not.
+ */
+function prime(msg) {
+  const { argv, picked } = takeExtensions((msg.argv || []).map(String), factories);
+  const loose = argv.filter((a, i) => i > 0 && (argv[i - 1] === "-e" || argv[i - 1] === "--extension"));
+  if (loose.length) throw new Error(`extensions not precompiled: ${loose.join(", ")}`);
+  const dir = msg.env && msg.env.PI_CODING_AGENT_DIR;
+  if (dir) {
+    fs.mkdirSync(dir, { recursive: true });
+    for (const [name, text] of Object.entries(msg.files || {})) {
+      if (!/^[A-Za-z0-9._-]+$/.test(name) || name.startsWith(".")) throw new Error(`bad file name ${name}`);
+      fs.writeFileSync(path.join(dir, name), String(text));
+    }
+  }
+  for (const [p] of picked) active.add(p); // their code runs once here, for the saved VM
+  runMain(msg, (p, f) => (api) => (active.has(p) ? f(api) : undefined));
+}
+
+/**
+ * "bind" (a restored VM, after the task's folders are mounted): the task's
+ * environment and working directory replace the prime's. The host then
+ * switches pi to the task's session (RPC switch_session), which makes pi
+ * build its session, settings, models, resources and extensions again from
+ * the task's agent dir, cwd and environment; and sets the task's model. The
+ * bind's argv says which extensions the task has (a subset of the prime's).
+ */
+function bind(msg) {
+  const { argv, picked } = takeExtensions((msg.argv || []).map(String), factories);
+  const loose = argv.filter((a, i) => i > 0 && (argv[i - 1] === "-e" || argv[i - 1] === "--extension"));
+  if (loose.length) throw new Error(`extensions the saved VM was not primed with: ${loose.join(", ")}`);
+  active.clear();
+  for (const [p] of picked) active.add(p);
+  applyEnv(msg.env || {});
+  process.env.PI_CODING_AGENT = "true";
+  if (msg.cwd) process.chdir(msg.cwd);
+  useProxyFromEnv();
+}
+
+/**
+ * "settle" (a primed pi, just before the VM is saved): a full garbage
+ * collection, so the saved heap is compact and its young generation empty.
+ * A restored VM's first collection is costly (every page it touches comes
+ * from the saved RAM file, under TCG), and the task's switch_session
+ * allocates a few MB: from an empty young generation it seldom needs one.
+ */
+function settle() {
+  v8.setFlagsFromString("--expose-gc");
+  vm.runInNewContext("gc")();
+  say({ ev: "settled" });
+}
+
+// One control line at a time: "go" (run pi for a task now), or "prime" then,
+// in the restored VM, "bind". After "go" or "bind" the socket is closed.
+let buf = "";
+let state = "loaded"; // -> "running" (go) | "primed" (prime) -> "running" (bind)
+const ops = {
+  loaded: { go: runMain, prime },
+  primed: { bind, settle },
+};
+ctl.on("data", (chunk) => {
+  buf += chunk.toString("utf8");
+  let nl;
+  while ((nl = buf.indexOf("\n")) !== -1 && state !== "running") {
+    const msg = JSON.parse(buf.slice(0, nl));
+    buf = buf.slice(nl + 1);
+    const op = ops[state][msg.op];
+    if (!op) {
+      process.stderr.write(`piwork-launcher: unexpected ${JSON.stringify(msg.op)} when ${state}\n`);
+      process.exit(70);
+    }
+    try {
+      op(msg);
+    } catch (err) {
+      process.stderr.write(`piwork-launcher: ${msg.op} failed: ${err.message}\n`);
+      process.exit(72);
+    }
+    if (msg.op === "prime") {
+      state = "primed"; // the supervisor asks pi itself (get_state) when it is ready
+    } else if (msg.op === "settle") {
+      /* still primed */
+    } else {
+      if (msg.op === "bind") say({ ev: "bound" });
+      state = "running";
+      ctl.removeAllListeners("data");
+      ctl.end();
+    }
+  }
 });
 ctl.on("error", () => process.exit(71));
 ctl.on("end", () => {
-  if (!started) process.exit(0); // the supervisor went away before "go"
+  if (state === "loaded" || state === "primed") process.exit(0); // the supervisor went away first
 });

@@ -158,7 +158,8 @@ const ports = new PortWatcher((list) => outbox.event({ ev: "ports", ports: list 
 // ---------------------------------------------------------------- pi
 
 let pi = null; // ChildProcess
-let preloaded = null; // {child, ctl, loaded}: a launcher with pi loaded, waiting for "go"
+let preloaded = null; // {child, ctl, loaded, primed}: a launcher with pi loaded, waiting for "go"
+let bindingLines = null; // lines for a primed pi that arrived before it was bound to the task
 
 function childEnv(extra) {
   const env = { ...process.env, ...(extra || {}) };
@@ -186,7 +187,7 @@ function spawnLauncher() {
     stdio: ["pipe", "pipe", "pipe", "pipe"],
     detached: true, // own process group: stop kills pi and its tools together
   });
-  const entry = { child, ctl: child.stdio[3], loaded: false };
+  const entry = { child, ctl: child.stdio[3], loaded: false, primed: false, onBound: null, onSettled: null };
   const split = new LineSplitter((line) => {
     let msg;
     try {
@@ -197,6 +198,10 @@ function spawnLauncher() {
     if (msg.ev === "loaded") {
       entry.loaded = true;
       outbox.event({ ev: "preloaded", ms: msg.ms ?? null, codeCache: msg.codeCache ?? null });
+    } else if (msg.ev === "bound" && entry.onBound) {
+      entry.onBound();
+    } else if (msg.ev === "settled" && entry.onSettled) {
+      entry.onSettled();
     }
   });
   entry.ctl.on("data", (c) => split.push(c));
@@ -223,6 +228,90 @@ function preload() {
       if (preloaded === mine) preloaded = null;
     });
   }
+}
+
+// ---------------------------------------------------------------- prime
+
+const PRIME_PROBE_ID = "piwork-prime";
+const PRIME_TIMEOUT_MS = Number(process.env.PIWORK_PRIME_TIMEOUT_MS || 600000);
+
+function killGroup(child) {
+  try {
+    process.kill(-child.pid, "SIGKILL");
+  } catch {
+    /* already gone */
+  }
+}
+
+/**
+ * "prime" (the host is making a saved VM): the preloaded launcher runs pi's
+ * main() with the prime's argv, env and cwd (no task in any of them; see
+ * launcher/launch.mjs), and pi is asked for its state on its own stdin. Its
+ * answer means pi's RPC loop runs: "primed" goes to the host, which saves
+ * the VM. A restored VM's "start" with bind then skips main().
+ */
+function primePi(msg) {
+  const entry = preloaded;
+  const why = !entry ? "pi is not preloaded" : !entry.loaded ? "pi is still loading" : entry.primed ? "pi is already primed" : pi ? "pi is running" : null;
+  if (why) {
+    outbox.event({ ev: "primed", ok: false, error: why });
+    return;
+  }
+  const t0 = performance.now();
+  const { child } = entry;
+  let stderr = "";
+  let done = false;
+  const out = new LineSplitter((line) => {
+    let reply;
+    try {
+      reply = JSON.parse(line.toString("utf8"));
+    } catch {
+      return;
+    }
+    if (reply && reply.id === PRIME_PROBE_ID && reply.type === "response") {
+      finish(reply.success === true, reply.success === true ? null : String(reply.error));
+    }
+  });
+  const onOut = (c) => out.push(c);
+  const onErr = (c) => {
+    if (stderr.length < 4000) stderr += c.toString("utf8");
+  };
+  const onClose = (code, signal) => finish(false, `pi exited while priming (${code ?? signal})`);
+  const timer = setTimeout(() => finish(false, `pi did not answer within ${PRIME_TIMEOUT_MS} ms`), PRIME_TIMEOUT_MS);
+  function finish(ok, error) {
+    if (done) return;
+    done = true;
+    clearTimeout(timer);
+    child.stdout.removeListener("data", onOut);
+    child.stderr.removeListener("data", onErr);
+    child.removeListener("close", onClose);
+    child.stdout.pause(); // what pi writes next waits for the task's start
+    child.stderr.pause();
+    if (ok) {
+      // A full collection before the save (see the launcher's settle()); then "primed".
+      const said = () => {
+        entry.onSettled = null;
+        clearTimeout(settleTimer);
+        entry.primed = true;
+        outbox.event({ ev: "primed", ok: true, ms: Math.round(performance.now() - t0) });
+      };
+      const settleTimer = setTimeout(said, 60000); // primed anyway, just not settled
+      entry.onSettled = said;
+      entry.ctl.write(`${JSON.stringify({ op: "settle" })}\n`);
+      return;
+    }
+    const tail = stderr.trim().split("\n").slice(-10).join("\n");
+    outbox.event({ ev: "primed", ok: false, error: tail ? `${error}: ${tail}` : error });
+    if (preloaded === entry) preloaded = null;
+    killGroup(child);
+    preload(); // this VM can still run a task the ordinary way
+  }
+  child.stdout.on("data", onOut);
+  child.stderr.on("data", onErr);
+  child.on("close", onClose);
+  const { argv, env, cwd, files } = msg;
+  entry.ctl.write(`${JSON.stringify({ op: "prime", argv, env: childEnv(env), cwd, files })}\n`);
+  child.stdin.write(`${JSON.stringify({ id: PRIME_PROBE_ID, type: "get_state" })}\n`);
 }
 
 function mountedDirs() {
@@ -369,6 +458,11 @@ function startPi(msg) {
   }
   let entry = preloaded;
   preloaded = null;
+  if (entry && entry.primed && msg.bind !== true) {
+    // A primed pi has run main() with the prime's arguments; this start wants its own.
+    killGroup(entry.child);
+    entry = null;
+  }
   if (!entry || entry.child.exitCode !== null || entry.child.signalCode !== null) {
     try {
       entry = fs.existsSync(LAUNCHER) ? spawnLauncher() : null;
@@ -378,7 +472,24 @@ function startPi(msg) {
     }
   }
   let child;
-  if (entry) {
+  let bindTimer = null;
+  const primed = Boolean(entry && entry.primed);
+  if (primed) {
+    child = entry.child;
+    bindingLines = [];
+    bindTimer = setTimeout(() => {
+      log("the primed pi did not bind within 30 s");
+      killGroup(child);
+    }, 30000);
+    entry.onBound = () => {
+      clearTimeout(bindTimer);
+      const held = bindingLines || [];
+      bindingLines = null;
+      begin(true);
+      for (const line of held) child.stdin.write(Buffer.concat([line, Buffer.from("\n")]));
+    };
+    entry.ctl.write(`${JSON.stringify({ op: "bind", argv, env, cwd })}\n`);
+  } else if (entry) {
     child = entry.child;
     entry.ctl.write(`${JSON.stringify({ op: "go", argv, env, cwd })}\n`);
   } else {
@@ -396,11 +507,6 @@ function startPi(msg) {
   }
   pi = child;
   const tGo = performance.now();
-  // After "go": pi's start is not delayed by spawning the setup. The bash
-  // wrapper's "started" mark is written in this tick, before pi can run a
-  // command; the spawn (a fork of this process) waits until "started" is out.
-  // "image": an imported image (piwork env import) was hot-plugged too, as the lower layer.
-  if (["disk", "image", "tmpfs"].includes(msg.workbench)) startWorkbench(msg.workbench);
   let reported = false;
   // Where a start's time goes, for `piwork bench`: the first line pi writes
   // (its reply to the host's first request) is timed from the "start" op.
@@ -417,29 +523,24 @@ function startPi(msg) {
     outbox.event({ ev: "stderr", text });
     log(`pi: ${text.slice(0, 500)}`);
   });
-  child.stdout.on("data", (c) => out.push(c));
-  child.stderr.on("data", (c) => errSplit.push(c));
-  // An EPIPE on pi's stdin after pi died must not kill the supervisor.
-  child.stdin.on("error", (err) => log(`pi stdin: ${err.message}`));
   child.on("error", (err) => {
     if (!reported) {
       reported = true;
       outbox.event({ ev: "error", message: `pi failed: ${err.message}` });
       if (pi === child) {
         pi = null;
+        bindingLines = null;
         ports.stop();
       }
     }
   });
-  const ms = { prepare: Math.round(tPrepared - t0), go: Math.round(tGo - tPrepared) };
-  if (entry) outbox.event({ ev: "started", pid: child.pid, preloaded: entry.loaded, ms });
-  else child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid, ms }));
-  ports.start();
   child.on("close", (code, signal) => {
+    clearTimeout(bindTimer);
     out.flush();
     errSplit.flush();
     if (pi === child) {
       pi = null;
+      bindingLines = null;
       ports.stop();
     }
     if (!reported) {
@@ -447,6 +548,30 @@ function startPi(msg) {
       outbox.event({ ev: "exit", code, signal });
     }
   });
+  // An EPIPE on pi's stdin after pi died must not kill the supervisor.
+  child.stdin.on("error", (err) => log(`pi stdin: ${err.message}`));
+
+  /** pi runs for this task: its output flows to the host, and the host hears "started". */
+  function begin(isPrimed) {
+    // After "go": pi's start is not delayed by spawning the setup. The bash
+    // wrapper's "started" mark is written in this tick, before pi can run a
+    // command; the spawn (a fork of this process) waits until "started" is out.
+    // "image": an imported image (piwork env import) was hot-plugged too, as the lower layer.
+    if (["disk", "image", "tmpfs"].includes(msg.workbench)) startWorkbench(msg.workbench);
+    child.stdout.on("data", (c) => out.push(c));
+    child.stderr.on("data", (c) => errSplit.push(c));
+    child.stdout.resume(); // a primed pi's streams were paused after the prime
+    child.stderr.resume();
+    const ms = {
+      prepare: Math.round(tPrepared - t0),
+      go: Math.round(tGo - tPrepared),
+      ...(isPrimed ? { bind: Math.round(performance.now() - tGo) } : {}),
+    };
+    if (entry) outbox.event({ ev: "started", pid: child.pid, preloaded: entry.loaded, primed: isPrimed, ms });
+    else child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid, ms }));
+    ports.start();
+  }
+  if (!primed) begin(false);
 }
 
 function signalPi(sig) {
@@ -560,12 +685,16 @@ function handleControl(text) {
         lastSeq: outbox.lastSeq,
         pi: { running: Boolean(pi), pid: pi ? pi.pid : null },
         preloaded: Boolean(preloaded && preloaded.loaded),
+        primed: Boolean(preloaded && preloaded.primed),
         version: VERSION,
       });
       outbox.replayAfter(Number(msg.after) || 0);
       break;
     case "start":
       whenModulesLoaded(() => startPi(msg));
+      break;
+    case "prime":
+      primePi(msg);
       break;
     case "stop":
       if (!signalPi(msg.signal)) outbox.event({ ev: "error", message: "pi is not running" });
@@ -599,6 +728,10 @@ function handleInboundLine(line) {
   }
   if (!pi) {
     outbox.event({ ev: "error", message: "pi is not running; a line for pi was dropped" });
+    return;
+  }
+  if (bindingLines) {
+    bindingLines.push(Buffer.from(line)); // pi gets them once it has the task's env and cwd
     return;
   }
   pi.stdin.write(Buffer.concat([line, Buffer.from("\n")]));

@@ -357,3 +357,176 @@ test("start without workbench runs no setup", async (t) => {
   assert.ok(!fs.existsSync(path.join(dir, "ran")) && !fs.existsSync(path.join(dir, "started")));
   c.close();
 });
+
+// A saved VM's pi is primed: main() has run with no task (a models.json naming
+// a model nobody serves, an in-memory session). The restored VM binds it to the
+// task: the task's env and cwd replace the prime's, and switch_session makes pi
+// build its session, models and extensions again from them.
+async function primedSupervisor(tmp) {
+  const piDir = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
+  const extDir = path.join(tmp, "extensions");
+  fs.mkdirSync(extDir);
+  // A precompiled extension (X.ts + X.mjs) whose factory records the env and cwd it ran with.
+  fs.writeFileSync(path.join(extDir, "mark.ts"), "not TypeScript {{{\n");
+  fs.writeFileSync(
+    path.join(extDir, "mark.mjs"),
+    'import fs from "node:fs";\n' +
+      "export default function mark() {\n" +
+      '  fs.appendFileSync(process.env.MARK_FILE, `${process.env.TASK_MARK} ${process.cwd()}\\n`);\n' +
+      "}\n",
+  );
+  const { proc, port } = await startSupervisor({
+    PIWORK_LAUNCHER: path.join(here, "..", "launcher", "launch.mjs"),
+    PIWORK_PI_DIR: piDir,
+    PIWORK_EXTENSIONS_DIR: extDir,
+  });
+  const c = await connect(port);
+  c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
+  await c.waitFor(ev("preloaded"), 60000);
+  const agentDir = path.join(tmp, "state", "agent");
+  const ext = path.join(extDir, "mark.ts");
+  const models = (provider, model) =>
+    JSON.stringify({
+      providers: {
+        [provider]: {
+          baseUrl: "http://127.0.0.1:9/v1",
+          api: "openai-completions",
+          apiKey: "none",
+          models: [{ id: model, name: model, contextWindow: 1000, maxTokens: 100, reasoning: false, input: ["text"] }],
+        },
+      },
+    });
+  const common = ["--mode", "rpc", "--offline", "--no-extensions", "-e", ext];
+  c.send(
+    `!${JSON.stringify({
+      op: "prime",
+      argv: [...common, "--no-session", "--provider", "piwork-idle", "--model", "idle"],
+      env: { HOME: path.join(tmp, "prime-home"), PI_CODING_AGENT_DIR: agentDir, TASK_MARK: "prime", MARK_FILE: path.join(tmp, "marks") },
+      cwd: path.join(tmp, "prime-cwd"),
+      files: { "models.json": models("piwork-idle", "idle") },
+    })}`,
+  );
+  const primed = JSON.parse((await c.waitFor(ev("primed"), 60000)).payload.slice(1));
+  return { proc, c, primed, agentDir, common, models };
+}
+
+test("a primed pi is bound to the task: its env, cwd, session, model and extensions are the task's", async () => {
+  const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
+  const { proc, c, primed, agentDir, common, models } = await primedSupervisor(tmp);
+  try {
+    assert.equal(primed.ok, true, JSON.stringify(primed));
+    // What the task's mounted agent dir holds in the VM.
+    fs.writeFileSync(path.join(agentDir, "models.json"), models("task", "m1"));
+    const cwd = path.join(tmp, "work");
+    fs.mkdirSync(cwd);
+    const session = path.join(tmp, "state", "session.jsonl");
+    const env = { HOME: path.join(tmp, "home"), PI_CODING_AGENT_DIR: agentDir, TASK_MARK: "t1", MARK_FILE: path.join(tmp, "marks") };
+    const argv = [...common, "--session", session, "--provider", "task", "--model", "m1"];
+    c.send(`!${JSON.stringify({ op: "start", argv, env, cwd, bind: true })}`);
+    // Sent at once, before "started": held until pi has the task's env and cwd.
+    c.send(JSON.stringify({ id: "sw", type: "switch_session", sessionPath: session }));
+    const started = JSON.parse((await c.waitFor(ev("started"), 30000)).payload.slice(1));
+    assert.equal(started.primed, true);
+    const sw = await c.waitFor(piLine((o) => o.type === "response" && o.id === "sw"), 30000);
+    assert.equal(JSON.parse(sw.payload).success, true, sw.payload);
+    c.send(JSON.stringify({ id: "b", type: "bash", command: "pwd; echo $TASK_MARK; echo $HOME" }));
+    const b = await c.waitFor(piLine((o) => o.type === "response" && o.id === "b"), 30000);
+    assert.deepEqual(JSON.parse(b.payload).data.output.trim().split("\n"), [cwd, "t1", env.HOME]);
+    c.send(JSON.stringify({ id: "m", type: "set_model", provider: "task", modelId: "m1" }));
+    const m = await c.waitFor(piLine((o) => o.type === "response" && o.id === "m"), 30000);
+    assert.equal(JSON.parse(m.payload).success, true, m.payload);
+    c.send(JSON.stringify({ id: "st", type: "get_state" }));
+    const st = JSON.parse((await c.waitFor(piLine((o) => o.type === "response" && o.id === "st"), 30000)).payload);
+    assert.equal(st.data.sessionFile, session);
+    assert.equal(st.data.model.provider, "task");
+    assert.equal(st.data.model.id, "m1");
+    // The extension ran once for the prime and again, for the task, with the task's env and cwd.
+    const marks = fs.readFileSync(path.join(tmp, "marks"), "utf8").trim().split("\n");
+    assert.deepEqual(marks, [`prime ${path.join(tmp, "prime-cwd")}`, `t1 ${cwd}`]);
+    c.close();
+  } finally {
+    proc.kill();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+test("a start without bind never reuses a primed pi: a fresh one runs the task's argv", async () => {
+  const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
+  const { proc, c, primed } = await primedSupervisor(tmp);
+  try {
+    assert.equal(primed.ok, true, JSON.stringify(primed));
+    const cwd = path.join(tmp, "work");
+    const env = { HOME: tmp, PI_CODING_AGENT_DIR: path.join(tmp, "agent2"), TASK_MARK: "t2", MARK_FILE: path.join(tmp, "marks") };
+    c.send(`!${JSON.stringify({ op: "start", argv: ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"], env, cwd })}`);
+    const started = JSON.parse((await c.waitFor(ev("started"), 30000)).payload.slice(1));
+    assert.equal(started.primed, false);
+    c.send(JSON.stringify({ id: "b", type: "bash", command: "pwd; echo $TASK_MARK" }));
+    const reply = await c.waitFor(piLine((o) => o.type === "response" && o.id === "b"), 60000);
+    assert.deepEqual(JSON.parse(reply.payload).data.output.trim().split("\n"), [cwd, "t2"]);
+    c.close();
+  } finally {
+    proc.kill();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+test("a prime that fails is said, and the VM can still start a task the ordinary way", async () => {
+  const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
+  const piDir = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
+  const { proc, port } = await startSupervisor({
+    PIWORK_LAUNCHER: path.join(here, "..", "launcher", "launch.mjs"),
+    PIWORK_PI_DIR: piDir,
+    PIWORK_EXTENSIONS_DIR: path.join(tmp, "none"),
+  });
+  try {
+    const c = await connect(port);
+    c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
+    await c.waitFor(ev("preloaded"), 60000);
+    // A working directory that cannot be made (beneath a file): the launcher exits.
+    fs.writeFileSync(path.join(tmp, "file"), "");
+    const env = { HOME: tmp, PI_CODING_AGENT_DIR: path.join(tmp, "agent") };
+    c.send(`!${JSON.stringify({ op: "prime", argv: ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"], env, cwd: path.join(tmp, "file", "cwd") })}`);
+    const primed = JSON.parse((await c.waitFor(ev("primed"), 60000)).payload.slice(1));
+    assert.equal(primed.ok, false);
+    assert.match(primed.error, /exited while priming/);
+    await c.waitFor(ev("preloaded"), 60000); // a new, unprimed pi is loaded
+    c.send(`!${JSON.stringify({ op: "start", argv: ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"], env, cwd: tmp, bind: true })}`);
+    const started = JSON.parse((await c.waitFor(ev("started"), 30000)).payload.slice(1));
+    assert.equal(started.primed, false);
+    c.close();
+  } finally {
+    proc.kill();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+});
+
+test("a task bound without an extension the prime ran does not get it; one the prime lacked ends pi", async () => {
+  for (const [extra, expectExit] of [[[], false], [["-e", "/nowhere/other.ts"], true]]) {
+    const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
+    const { proc, c, primed, agentDir, models } = await primedSupervisor(tmp);
+    try {
+      assert.equal(primed.ok, true, JSON.stringify(primed));
+      fs.writeFileSync(path.join(agentDir, "models.json"), models("task", "m1"));
+      const cwd = path.join(tmp, "work");
+      fs.mkdirSync(cwd);
+      const session = path.join(tmp, "state", "session.jsonl");
+      const env = { HOME: tmp, PI_CODING_AGENT_DIR: agentDir, TASK_MARK: "t1", MARK_FILE: path.join(tmp, "marks") };
+      const argv = ["--mode", "rpc", "--offline", "--no-extensions", ...extra, "--session", session];
+      c.send(`!${JSON.stringify({ op: "start", argv, env, cwd, bind: true })}`);
+      if (expectExit) {
+        const exit = JSON.parse((await c.waitFor(ev("exit"), 30000)).payload.slice(1));
+        assert.equal(exit.code, 72);
+        continue;
+      }
+      c.send(JSON.stringify({ id: "sw", type: "switch_session", sessionPath: session }));
+      const sw = await c.waitFor(piLine((o) => o.type === "response" && o.id === "sw"), 30000);
+      assert.equal(JSON.parse(sw.payload).success, true, sw.payload);
+      const marks = fs.readFileSync(path.join(tmp, "marks"), "utf8").trim().split("\n");
+      assert.deepEqual(marks, [`prime ${path.join(tmp, "prime-cwd")}`]); // not called for the task
+    } finally {
+      c.close();
+      proc.kill();
+      fs.rmSync(tmp, { recursive: true, force: true });
+    }
+  }
+});

@@ -30,6 +30,7 @@ from pathlib import Path
 from piwork.env import EnvStore, default_store
 from piwork.env.dockerfile import DEFAULT_NAMES
 from piwork.env.registries import registry_rules
+from piwork.env.store import MAX_CHAIN_LAYERS
 from piwork.policy.rules import Scope
 from piwork.policy.store import PolicyError, PolicyStore
 
@@ -169,13 +170,21 @@ def cmd_show(args: argparse.Namespace) -> int:
             "bytes": la.bytes,
             "from_task": la.from_task,
             "built_from": la.build.get("file") if la.build else None,
+            "merged": list(la.merged),
             "created_at": la.created_at,
             "tasks": store.users(la.id),
         }
         for la in chain
     ]
     if args.json:
-        shown = {"folder": rec.folder, "head": rec.head, "image": rec.image, "layers": layers}
+        shown = {
+            "folder": rec.folder,
+            "head": rec.head,
+            "image": rec.image,
+            "chain_length": len(chain),
+            "max_chain_length": MAX_CHAIN_LAYERS,
+            "layers": layers,
+        }
         print(json.dumps(shown, indent=2))
         return 0
     print(rec.folder)
@@ -184,11 +193,20 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not chain:
         base = "the imported image" if rec.image else "the pack's workbench"
         print(f"  clean: the next task starts from {base}")
+    else:
+        print(
+            f"  chain of {len(chain)} layer(s), newest first (merged into one when a new "
+            f"task would make it longer than {MAX_CHAIN_LAYERS})"
+        )
     for la in layers:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(str(la["created_at"]))))
-        origin = (
-            f"built from {la['built_from']}" if la["built_from"] else f"from task {la['from_task']}"
-        )
+        if la["merged"]:
+            origin = f"merged from {len(la['merged'])} layers"  # type: ignore[arg-type]
+            origin += f" (newest from task {la['from_task']})" if la["from_task"] else ""
+        elif la["built_from"]:
+            origin = f"built from {la['built_from']}"
+        else:
+            origin = f"from task {la['from_task']}"
         print(
             f"  layer {la['id']}  {_mb(int(str(la['bytes'])))}  {origin}"
             f"  ({when}); used by {len(la['tasks'])} task(s)"  # type: ignore[arg-type]

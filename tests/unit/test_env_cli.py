@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from piwork.cli.main import main
 from piwork.config import get_paths
 from piwork.env import store_for
+from piwork.env.store import MAX_CHAIN_LAYERS
 from piwork.policy.rules import Action, Verdict
 from piwork.policy.store import PolicyStore
 
@@ -58,12 +60,37 @@ def test_list_show_reset_and_rm_of_a_folders_environment(
     assert main(["env", "show", str(folder)]) == 0
     shown = capsys.readouterr().out
     assert "from task t1" in shown and "used by 2 task(s)" in shown
+    assert "chain of 1 layer(s)" in shown
     assert main(["env", "reset", str(folder)]) == 0
     assert "starts from the clean workbench" in capsys.readouterr().out
     assert store.folder(folder) is not None and store.folder(folder).head is None  # type: ignore[union-attr]
     assert main(["env", "rm", str(folder)]) == 0
     assert main(["env", "show", str(folder)]) == 1
     assert "no environment saved" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
+def test_show_says_the_chain_length_and_a_merged_layer(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    paths = get_paths()
+    store = store_for(paths)
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    for i in range(MAX_CHAIN_LAYERS + 1):
+        (paths.tasks / f"t{i}").mkdir(parents=True)
+        store.prepare(paths.tasks / f"t{i}", folder, size=1 << 26)
+    assert main(["env", "show", str(folder), "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["chain_length"] == MAX_CHAIN_LAYERS == shown["max_chain_length"]
+    (paths.tasks / "last").mkdir()
+    store.prepare(paths.tasks / "last", folder, size=1 << 26)  # one more: merged
+    assert main(["env", "show", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "chain of 1 layer(s)" in out
+    assert (
+        f"merged from {MAX_CHAIN_LAYERS + 1} layers (newest from task t{MAX_CHAIN_LAYERS})" in out
+    )
 
 
 def test_env_build_refuses_a_file_it_cannot_build_before_anything_starts(

@@ -157,12 +157,27 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _not_saved(command: str, folder: Path) -> int:
+    """No record for ``folder``: a path that does not exist is a wrong argument (exit 2),
+    an existing folder simply has none (exit 1). A record outlives its folder, so a
+    missing folder is looked up first (``piwork env rm`` of a deleted folder works)."""
+    listed = "piwork env list shows the folders that have one"
+    if not folder.exists():
+        print(
+            f"piwork env {command}: {folder} does not exist and has no saved environment "
+            f"({listed})",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"piwork env {command}: no environment saved for {folder} ({listed})", file=sys.stderr)
+    return 1
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     store = default_store()
     rec = store.folder(_folder(args.folder))
     if rec is None:
-        print(f"piwork env: no environment saved for {args.folder}", file=sys.stderr)
-        return 1
+        return _not_saved("show", _folder(args.folder))
     chain = store.chain(rec.head)
     layers = [
         {
@@ -219,8 +234,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_reset(args: argparse.Namespace) -> int:
     folder = _folder(args.folder)
     if not default_store().reset(folder):
-        print(f"piwork env: no environment saved for {folder}", file=sys.stderr)
-        return 1
+        return _not_saved("reset", folder)
     print(f"{folder}: the next task starts from the clean workbench")
     return 0
 
@@ -228,13 +242,19 @@ def cmd_reset(args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     folder = _folder(args.folder)
     if not default_store().rm(folder):
-        print(f"piwork env: no environment saved for {folder}", file=sys.stderr)
-        return 1
+        return _not_saved("rm", folder)
     print(f"{folder}: environment forgotten")
     return 0
 
 
 def cmd_allow_registries(args: argparse.Namespace) -> int:
+    if args.folder and not _folder(args.folder).is_dir():
+        print(
+            f"piwork env allow-registries: {_folder(args.folder)} is not a folder; name an "
+            "existing working folder, or leave --folder out to allow the registries everywhere",
+            file=sys.stderr,
+        )
+        return 2
     scope = Scope.folder(_folder(args.folder)) if args.folder else Scope.global_()
     store = PolicyStore()
     rules = registry_rules(scope)
@@ -262,7 +282,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     folder = _folder(args.folder)
     if not folder.is_dir():
-        print(f"piwork env build: {folder} is not a folder", file=sys.stderr)
+        print(
+            f"piwork env build: {folder} is not a folder; name the build folder (the one "
+            "with piwork.Dockerfile), or run it there",
+            file=sys.stderr,
+        )
         return 2
     file = find_file(folder, args.file)
 
@@ -307,18 +331,32 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from piwork.env.importer import import_image
+    from piwork.env.importer import check_archive, import_image
 
     folder = _folder(args.folder)
     if not folder.is_dir():
-        print(f"piwork env import: {folder} is not a folder", file=sys.stderr)
+        print(
+            f"piwork env import: {folder} is not a folder; name the working folder whose "
+            "tasks should run on the image",
+            file=sys.stderr,
+        )
         return 2
+    archive = Path(args.archive).expanduser().resolve()
+    check_archive(archive)  # before the store is touched: a usage error (exit 2)
     store = default_store()
-    result = import_image(store, Path(args.archive).expanduser().resolve())
+    result = import_image(store, archive)
     for change in result.removed[:20]:
         print(f"piwork env import: {change}", file=sys.stderr)
+    if len(result.removed) > 20:
+        print(f"piwork env import: and {len(result.removed) - 20} more", file=sys.stderr)
     how = "cached" if result.cached else f"imported, {_mb(result.bytes)}"
     print(f"image {result.id} ({how})")
+    if result.env or result.workdir:
+        names = " ".join(name for name, _ in result.env)
+        print(
+            f"  its Env ({names or 'none'}) and WorkingDir ({result.workdir or '/'}) apply to "
+            "tasks' shells"
+        )
     store.use_image(folder, result.id)
     print(f"{folder}: the next task runs on image {result.id} (piwork env reset goes back)")
     return 0

@@ -396,6 +396,7 @@ async def build_env(
     inherited: tuple[dict[str, str], str] = ({}, "/")
     if first.base.startswith(IMAGE_PREFIX) and store.image_path(first.base).is_file():
         image = first.base  # an imported image (piwork env import), nothing over it yet
+        inherited = store.image_settings(image)  # its config's Env and WorkingDir
     elif first.base != BASE_PIWORK:
         layer = store.layer(first.base)
         if layer is None:

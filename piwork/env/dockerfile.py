@@ -459,7 +459,11 @@ def _lookup(env: dict[str, str]) -> dict[str, str]:
     return {**BASE_ENV, **env}
 
 
-def env_script(env: tuple[tuple[str, str], ...] | dict[str, str], workdir: str) -> str:
+def env_script(
+    env: tuple[tuple[str, str], ...] | dict[str, str],
+    workdir: str,
+    source: str = "the environment's file",
+) -> str:
     """The file tasks' bash reads (``BASH_ENV``): the build's ENV, and WORKDIR as the place
     a shell outside the task's folders starts in.
 
@@ -468,7 +472,7 @@ def env_script(env: tuple[tuple[str, str], ...] | dict[str, str], workdir: str) 
     """
     items = env.items() if isinstance(env, dict) else env
     lines = [
-        "# Written by piwork env build: the ENV and WORKDIR of the environment's file.",
+        f"# Written by piwork: the ENV and WORKDIR of {source}.",
         '[ -n "${PIWORK_BUILD_ENV-}" ] && return 0',
         "export PIWORK_BUILD_ENV=1",
         f"export PIWORK_WORKDIR={shlex.quote(workdir)}",

@@ -262,6 +262,13 @@ def merge_chain(paths: list[Path], dest: Path) -> None:
     fsync_dir(dest.parent)
 
 
+def _settings(record: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """``env`` pairs and ``workdir`` from a record piwork wrote (a build's, an image's)."""
+    env = record.get("env")
+    pairs = [p for p in env if isinstance(p, list) and len(p) == 2] if isinstance(env, list) else []
+    return {str(k): str(v) for k, v in pairs}, str(record.get("workdir") or "/")
+
+
 def folder_key(folder: Path) -> str:
     return hashlib.sha256(str(folder).encode()).hexdigest()[:16]
 
@@ -314,17 +321,20 @@ class EnvStore:
 
     def build_settings(self, layer_id: str | None) -> tuple[dict[str, str], str]:
         """The ENV and WORKDIR a build on ``layer_id`` starts from: those of the newest
-        built layer in its chain (a task's layer on top keeps them: its disk holds the file)."""
-        for layer in self.chain(layer_id):
+        built layer in its chain (a task's layer on top keeps them: its disk holds the file),
+        else those of the imported image the chain sits on."""
+        chain = self.chain(layer_id)
+        for layer in chain:
             if layer.build is not None:
-                env = layer.build.get("env")
-                pairs = (
-                    [p for p in env if isinstance(p, list) and len(p) == 2]
-                    if isinstance(env, list)
-                    else []
-                )
-                return {str(k): str(v) for k, v in pairs}, str(layer.build.get("workdir") or "/")
+                return _settings(layer.build)
+        if chain and chain[0].image is not None:
+            return self.image_settings(chain[0].image)
         return {}, "/"
+
+    def image_settings(self, image_id: str) -> tuple[dict[str, str], str]:
+        """The Env and WorkingDir an imported image's config gave (checked at import)."""
+        meta = _read_json(self.images_dir / f"{image_id}.json")
+        return _settings(meta or {})
 
     def chain(self, layer_id: str | None) -> list[Layer]:
         """The layer and its parents, newest first."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -110,14 +111,46 @@ def test_env_build_refuses_a_file_it_cannot_build_before_anything_starts(
     assert not (get_paths().data / "envs" / "layers").exists()
 
 
-def test_env_import_of_a_missing_or_bad_archive_says_so(
+def test_env_import_of_a_missing_unreadable_or_bad_archive_is_a_usage_error(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
+    """A wrong path on the command line exits 2 and says how to make an archive."""
     folder = tmp_path / "proj"
     folder.mkdir()
-    assert main(["env", "import", str(tmp_path / "nope.tar"), str(folder)]) == 1
-    assert "nope.tar: no such file" in capsys.readouterr().err
+    assert main(["env", "import", str(tmp_path / "nope.tar"), str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "nope.tar: no such file" in err and "docker save IMAGE -o FILE.tar" in err
+    assert main(["env", "import", str(tmp_path), str(folder)]) == 2
+    assert "not a file" in capsys.readouterr().err
+    locked = tmp_path / "locked.tar"
+    locked.write_text("x")
+    locked.chmod(0)
+    with mock.patch("pathlib.Path.open", side_effect=PermissionError(13, "Permission denied")):
+        # (root reads a mode-0 file anyway: the refusal the kernel gives others, stood in)
+        assert main(["env", "import", str(locked), str(folder)]) == 2
+    assert "cannot be read (Permission denied)" in capsys.readouterr().err
     (tmp_path / "bad.tar").write_text("not a tar")
-    assert main(["env", "import", str(tmp_path / "bad.tar"), str(folder)]) == 1
+    assert main(["env", "import", str(tmp_path / "bad.tar"), str(folder)]) == 2
     assert "not a tar archive" in capsys.readouterr().err
+    assert main(["env", "import", str(tmp_path / "bad.tar"), str(tmp_path / "gone")]) == 2
+    assert "gone is not a folder" in capsys.readouterr().err
     assert store_for(get_paths()).folder(folder.resolve()) is None
+    assert not (get_paths().data / "envs" / "images").exists()
+
+
+def test_the_other_env_commands_say_a_wrong_path_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    gone = tmp_path / "gone"
+    for action in ("show", "reset", "rm"):
+        assert main(["env", action, str(gone)]) == 2, action
+        err = capsys.readouterr().err
+        assert "does not exist and has no saved environment" in err and "env list" in err
+    here = tmp_path / "here"
+    here.mkdir()
+    assert main(["env", "show", str(here)]) == 1  # a real folder with nothing saved
+    assert main(["env", "allow-registries", "--folder", str(gone)]) == 2
+    assert "leave --folder out" in capsys.readouterr().err
+    assert main(["env", "build", str(gone)]) == 2
+    assert main(["env", "build", str(here), "-f", "missing.Dockerfile"]) == 2
+    assert "missing.Dockerfile: no such file" in capsys.readouterr().err

@@ -217,6 +217,69 @@ def test_copy_refuses_fifos_and_absolute_inner_links(tmp_path: Path) -> None:
         stage_context(bf, ctx, tmp_path / "s2")
 
 
+@pytest.mark.parametrize("swap", ["a folder not walked yet", "a folder being walked"])
+def test_a_link_swapped_in_mid_walk_is_refused_never_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> None:
+    """The build folder changes while it is staged: a folder already checked is replaced
+    by a link out of it. Staging walks by descriptor and opens every file beneath the
+    folder without following a link, so the build is refused and nothing outside is read
+    (a path-based walk would descend through the new link and copy the host's file)."""
+    import piwork.env.build as build_mod
+
+    ctx = _ctx(tmp_path)
+    (ctx / "tree" / "zz.txt").write_text("staged after sub/\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f.txt").write_text("host secret\n")
+    (outside / "more.txt").write_text("host secret\n")
+    trigger = "zz.txt" if swap == "a folder not walked yet" else "run.sh"
+    real_stage_file = build_mod._stage_file
+    swapped: list[str] = []
+
+    def stage_file_then_swap(*args: object) -> None:
+        real_stage_file(*args)  # type: ignore[arg-type]
+        if args[-1] == trigger and not swapped:
+            os.rename(ctx / "tree" / "sub", ctx / "moved-sub")
+            os.symlink(outside, ctx / "tree" / "sub")
+            swapped.append(trigger)
+
+    monkeypatch.setattr(build_mod, "_stage_file", stage_file_then_swap)
+    bf = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY tree /x/\n")
+    dest = tmp_path / "stage"
+    with pytest.raises(ContextError) as exc:
+        stage_context(bf, ctx, dest)
+    assert swapped
+    said = str(exc.value)
+    assert said.startswith("piwork.Dockerfile:2: COPY tree")
+    assert "changed while it was being copied" in said or "outside the copied folder" in said
+    staged = [f.read_bytes() for f in dest.rglob("*") if f.is_file() and not f.is_symlink()]
+    assert b"host secret\n" not in staged
+
+
+def test_an_inner_link_through_another_link_out_of_the_copied_folder_is_refused(
+    tmp_path: Path,
+) -> None:
+    ctx = _ctx(tmp_path)
+    os.symlink(".", ctx / "tree" / "here")  # stays inside...
+    os.symlink("here/../one.txt", ctx / "tree" / "sneaky")  # ...but this one leaves it
+    bf = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY tree /x/\n")
+    with pytest.raises(ContextError, match=r"tree/sneaky is a symlink to here/\.\./one\.txt"):
+        stage_context(bf, ctx, tmp_path / "s")
+    os.unlink(ctx / "tree" / "sneaky")
+    os.symlink("here/sub/../run.sh", ctx / "tree" / "fine")
+    staged = stage_context(bf, ctx, tmp_path / "s2")
+    assert staged.links[(0, 0)] == [("fine", "here/sub/../run.sh"), ("here", "."),
+                                    ("link", "sub/f.txt")]  # fmt: skip
+    # The build folder itself, and a source reached through a link that stays inside.
+    os.symlink("tree", ctx / "alias")
+    whole = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY . /src/\nCOPY alias/run.sh /r\n")
+    staged = stage_context(whole, ctx, tmp_path / "s3")
+    assert (tmp_path / "s3" / "0-0" / "tree" / "sub" / "f.txt").read_text() == "in a folder\n"
+    assert staged.items[(1, 0)] == ("file", "run.sh")
+    assert (tmp_path / "s3" / "1-0" / "run.sh").read_text() == "#!/bin/sh\n"
+
+
 def test_the_guest_scripts_run_in_bash(tmp_path: Path) -> None:
     """The scripts are bash (syntax-checked here); RUN's command reaches /bin/sh intact."""
     bf = parse(

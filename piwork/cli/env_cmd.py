@@ -36,7 +36,8 @@ from piwork.policy.store import PolicyError, PolicyStore
 
 BUILD_DESCRIPTION = (
     "Build FOLDER's environment from a Dockerfile subset: FROM piwork (or FROM LAYER-ID, or "
-    "FROM IMAGE-ID from piwork env import), RUN, COPY (from FOLDER), ENV, WORKDIR. The RUN "
+    "FROM IMAGE-ID from piwork env import), RUN, COPY (from FOLDER; COPY *.txt /dst/ "
+    "matches as Docker does), ENV, WORKDIR. The RUN "
     "steps run inside a piwork VM, through the egress proxy and your network policy; the "
     "result is a read-only layer cached by the hash of its inputs, and FOLDER's next task "
     "starts from it. In tasks, ENV applies to the agent's bash; WORKDIR is where a shell "

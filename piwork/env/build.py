@@ -45,7 +45,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -55,7 +55,16 @@ import orjson
 from piwork import sharefs
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
 from piwork.config import Paths
-from piwork.env.dockerfile import BASE_PIWORK, BuildFile, DockerfileError, Step, env_script, parse
+from piwork.env.dockerfile import (
+    BASE_PIWORK,
+    BuildFile,
+    DockerfileError,
+    Step,
+    compile_pattern,
+    env_script,
+    is_pattern,
+    parse,
+)
 from piwork.env.store import (
     BUILD_ENV_FILE,
     DEFAULT_SIZE_BYTES,
@@ -143,6 +152,14 @@ def stage_context(build: BuildFile, context: Path, dest: Path) -> Staged:
             continue
         where = f"{build.path.name}:{step.line}"
         for ki, src in enumerate(step.sources):
+            if is_pattern(src):
+                slot = dest / f"{si}-{ki}"
+                slot.mkdir(parents=True)
+                h.update(f"\0src {si} {ki} {src}\0".encode())
+                staged.items[(si, ki)] = ("dir", "")
+                with _changed_means_refused(where, src):
+                    staged.links[(si, ki)] = _stage_matches(root, src, slot, h, where)
+                continue
             given = root / src
             if not os.path.lexists(given):
                 raise ContextError(f"{where}: COPY {src}: no such file in {root}")
@@ -156,7 +173,7 @@ def stage_context(build: BuildFile, context: Path, dest: Path) -> Staged:
             slot = dest / f"{si}-{ki}"
             slot.mkdir(parents=True)
             h.update(f"\0src {si} {ki} {src}\0".encode())
-            try:
+            with _changed_means_refused(where, src):
                 mode = (os.stat(root) if rel == "." else sharefs.lstat_beneath(root, rel)).st_mode
                 if stat.S_ISDIR(mode):
                     staged.items[(si, ki)] = ("dir", "")
@@ -167,19 +184,83 @@ def stage_context(build: BuildFile, context: Path, dest: Path) -> Staged:
                     _stage_file(root, rel, slot / name, h, name)
                 else:
                     raise ContextError(f"{where}: COPY {src}: not a regular file or folder")
-            except sharefs.UnsafePathError as exc:
-                raise ContextError(
-                    f"{where}: COPY {src}: it changed while it was being copied "
-                    f"({exc.strerror or exc}); run the build again once nothing changes "
-                    "the build folder"
-                ) from exc
-            except FileNotFoundError as exc:
-                raise ContextError(
-                    f"{where}: COPY {src}: a file went away while it was being copied; run "
-                    "the build again once nothing changes the build folder"
-                ) from exc
     staged.digest = h.hexdigest()
     return staged
+
+
+@contextlib.contextmanager
+def _changed_means_refused(where: str, src: str) -> Iterator[None]:
+    """A link or a vanished file met while staging: the folder changed under the build."""
+    try:
+        yield
+    except sharefs.UnsafePathError as exc:
+        raise ContextError(
+            f"{where}: COPY {src}: it changed while it was being copied "
+            f"({exc.strerror or exc}); run the build again once nothing changes the build folder"
+        ) from exc
+    except FileNotFoundError as exc:
+        raise ContextError(
+            f"{where}: COPY {src}: a file went away while it was being copied; run "
+            "the build again once nothing changes the build folder"
+        ) from exc
+
+
+def _stage_matches(root: Path, src: str, slot: Path, h: Any, where: str) -> list[tuple[str, str]]:
+    """A wildcard source (``COPY *.txt /dst/``) as Docker copies it: each matching file into
+    the folder, each matching folder's contents merged into it. The folder it names is
+    resolved like any source (a link in it is followed only while it stays inside); the
+    matches are then staged like sources of their own."""
+    parent_src, _, pattern = src.rpartition("/")
+    regex = compile_pattern(pattern, f"{where}: COPY {src}")
+    parent = (root / parent_src).resolve() if parent_src else root
+    if not _inside(parent, root):
+        raise ContextError(
+            f"{where}: COPY {src}: {parent_src} is a symlink that leads out of the build folder"
+        )
+    parent_rel = parent.relative_to(root).as_posix()
+    try:
+        fd = (
+            os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            if parent_rel == "."
+            else sharefs.open_beneath(root, parent_rel, os.O_RDONLY | os.O_DIRECTORY)
+        )
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise ContextError(f"{where}: COPY {src}: no folder {parent_src} in {root}") from exc
+    try:
+        with os.scandir(fd) as it:
+            names = sorted(e.name for e in it if regex.fullmatch(e.name))
+    finally:
+        os.close(fd)
+    if not names:
+        raise ContextError(f"{where}: COPY {src}: no file in {parent} matches {pattern}")
+    links: list[tuple[str, str]] = []
+    for name in names:
+        rel = name if parent_rel == "." else f"{parent_rel}/{name}"
+        real = (root / rel).resolve()
+        if not _inside(real, root):
+            raise ContextError(
+                f"{where}: COPY {src}: {name} is a symlink that leads out of the build folder "
+                f"({real}); only files inside {root} can be copied"
+            )
+        real_rel = real.relative_to(root).as_posix()
+        h.update(f"m {name}\n".encode())
+        mode = (os.stat(root) if real_rel == "." else sharefs.lstat_beneath(root, real_rel)).st_mode
+        try:
+            if stat.S_ISDIR(mode):
+                links += _stage_tree(root, real_rel, slot, h, where, f"{src} ({name})")
+            elif stat.S_ISREG(mode):
+                if os.path.lexists(slot / name):
+                    raise FileExistsError(name)
+                _stage_file(root, real_rel, slot / name, h, name)
+            else:
+                raise ContextError(f"{where}: COPY {src}: {name} is not a regular file or folder")
+        except FileExistsError as exc:
+            clash = exc.args[0] if exc.args else name
+            raise ContextError(
+                f"{where}: COPY {src}: two matches give the same name ({clash}) in the "
+                "destination; copy them with separate COPY lines"
+            ) from exc
+    return sorted(links)
 
 
 def _stage_file(root: Path, rel: str, dst: Path, h: Any, name: str) -> None:
@@ -248,10 +329,12 @@ def _stage_tree(
             links[rel] = target
             h.update(f"l {rel} {target}\n".encode())
         elif entry.is_dir:
-            (slot / rel).mkdir()
+            (slot / rel).mkdir()  # FileExistsError: two wildcard matches give this name
             os.chmod(slot / rel, (entry.stat.st_mode & 0o777) | 0o700)
             h.update(f"d {rel} {entry.stat.st_mode & 0o777:o}\n".encode())
         elif entry.is_file:
+            if os.path.lexists(slot / rel):
+                raise FileExistsError(rel)
             _stage_file(root, full, slot / rel, h, rel)
         else:
             raise ContextError(

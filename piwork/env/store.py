@@ -173,6 +173,8 @@ def _qemu_img(*args: str, timeout: float = 60) -> None:
             "qemu-img not found: task environments are qcow2 disks "
             "(Debian/Ubuntu: apt-get install qemu-utils, or run scripts/setup.sh)"
         ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise EnvError(f"qemu-img {args[0]} took longer than {timeout:.0f} s") from exc
     if proc.returncode != 0:
         raise EnvError(f"qemu-img {' '.join(args)} failed: {proc.stderr.strip()[-500:]}")
 
@@ -544,7 +546,7 @@ class EnvStore:
         atomic_write_bytes(meta_path, orjson.dumps(meta))
         try:
             merge_chain([la.path for la in chain], self.layers_dir / f"{merged_id}.qcow2")
-        except EnvError as exc:
+        except (EnvError, OSError) as exc:  # e.g. no room for the copy: nothing lost
             meta_path.unlink()
             return layer_id, (
                 f"the folder's {len(chain)} environment layers were not merged into one "

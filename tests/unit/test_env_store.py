@@ -414,3 +414,23 @@ def test_a_merge_keeps_the_settings_of_a_built_layer_it_replaces(world: World) -
     assert reads_back(env.disk, 0x42, 0)
     # The built layer stays while a task sits on it, so a cached build still finds it.
     assert store.layer("b-123") is not None
+
+
+def test_a_merge_that_fails_leaves_the_chain_as_it_was_and_says_so(world: World) -> None:
+    """A layer qemu-img cannot read (damaged, or the copy runs out of room): the task
+    starts on the unmerged chain with a note; no half-written layer is left."""
+    store, tasks, folder = world
+    _grow_chain(store, tasks, folder, MAX_CHAIN_LAYERS + 1)
+    chain = store.chain(store.folder(folder).head)  # type: ignore[union-attr]
+    victim = chain[2].path
+    victim.chmod(0o600)
+    with victim.open("r+b") as f:
+        f.seek(40)  # the header's L1 table offset: unaligned, so qemu-img refuses the layer
+        f.write((12345).to_bytes(8, "big"))
+    victim.chmod(0o400)
+    env = store.prepare(task_dir(tasks, "next"), folder, size=SIZE)
+    assert env.note is not None and "were not merged into one" in env.note
+    assert "qemu-img convert" in env.note
+    assert len(store.chain(env.base)) == MAX_CHAIN_LAYERS + 1
+    assert not any(la.merged for la in store.chain(env.base))
+    assert not list(store.layers_dir.glob(".*"))

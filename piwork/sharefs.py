@@ -202,15 +202,27 @@ class Entry:
 
 
 def walk_beneath(
-    root: Path, *, max_entries: int = 100_000, skip_dirs: frozenset[str] = frozenset()
+    root: Path,
+    *,
+    max_entries: int = 100_000,
+    skip_dirs: frozenset[str] = frozenset(),
+    under: str | PurePosixPath | None = None,
 ) -> Iterator[Entry]:
     """Every entry beneath ``root``, depth first, never descending through a link.
 
     Links are reported as links (``lstat``), not followed. Stops after
     ``max_entries`` so a guest that made a million files cannot stall the host.
     Directory names in ``skip_dirs`` (e.g. ``.git``) are reported but not entered.
+    ``under``: walk only that folder beneath ``root`` (reached without following a
+    link; entries' paths are relative to it).
     """
     root_fd = _open_root(root)
+    if under is not None:
+        try:
+            sub_fd = _walk_dirs(root_fd, split_relative(under), create=False)
+        finally:
+            os.close(root_fd)
+        root_fd = sub_fd
     count = 0
     stack: list[tuple[int, str]] = [(root_fd, "")]
     try:

@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
 
 Entry = tuple[tarfile.TarInfo, bytes | None]
@@ -38,26 +39,32 @@ def layer_tar(entries: list[Entry]) -> bytes:
     return buf.getvalue()
 
 
-def docker_save(path: Path, layers: list[list[Entry]], tag: str = "piwork-test:latest") -> Path:
-    """``path``: a docker-save (v1.2 manifest.json) archive with ``layers``, bottom first."""
+def docker_save(
+    path: Path,
+    layers: list[list[Entry]],
+    tag: str = "piwork-test:latest",
+    config: Mapping[str, object] | None = None,
+) -> Path:
+    """``path``: a docker-save (v1.2 manifest.json) archive with ``layers``, bottom first;
+    ``config``: the image's run config (``Env``, ``WorkingDir``...), default ``PATH=/bin``."""
     blobs = [layer_tar(entries) for entries in layers]
     diff_ids = [f"sha256:{hashlib.sha256(b).hexdigest()}" for b in blobs]
-    config = json.dumps(
+    config_blob = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Env": ["PATH=/bin"]},
+            "config": config if config is not None else {"Env": ["PATH=/bin"]},
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
         }
     ).encode()
-    config_name = f"{hashlib.sha256(config).hexdigest()}.json"
+    config_name = f"{hashlib.sha256(config_blob).hexdigest()}.json"
     layer_names = [f"{d.split(':')[1]}/layer.tar" for d in diff_ids]
     manifest = json.dumps(
         [{"Config": config_name, "RepoTags": [tag], "Layers": layer_names}]
     ).encode()
     with tarfile.open(path, "w") as tar:
         for name, data in [
-            (config_name, config),
+            (config_name, config_blob),
             *zip(layer_names, blobs, strict=True),
             ("manifest.json", manifest),
         ]:
@@ -89,7 +96,13 @@ TOOLS = [
 """busybox applets linked in the test image: a shell and what piwork env build's steps use."""
 
 
-def busybox_image(path: Path, marker: bytes, busybox: Path = Path("/bin/busybox")) -> Path:
+def busybox_image(
+    path: Path,
+    marker: bytes,
+    busybox: Path = Path("/bin/busybox"),
+    config: Mapping[str, object] | None = None,
+    extra: list[Entry] | None = None,
+) -> Path:
     """A tiny image: Debian's static busybox as /bin/sh and friends, and a marker file."""
     entries = [
         entry("bin", kind=tarfile.DIRTYPE, mode=0o755),
@@ -98,5 +111,6 @@ def busybox_image(path: Path, marker: bytes, busybox: Path = Path("/bin/busybox"
         entry("etc", kind=tarfile.DIRTYPE, mode=0o755),
         entry("etc/piwork-marker", marker),
         entry("root", kind=tarfile.DIRTYPE, mode=0o700),
+        *(extra or []),
     ]
-    return docker_save(path, [entries])
+    return docker_save(path, [entries], config=config)

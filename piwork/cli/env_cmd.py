@@ -30,12 +30,14 @@ from pathlib import Path
 from piwork.env import EnvStore, default_store
 from piwork.env.dockerfile import DEFAULT_NAMES
 from piwork.env.registries import registry_rules
+from piwork.env.store import MAX_CHAIN_LAYERS
 from piwork.policy.rules import Scope
 from piwork.policy.store import PolicyError, PolicyStore
 
 BUILD_DESCRIPTION = (
     "Build FOLDER's environment from a Dockerfile subset: FROM piwork (or FROM LAYER-ID, or "
-    "FROM IMAGE-ID from piwork env import), RUN, COPY (from FOLDER), ENV, WORKDIR. The RUN "
+    "FROM IMAGE-ID from piwork env import), RUN, COPY (from FOLDER; COPY *.txt /dst/ "
+    "matches as Docker does), ENV, WORKDIR. The RUN "
     "steps run inside a piwork VM, through the egress proxy and your network policy; the "
     "result is a read-only layer cached by the hash of its inputs, and FOLDER's next task "
     "starts from it. In tasks, ENV applies to the agent's bash; WORKDIR is where a shell "
@@ -156,12 +158,27 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _not_saved(command: str, folder: Path) -> int:
+    """No record for ``folder``: a path that does not exist is a wrong argument (exit 2),
+    an existing folder simply has none (exit 1). A record outlives its folder, so a
+    missing folder is looked up first (``piwork env rm`` of a deleted folder works)."""
+    listed = "piwork env list shows the folders that have one"
+    if not folder.exists():
+        print(
+            f"piwork env {command}: {folder} does not exist and has no saved environment "
+            f"({listed})",
+            file=sys.stderr,
+        )
+        return 2
+    print(f"piwork env {command}: no environment saved for {folder} ({listed})", file=sys.stderr)
+    return 1
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     store = default_store()
     rec = store.folder(_folder(args.folder))
     if rec is None:
-        print(f"piwork env: no environment saved for {args.folder}", file=sys.stderr)
-        return 1
+        return _not_saved("show", _folder(args.folder))
     chain = store.chain(rec.head)
     layers = [
         {
@@ -169,13 +186,21 @@ def cmd_show(args: argparse.Namespace) -> int:
             "bytes": la.bytes,
             "from_task": la.from_task,
             "built_from": la.build.get("file") if la.build else None,
+            "merged": list(la.merged),
             "created_at": la.created_at,
             "tasks": store.users(la.id),
         }
         for la in chain
     ]
     if args.json:
-        shown = {"folder": rec.folder, "head": rec.head, "image": rec.image, "layers": layers}
+        shown = {
+            "folder": rec.folder,
+            "head": rec.head,
+            "image": rec.image,
+            "chain_length": len(chain),
+            "max_chain_length": MAX_CHAIN_LAYERS,
+            "layers": layers,
+        }
         print(json.dumps(shown, indent=2))
         return 0
     print(rec.folder)
@@ -184,11 +209,20 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not chain:
         base = "the imported image" if rec.image else "the pack's workbench"
         print(f"  clean: the next task starts from {base}")
+    else:
+        print(
+            f"  chain of {len(chain)} layer(s), newest first (merged into one when a new "
+            f"task would make it longer than {MAX_CHAIN_LAYERS})"
+        )
     for la in layers:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(float(str(la["created_at"]))))
-        origin = (
-            f"built from {la['built_from']}" if la["built_from"] else f"from task {la['from_task']}"
-        )
+        if la["merged"]:
+            origin = f"merged from {len(la['merged'])} layers"  # type: ignore[arg-type]
+            origin += f" (newest from task {la['from_task']})" if la["from_task"] else ""
+        elif la["built_from"]:
+            origin = f"built from {la['built_from']}"
+        else:
+            origin = f"from task {la['from_task']}"
         print(
             f"  layer {la['id']}  {_mb(int(str(la['bytes'])))}  {origin}"
             f"  ({when}); used by {len(la['tasks'])} task(s)"  # type: ignore[arg-type]
@@ -201,8 +235,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_reset(args: argparse.Namespace) -> int:
     folder = _folder(args.folder)
     if not default_store().reset(folder):
-        print(f"piwork env: no environment saved for {folder}", file=sys.stderr)
-        return 1
+        return _not_saved("reset", folder)
     print(f"{folder}: the next task starts from the clean workbench")
     return 0
 
@@ -210,13 +243,19 @@ def cmd_reset(args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     folder = _folder(args.folder)
     if not default_store().rm(folder):
-        print(f"piwork env: no environment saved for {folder}", file=sys.stderr)
-        return 1
+        return _not_saved("rm", folder)
     print(f"{folder}: environment forgotten")
     return 0
 
 
 def cmd_allow_registries(args: argparse.Namespace) -> int:
+    if args.folder and not _folder(args.folder).is_dir():
+        print(
+            f"piwork env allow-registries: {_folder(args.folder)} is not a folder; name an "
+            "existing working folder, or leave --folder out to allow the registries everywhere",
+            file=sys.stderr,
+        )
+        return 2
     scope = Scope.folder(_folder(args.folder)) if args.folder else Scope.global_()
     store = PolicyStore()
     rules = registry_rules(scope)
@@ -244,7 +283,11 @@ def cmd_build(args: argparse.Namespace) -> int:
 
     folder = _folder(args.folder)
     if not folder.is_dir():
-        print(f"piwork env build: {folder} is not a folder", file=sys.stderr)
+        print(
+            f"piwork env build: {folder} is not a folder; name the build folder (the one "
+            "with piwork.Dockerfile), or run it there",
+            file=sys.stderr,
+        )
         return 2
     file = find_file(folder, args.file)
 
@@ -289,18 +332,32 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from piwork.env.importer import import_image
+    from piwork.env.importer import check_archive, import_image
 
     folder = _folder(args.folder)
     if not folder.is_dir():
-        print(f"piwork env import: {folder} is not a folder", file=sys.stderr)
+        print(
+            f"piwork env import: {folder} is not a folder; name the working folder whose "
+            "tasks should run on the image",
+            file=sys.stderr,
+        )
         return 2
+    archive = Path(args.archive).expanduser().resolve()
+    check_archive(archive)  # before the store is touched: a usage error (exit 2)
     store = default_store()
-    result = import_image(store, Path(args.archive).expanduser().resolve())
+    result = import_image(store, archive)
     for change in result.removed[:20]:
         print(f"piwork env import: {change}", file=sys.stderr)
+    if len(result.removed) > 20:
+        print(f"piwork env import: and {len(result.removed) - 20} more", file=sys.stderr)
     how = "cached" if result.cached else f"imported, {_mb(result.bytes)}"
     print(f"image {result.id} ({how})")
+    if result.env or result.workdir:
+        names = " ".join(name for name, _ in result.env)
+        print(
+            f"  its Env ({names or 'none'}) and WorkingDir ({result.workdir or '/'}) apply to "
+            "tasks' shells"
+        )
     store.use_image(folder, result.id)
     print(f"{folder}: the next task runs on image {result.id} (piwork env reset goes back)")
     return 0

@@ -36,6 +36,7 @@ import asyncio
 import base64
 import codecs
 import contextlib
+import errno
 import hashlib
 import os
 import secrets
@@ -44,7 +45,7 @@ import shutil
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -54,7 +55,16 @@ import orjson
 from piwork import sharefs
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
 from piwork.config import Paths
-from piwork.env.dockerfile import BASE_PIWORK, BuildFile, DockerfileError, Step, env_script, parse
+from piwork.env.dockerfile import (
+    BASE_PIWORK,
+    BuildFile,
+    DockerfileError,
+    Step,
+    compile_pattern,
+    env_script,
+    is_pattern,
+    parse,
+)
 from piwork.env.store import (
     BUILD_ENV_FILE,
     DEFAULT_SIZE_BYTES,
@@ -113,6 +123,10 @@ class Staged:
     """Symlinks inside a copied folder (relative path, target): made by ``ln -s`` in the VM."""
 
 
+MAX_CONTEXT_ENTRIES = 200_000
+"""A COPY of more files and folders than this is refused (it would not be a build input)."""
+
+
 def _inside(path: Path, root: Path) -> bool:
     return path == root or root in path.parents
 
@@ -124,6 +138,11 @@ def stage_context(build: BuildFile, context: Path, dest: Path) -> Staged:
     ``context``; inside a copied folder a symlink is kept as a link when its target is
     relative and stays in the folder, else the build is refused. Device nodes, FIFOs
     and sockets are refused.
+
+    Only the source's own path is resolved (``resolve()``, to follow a link that stays
+    in the folder); what that gives is then opened, walked and read beneath the folder
+    one component at a time without following any link (``piwork.sharefs``), so a
+    link swapped in after a check is refused, never followed out of the folder.
     """
     root = context.resolve()
     h = hashlib.sha256()
@@ -133,6 +152,14 @@ def stage_context(build: BuildFile, context: Path, dest: Path) -> Staged:
             continue
         where = f"{build.path.name}:{step.line}"
         for ki, src in enumerate(step.sources):
+            if is_pattern(src):
+                slot = dest / f"{si}-{ki}"
+                slot.mkdir(parents=True)
+                h.update(f"\0src {si} {ki} {src}\0".encode())
+                staged.items[(si, ki)] = ("dir", "")
+                with _changed_means_refused(where, src):
+                    staged.links[(si, ki)] = _stage_matches(root, src, slot, h, where)
+                continue
             given = root / src
             if not os.path.lexists(given):
                 raise ContextError(f"{where}: COPY {src}: no such file in {root}")
@@ -142,71 +169,186 @@ def stage_context(build: BuildFile, context: Path, dest: Path) -> Staged:
                     f"{where}: COPY {src}: it is a symlink that leads out of the build folder "
                     f"({real}); only files inside {root} can be copied"
                 )
+            rel = real.relative_to(root).as_posix()
             slot = dest / f"{si}-{ki}"
             slot.mkdir(parents=True)
             h.update(f"\0src {si} {ki} {src}\0".encode())
-            if real.is_dir():
-                staged.items[(si, ki)] = ("dir", "")
-                staged.links[(si, ki)] = _stage_tree(real, root, slot, h, where, src)
-            elif real.is_file():
-                name = PurePosixPath(src).name if src != "." else real.name
-                staged.items[(si, ki)] = ("file", name)
-                _stage_file(real, slot / name, h, name)
-            else:
-                raise ContextError(f"{where}: COPY {src}: not a regular file or folder")
+            with _changed_means_refused(where, src):
+                mode = (os.stat(root) if rel == "." else sharefs.lstat_beneath(root, rel)).st_mode
+                if stat.S_ISDIR(mode):
+                    staged.items[(si, ki)] = ("dir", "")
+                    staged.links[(si, ki)] = _stage_tree(root, rel, slot, h, where, src)
+                elif stat.S_ISREG(mode):
+                    name = PurePosixPath(src).name if src != "." else real.name
+                    staged.items[(si, ki)] = ("file", name)
+                    _stage_file(root, rel, slot / name, h, name)
+                else:
+                    raise ContextError(f"{where}: COPY {src}: not a regular file or folder")
     staged.digest = h.hexdigest()
     return staged
 
 
-def _stage_file(src: Path, dst: Path, h: Any, rel: str) -> None:
-    fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fin, open(dst, "wb") as fout:
-        mode = os.fstat(fin.fileno()).st_mode & 0o777
+@contextlib.contextmanager
+def _changed_means_refused(where: str, src: str) -> Iterator[None]:
+    """A link or a vanished file met while staging: the folder changed under the build."""
+    try:
+        yield
+    except sharefs.UnsafePathError as exc:
+        raise ContextError(
+            f"{where}: COPY {src}: it changed while it was being copied "
+            f"({exc.strerror or exc}); run the build again once nothing changes the build folder"
+        ) from exc
+    except FileNotFoundError as exc:
+        raise ContextError(
+            f"{where}: COPY {src}: a file went away while it was being copied; run "
+            "the build again once nothing changes the build folder"
+        ) from exc
+
+
+def _stage_matches(root: Path, src: str, slot: Path, h: Any, where: str) -> list[tuple[str, str]]:
+    """A wildcard source (``COPY *.txt /dst/``) as Docker copies it: each matching file into
+    the folder, each matching folder's contents merged into it. The folder it names is
+    resolved like any source (a link in it is followed only while it stays inside); the
+    matches are then staged like sources of their own."""
+    parent_src, _, pattern = src.rpartition("/")
+    regex = compile_pattern(pattern, f"{where}: COPY {src}")
+    parent = (root / parent_src).resolve() if parent_src else root
+    if not _inside(parent, root):
+        raise ContextError(
+            f"{where}: COPY {src}: {parent_src} is a symlink that leads out of the build folder"
+        )
+    parent_rel = parent.relative_to(root).as_posix()
+    try:
+        fd = (
+            os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            if parent_rel == "."
+            else sharefs.open_beneath(root, parent_rel, os.O_RDONLY | os.O_DIRECTORY)
+        )
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise ContextError(f"{where}: COPY {src}: no folder {parent_src} in {root}") from exc
+    try:
+        with os.scandir(fd) as it:
+            names = sorted(e.name for e in it if regex.fullmatch(e.name))
+    finally:
+        os.close(fd)
+    if not names:
+        raise ContextError(f"{where}: COPY {src}: no file in {parent} matches {pattern}")
+    links: list[tuple[str, str]] = []
+    for name in names:
+        rel = name if parent_rel == "." else f"{parent_rel}/{name}"
+        real = (root / rel).resolve()
+        if not _inside(real, root):
+            raise ContextError(
+                f"{where}: COPY {src}: {name} is a symlink that leads out of the build folder "
+                f"({real}); only files inside {root} can be copied"
+            )
+        real_rel = real.relative_to(root).as_posix()
+        h.update(f"m {name}\n".encode())
+        mode = (os.stat(root) if real_rel == "." else sharefs.lstat_beneath(root, real_rel)).st_mode
+        try:
+            if stat.S_ISDIR(mode):
+                links += _stage_tree(root, real_rel, slot, h, where, f"{src} ({name})")
+            elif stat.S_ISREG(mode):
+                if os.path.lexists(slot / name):
+                    raise FileExistsError(name)
+                _stage_file(root, real_rel, slot / name, h, name)
+            else:
+                raise ContextError(f"{where}: COPY {src}: {name} is not a regular file or folder")
+        except FileExistsError as exc:
+            clash = exc.args[0] if exc.args else name
+            raise ContextError(
+                f"{where}: COPY {src}: two matches give the same name ({clash}) in the "
+                "destination; copy them with separate COPY lines"
+            ) from exc
+    return sorted(links)
+
+
+def _stage_file(root: Path, rel: str, dst: Path, h: Any, name: str) -> None:
+    """Copy ``root/rel`` (reached without following a link) to ``dst`` and hash it."""
+    fd = sharefs.open_beneath(root, rel, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as fin:
+        st = os.fstat(fin.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise sharefs.UnsafePathError(errno.EINVAL, f"{rel} is no longer a regular file")
+        mode = st.st_mode & 0o777
         fh = hashlib.sha256()
-        for chunk in iter(lambda: fin.read(1 << 20), b""):
-            fh.update(chunk)
-            fout.write(chunk)
+        with open(dst, "wb") as fout:
+            for chunk in iter(lambda: fin.read(1 << 20), b""):
+                fh.update(chunk)
+                fout.write(chunk)
     os.chmod(dst, mode | 0o400)
-    h.update(f"f {rel} {mode:o} {fh.hexdigest()}\n".encode())
+    h.update(f"f {name} {mode:o} {fh.hexdigest()}\n".encode())
+
+
+def _link_stays_inside(links: dict[str, str], link: str, target: str) -> bool:
+    """Whether the link ``link`` (a path in the copied folder) resolves inside the folder,
+    following the folder's own links as the guest will once they are copied (40 hops)."""
+    if target.startswith("/"):
+        return False
+    at = link.split("/")[:-1]
+    todo = target.split("/")
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not at:
+                return False
+            at.pop()
+            continue
+        inner = links.get("/".join([*at, part]))
+        if inner is None:
+            at.append(part)
+            continue
+        hops += 1
+        if hops > 40 or inner.startswith("/"):
+            return False
+        todo = inner.split("/") + todo
+    return True
 
 
 def _stage_tree(
-    top: Path, root: Path, slot: Path, h: Any, where: str, src: str
+    root: Path, top: str, slot: Path, h: Any, where: str, src: str
 ) -> list[tuple[str, str]]:
-    links: list[tuple[str, str]] = []
-    for dirpath, dirnames, filenames in os.walk(top):
-        dirnames.sort()
-        here = Path(dirpath)
-        rel_dir = here.relative_to(top)
-        for name in sorted([*dirnames, *filenames]):
-            path = here / name
-            rel = (rel_dir / name).as_posix()
-            st = path.lstat()
-            shown = f"{src.rstrip('/')}/{rel}"
-            if stat.S_ISLNK(st.st_mode):
-                target = os.readlink(path)
-                resolved = (here / target).resolve()
-                if os.path.isabs(target) or not _inside(resolved, top):
-                    raise ContextError(
-                        f"{where}: COPY {shown} is a symlink to {target}, outside the copied "
-                        "folder: replace it with the file, or copy its target too"
-                    )
-                links.append((rel, target))
-                h.update(f"l {rel} {target}\n".encode())
-                if name in dirnames:
-                    dirnames.remove(name)  # not walked through
-            elif stat.S_ISDIR(st.st_mode):
-                (slot / rel).mkdir()
-                os.chmod(slot / rel, (st.st_mode & 0o777) | 0o700)
-                h.update(f"d {rel} {st.st_mode & 0o777:o}\n".encode())
-            elif stat.S_ISREG(st.st_mode):
-                _stage_file(path, slot / rel, h, rel)
-            else:
-                raise ContextError(
-                    f"{where}: COPY {shown} is not a regular file, folder or symlink "
-                    "(a device, FIFO or socket): remove it from what is copied"
-                )
-    return links
+    """Copy the folder ``root/top`` into ``slot``, walked by descriptor (sharefs)."""
+    links: dict[str, str] = {}
+    under = None if top == "." else top
+    walk = sharefs.walk_beneath(root, under=under, max_entries=MAX_CONTEXT_ENTRIES + 1)
+    for count, entry in enumerate(walk, 1):
+        if count > MAX_CONTEXT_ENTRIES:
+            raise ContextError(
+                f"{where}: COPY {src} holds more than {MAX_CONTEXT_ENTRIES} files and folders; "
+                "copy the parts the environment needs"
+            )
+        rel = entry.path
+        full = rel if under is None else f"{under}/{rel}"
+        shown = f"{src.rstrip('/')}/{rel}"
+        if entry.is_link:
+            target = sharefs.readlink_beneath(root, full)
+            links[rel] = target
+            h.update(f"l {rel} {target}\n".encode())
+        elif entry.is_dir:
+            (slot / rel).mkdir()  # FileExistsError: two wildcard matches give this name
+            os.chmod(slot / rel, (entry.stat.st_mode & 0o777) | 0o700)
+            h.update(f"d {rel} {entry.stat.st_mode & 0o777:o}\n".encode())
+        elif entry.is_file:
+            if os.path.lexists(slot / rel):
+                raise FileExistsError(rel)
+            _stage_file(root, full, slot / rel, h, rel)
+        else:
+            raise ContextError(
+                f"{where}: COPY {shown} is not a regular file, folder or symlink "
+                "(a device, FIFO or socket): remove it from what is copied"
+            )
+    # Checked once every link is known: one may lead through another.
+    for rel, target in sorted(links.items()):
+        if not _link_stays_inside(links, rel, target):
+            raise ContextError(
+                f"{where}: COPY {src.rstrip('/')}/{rel} is a symlink to {target}, outside the "
+                "copied folder: replace it with the file, or copy its target too"
+            )
+    return sorted(links.items())
 
 
 def cache_key(
@@ -396,6 +538,7 @@ async def build_env(
     inherited: tuple[dict[str, str], str] = ({}, "/")
     if first.base.startswith(IMAGE_PREFIX) and store.image_path(first.base).is_file():
         image = first.base  # an imported image (piwork env import), nothing over it yet
+        inherited = store.image_settings(image)  # its config's Env and WorkingDir
     elif first.base != BASE_PIWORK:
         layer = store.layer(first.base)
         if layer is None:

@@ -16,7 +16,11 @@ trailing backslash continues a line, keywords in any case, ``ENV`` in both
 forms, ``$VAR``/``${VAR}``/``${VAR:-x}``/``${VAR:+x}`` expanded in ENV,
 WORKDIR and COPY (never in RUN: its shell does that), quotes and
 backslashes in ENV values, the JSON (exec) forms of RUN and COPY, a relative
-WORKDIR taken from the previous one, and ``/`` as the first WORKDIR.
+WORKDIR taken from the previous one, ``/`` as the first WORKDIR, and COPY
+wildcards (Go's ``filepath.Match``: ``*``, ``?``, ``[a-z]``, ``[^a-z]``) in a
+source's last part, into a destination folder (ending in ``/``); a wildcard
+elsewhere, an escape, an unusual class or a file destination is refused with
+what to write instead.
 """
 
 from __future__ import annotations
@@ -275,12 +279,73 @@ def _clean_source(src: str, where: str) -> str:
             f"{where}: COPY {src}: '..' would leave the build folder; only files in it can be "
             "copied (move the file into the folder, or build from its parent)"
         )
-    if any(c in src for c in "*?["):
-        raise DockerfileError(
-            f"{where}: COPY {src}: wildcards are not supported; name the files or their folder"
-        )
     parts = [part for part in p.parts if part != "."]
+    if is_pattern(src):
+        if any(is_pattern(part) for part in parts[:-1]):
+            raise DockerfileError(
+                f"{where}: COPY {src}: a wildcard is supported in the last part of a source "
+                "only (e.g. src/*.py); name the folders before it"
+            )
+        compile_pattern(parts[-1], f"{where}: COPY {src}")
     return "/".join(parts) or "."
+
+
+WILDCARDS = "*?["
+
+
+def is_pattern(src: str) -> bool:
+    """A COPY source with a wildcard (Docker's Go ``filepath.Match`` syntax)."""
+    return any(c in src for c in WILDCARDS)
+
+
+def compile_pattern(name: str, where: str) -> re.Pattern[str]:
+    """One path component's wildcard as Docker matches it: ``*`` any run of characters
+    (dot files too), ``?`` one character, ``[abc]``/``[a-z]``/``[^a-z]`` a class. What
+    would match differently in Python's fnmatch (``[!...]``) or is rarely meant (backslash
+    escapes, empty or unclosed classes) is refused."""
+    out: list[str] = []
+    i, n = 0, len(name)
+    while i < n:
+        c = name[i]
+        if c == "\\":
+            raise DockerfileError(
+                f"{where}: escapes in a wildcard are not supported; name the file itself"
+            )
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            end = name.find("]", i + 1)
+            body = name[i + 1 : end] if end > 0 else ""
+            negate = body.startswith("^")
+            body = body[1:] if negate else body
+            if end < 0 or not body or any(ch in body for ch in "[\\^!"):
+                raise DockerfileError(
+                    f"{where}: only simple classes ([abc], [a-z], [^a-z]) are supported in a "
+                    "wildcard; name the files"
+                )
+            cls = []
+            j = 0
+            while j < len(body):
+                if j + 2 < len(body) and body[j + 1] == "-":
+                    if body[j] > body[j + 2]:
+                        raise DockerfileError(f"{where}: the range {body[j : j + 3]} is reversed")
+                    cls.append(f"{re.escape(body[j])}-{re.escape(body[j + 2])}")
+                    j += 3
+                elif body[j] == "-":
+                    raise DockerfileError(
+                        f"{where}: a '-' in a wildcard class must join a range (a-z)"
+                    )
+                else:
+                    cls.append(re.escape(body[j]))
+                    j += 1
+            out.append(("[^" if negate else "[") + "".join(cls) + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
 
 
 def _workdir(value: str, current: str) -> str:
@@ -401,6 +466,11 @@ def parse(
                 raise DockerfileError(f"{where}: COPY needs a source and a destination")
             *sources, dest = words
             cleaned = tuple(_clean_source(s, where) for s in sources)
+            if any(map(is_pattern, cleaned)) and not (dest.endswith("/") or dest == "."):
+                raise DockerfileError(
+                    f"{where}: COPY {' '.join(sources)} {dest}: a wildcard copies into a "
+                    f"folder: end the destination with / ({dest}/)"
+                )
             folder_dest = dest.endswith("/") or len(cleaned) > 1
             target = _workdir(dest, workdir) if dest not in ("", ".") else workdir
             if folder_dest or dest in (".", "./"):
@@ -459,7 +529,11 @@ def _lookup(env: dict[str, str]) -> dict[str, str]:
     return {**BASE_ENV, **env}
 
 
-def env_script(env: tuple[tuple[str, str], ...] | dict[str, str], workdir: str) -> str:
+def env_script(
+    env: tuple[tuple[str, str], ...] | dict[str, str],
+    workdir: str,
+    source: str = "the environment's file",
+) -> str:
     """The file tasks' bash reads (``BASH_ENV``): the build's ENV, and WORKDIR as the place
     a shell outside the task's folders starts in.
 
@@ -468,7 +542,7 @@ def env_script(env: tuple[tuple[str, str], ...] | dict[str, str], workdir: str) 
     """
     items = env.items() if isinstance(env, dict) else env
     lines = [
-        "# Written by piwork env build: the ENV and WORKDIR of the environment's file.",
+        f"# Written by piwork: the ENV and WORKDIR of {source}.",
         '[ -n "${PIWORK_BUILD_ENV-}" ] && return 0',
         "export PIWORK_BUILD_ENV=1",
         f"export PIWORK_WORKDIR={shlex.quote(workdir)}",

@@ -15,10 +15,22 @@ is what a qcow2 backing file needs; a task's disk is frozen only while no VM
 uses it (``env.lock``, held by ``piwork.agent`` for the VM's life). When it is
 in use, the new task starts from the folder's previous layer and says so.
 
+Each new task on a folder adds one layer under the next, so the qcow2 backing
+chain would grow by one per task (every read walks it, and every layer stays
+open in QEMU). Past ``MAX_CHAIN_LAYERS`` the chain is *merged*: ``qemu-img
+convert`` reads it as one block device and writes a standalone layer with the
+same contents, which the folder's next task (and the task just frozen) sit on
+instead; the layers it replaces go once no task uses them.
+
 Trust: every disk here is written by a guest. The host never mounts one or
-reads a file system on it; it only creates empty qcow2 files, renames them
-and gives them to QEMU as block devices (docs/security.md). ``qemu-img``
-is called with ``-u`` so it does not even open a backing file.
+reads a file system on it; it only creates empty qcow2 files, renames them,
+merges a chain block by block (qcow2 read as a block format, its file system
+never looked at) and gives them to QEMU as block devices (docs/security.md).
+``qemu-img create`` is called with ``-u`` so it does not even open a backing
+file. Every backing path is one the host derived from its own records (a
+layer's id), never one read from an image: a merge names each layer of the
+chain explicitly to ``qemu-img`` (``json:`` with ``backing`` node by node), and
+refuses a layer whose header asks for an external data file.
 """
 
 from __future__ import annotations
@@ -48,6 +60,11 @@ IMAGE_GRACE_SECONDS = 3600
 """An imported image is never collected within this long of its import."""
 DEFAULT_SIZE_BYTES = 16 << 30
 """Virtual size of a new task's disk: the cap on what it can hold, not space used."""
+MAX_CHAIN_LAYERS = 6
+"""A folder's chain of layers is merged into one when it would grow past this: short
+enough that reads stay cheap, long enough that a merge (a full copy) is rare."""
+MERGE_TIMEOUT_SECONDS = 3600
+"""A merge copies the whole environment: allow for many GB on a slow disk."""
 
 
 class EnvError(PersonError):
@@ -75,6 +92,8 @@ class Layer:
     """For a layer ``piwork env build`` made: its file, ENV, WORKDIR (None: a task's)."""
     image: str | None = None
     """The imported image this layer sits on (None: the pack's Debian workbench)."""
+    merged: tuple[str, ...] = ()
+    """For a layer made by merging a chain: the ids it replaced, newest first."""
 
     @property
     def bytes(self) -> int:
@@ -144,16 +163,18 @@ def hold_lock(task_dir: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def _qemu_img(*args: str) -> None:
+def _qemu_img(*args: str, timeout: float = 60) -> None:
     try:
         proc = subprocess.run(
-            ["qemu-img", *args], capture_output=True, text=True, timeout=60, check=False
+            ["qemu-img", *args], capture_output=True, text=True, timeout=timeout, check=False
         )
     except FileNotFoundError as exc:
         raise EnvError(
             "qemu-img not found: task environments are qcow2 disks "
             "(Debian/Ubuntu: apt-get install qemu-utils, or run scripts/setup.sh)"
         ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise EnvError(f"qemu-img {args[0]} took longer than {timeout:.0f} s") from exc
     if proc.returncode != 0:
         raise EnvError(f"qemu-img {' '.join(args)} failed: {proc.stderr.strip()[-500:]}")
 
@@ -169,6 +190,85 @@ def create_disk(path: Path, size: int, backing: Path | None) -> None:
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+QCOW2_MAGIC = b"QFI\xfb"
+QCOW2_INCOMPAT_DATA_FILE = 1 << 2
+
+
+def check_layer_header(path: Path) -> None:
+    """Refuse a layer that is not qcow2 or whose header asks for an external data file.
+
+    The qcow2 driver opens a data file named in the image's header by itself; no
+    layer piwork makes has one, so one that does was not made here. Only the
+    fixed header is read (the version and the incompatible-feature bits, qcow2
+    spec), never the image's contents.
+    """
+    try:
+        with path.open("rb") as f:
+            head = f.read(80)
+    except OSError as exc:
+        raise EnvError(f"cannot read the environment layer {path}: {exc.strerror}") from exc
+    if len(head) < 72 or head[:4] != QCOW2_MAGIC:
+        raise EnvError(f"the environment layer {path} is not a qcow2 image")
+    version = int.from_bytes(head[4:8], "big")
+    if version not in (2, 3):
+        raise EnvError(f"the environment layer {path} has qcow2 version {version}")
+    if version == 3:
+        if len(head) < 80:
+            raise EnvError(f"the environment layer {path} has a truncated header")
+        if int.from_bytes(head[72:80], "big") & QCOW2_INCOMPAT_DATA_FILE:
+            raise EnvError(
+                f"the environment layer {path} names an external data file; piwork never "
+                "makes one, so it is not used (piwork env reset FOLDER starts clean)"
+            )
+
+
+def chain_spec(paths: list[Path]) -> dict[str, Any]:
+    """QEMU block options for ``paths`` (newest first) as one chain, every backing given.
+
+    ``"backing": None`` under the oldest layer: with a backing named explicitly at
+    every level, QEMU opens no backing file named in any header.
+    """
+    spec: dict[str, Any] | None = None
+    for path in reversed(paths):
+        spec = {
+            "driver": "qcow2",
+            "file": {"driver": "file", "filename": str(path)},
+            "backing": spec,
+        }
+    assert spec is not None
+    return spec
+
+
+def merge_chain(paths: list[Path], dest: Path) -> None:
+    """Write the contents of the chain ``paths`` (newest first) to ``dest``: one standalone
+    qcow2, sparse, 0400, in place only once whole (written beside it, fsynced, renamed)."""
+    for path in paths:
+        check_layer_header(path)
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    source = "json:" + orjson.dumps(chain_spec(paths)).decode()
+    try:
+        # No -f: a json: source names its own driver; -O qcow2 without -B: no backing file.
+        _qemu_img("convert", "-q", "-O", "qcow2", source, str(tmp), timeout=MERGE_TIMEOUT_SECONDS)
+        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.chmod(tmp, 0o400)
+        os.replace(tmp, dest)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    fsync_dir(dest.parent)
+
+
+def _settings(record: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """``env`` pairs and ``workdir`` from a record piwork wrote (a build's, an image's)."""
+    env = record.get("env")
+    pairs = [p for p in env if isinstance(p, list) and len(p) == 2] if isinstance(env, list) else []
+    return {str(k): str(v) for k, v in pairs}, str(record.get("workdir") or "/")
 
 
 def folder_key(folder: Path) -> str:
@@ -218,21 +318,25 @@ class EnvStore:
             path=path,
             build=meta["build"] if isinstance(meta.get("build"), dict) else None,
             image=meta["image"] if isinstance(meta.get("image"), str) else None,
+            merged=tuple(str(m) for m in meta.get("merged") or () if isinstance(m, str)),
         )
 
     def build_settings(self, layer_id: str | None) -> tuple[dict[str, str], str]:
         """The ENV and WORKDIR a build on ``layer_id`` starts from: those of the newest
-        built layer in its chain (a task's layer on top keeps them: its disk holds the file)."""
-        for layer in self.chain(layer_id):
+        built layer in its chain (a task's layer on top keeps them: its disk holds the file),
+        else those of the imported image the chain sits on."""
+        chain = self.chain(layer_id)
+        for layer in chain:
             if layer.build is not None:
-                env = layer.build.get("env")
-                pairs = (
-                    [p for p in env if isinstance(p, list) and len(p) == 2]
-                    if isinstance(env, list)
-                    else []
-                )
-                return {str(k): str(v) for k, v in pairs}, str(layer.build.get("workdir") or "/")
+                return _settings(layer.build)
+        if chain and chain[0].image is not None:
+            return self.image_settings(chain[0].image)
         return {}, "/"
+
+    def image_settings(self, image_id: str) -> tuple[dict[str, str], str]:
+        """The Env and WorkingDir an imported image's config gave (checked at import)."""
+        meta = _read_json(self.images_dir / f"{image_id}.json")
+        return _settings(meta or {})
 
     def chain(self, layer_id: str | None) -> list[Layer]:
         """The layer and its parents, newest first."""
@@ -340,6 +444,11 @@ class EnvStore:
             rec = self.folder(folder) if folder is not None else None
             if folder is not None and not clean:
                 head, note = self._freeze_last(rec)
+                if head is not None:
+                    # A head that did not come from a freeze (a build stacked on layers,
+                    # a running last task) can be long too.
+                    head, merge_note = self._bounded(head)
+                    note = note or merge_note
             base_layer = self.layer(head) if head is not None else None
             image = rec.image if rec is not None and not clean else None
             if image is not None and not self.image_path(image).is_file():
@@ -398,7 +507,52 @@ class EnvStore:
             create_disk(env.disk, env.size, path)
             image = env.image.stem if env.image is not None else None
             self._write_task_meta(last, layer_id, env.size, rec.folder, image)
-        return layer_id, None
+            top, note = self._bounded(layer_id)
+            if top != layer_id:
+                # Its overlay is still empty (made above, its lock held): the same
+                # contents on the merged layer, so the replaced chain can go.
+                merged = self.layer(top)
+                assert merged is not None
+                create_disk(env.disk, env.size, merged.path)
+                self._write_task_meta(last, top, env.size, rec.folder, image)
+        return top, note
+
+    def _bounded(self, layer_id: str) -> tuple[str, str | None]:
+        """``layer_id``, or a layer merged from its chain when that is longer than
+        ``MAX_CHAIN_LAYERS`` (and a note when a merge was needed but failed: the
+        task then starts on the chain as it is, nothing lost)."""
+        chain = self.chain(layer_id)
+        if len(chain) <= MAX_CHAIN_LAYERS:
+            return layer_id, None
+        if chain[-1].parent is not None:
+            return layer_id, (
+                f"the folder's environment is missing layer {chain[-1].parent}; its "
+                f"{len(chain)} layers were not merged (piwork env reset FOLDER starts clean)"
+            )
+        merged_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(4)}"
+        meta_path = self.layers_dir / f"{merged_id}.json"
+        meta = {
+            "parent": None,
+            "folder": chain[0].folder,
+            "from_task": chain[0].from_task,
+            "created_at": time.time(),
+            # What build_settings finds first in the chain it replaces.
+            "build": next((la.build for la in chain if la.build is not None), None),
+            "image": chain[0].image,
+            "merged": [la.id for la in chain],
+        }
+        # The record first: a crash before the disk is in place leaves a record
+        # without a disk, which layer() ignores and gc removes.
+        atomic_write_bytes(meta_path, orjson.dumps(meta))
+        try:
+            merge_chain([la.path for la in chain], self.layers_dir / f"{merged_id}.qcow2")
+        except (EnvError, OSError) as exc:  # e.g. no room for the copy: nothing lost
+            meta_path.unlink()
+            return layer_id, (
+                f"the folder's {len(chain)} environment layers were not merged into one "
+                f"({exc}); this task starts on them as they are"
+            )
+        return merged_id, None
 
     # ------------------------------------------------------------ built layers
     def add_built_layer(
@@ -492,6 +646,11 @@ class EnvStore:
         for r in roots:
             keep |= {la.id for la in self.chain(r)}
         removed = []
+        # A merge's file not yet in place: any one found under the lock was left by a
+        # merge that died (merges run under it).
+        for tmp in self.layers_dir.glob(".*.tmp-*"):
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
         for meta in sorted(self.layers_dir.glob("*.json")):
             if meta.stem not in keep:
                 with contextlib.suppress(FileNotFoundError):

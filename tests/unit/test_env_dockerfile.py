@@ -4,6 +4,7 @@ and how COPY sources are staged (never through a symlink out of the build folder
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -100,7 +101,15 @@ def test_every_other_docker_instruction_is_refused_with_its_line_and_what_to_do(
         ("FROM piwork\nCOPY /etc/passwd /x\n", "sources are paths inside the build folder"),
         ("FROM piwork\nCOPY ../secret /x\n", "'..' would leave the build folder"),
         ("FROM piwork\nCOPY a/../../b /x\n", "'..' would leave the build folder"),
-        ("FROM piwork\nCOPY *.py /x/\n", "wildcards are not supported"),
+        ("FROM piwork\nCOPY */x.py /x/\n", "a wildcard is supported in the last part"),
+        ("FROM piwork\nCOPY *.py /x\n", "a wildcard copies into a folder: end the destination"),
+        ("FROM piwork\nCOPY a.txt *.py /x\n", "end the destination with / (/x/)"),
+        ("FROM piwork\nCOPY [!a].py /x/\n", "only simple classes"),
+        ("FROM piwork\nCOPY [a-].py /x/\n", "must join a range"),
+        ("FROM piwork\nCOPY [z-a].py /x/\n", "the range z-a is reversed"),
+        ("FROM piwork\nCOPY [ab.py /x/\n", "only simple classes"),
+        ("FROM piwork\nCOPY []a].py /x/\n", "only simple classes"),
+        ('FROM piwork\nCOPY ["a\\\\*.py", "/x/"]\n', "escapes in a wildcard are not supported"),
         ("FROM piwork\nENV 1BAD=x\n", "is not a variable name"),
         ("FROM piwork\nENV NOVALUE\n", "ENV NOVALUE"),
         ("FROM piwork\nENV A='open\n", "quote is not closed"),
@@ -215,6 +224,150 @@ def test_copy_refuses_fifos_and_absolute_inner_links(tmp_path: Path) -> None:
     os.symlink(str(ctx / "one.txt"), ctx / "tree" / "abs")
     with pytest.raises(ContextError, match="outside the copied folder"):
         stage_context(bf, ctx, tmp_path / "s2")
+
+
+@pytest.mark.parametrize("swap", ["a folder not walked yet", "a folder being walked"])
+def test_a_link_swapped_in_mid_walk_is_refused_never_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: str
+) -> None:
+    """The build folder changes while it is staged: a folder already checked is replaced
+    by a link out of it. Staging walks by descriptor and opens every file beneath the
+    folder without following a link, so the build is refused and nothing outside is read
+    (a path-based walk would descend through the new link and copy the host's file)."""
+    import piwork.env.build as build_mod
+
+    ctx = _ctx(tmp_path)
+    (ctx / "tree" / "zz.txt").write_text("staged after sub/\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f.txt").write_text("host secret\n")
+    (outside / "more.txt").write_text("host secret\n")
+    trigger = "zz.txt" if swap == "a folder not walked yet" else "run.sh"
+    real_stage_file = build_mod._stage_file
+    swapped: list[str] = []
+
+    def stage_file_then_swap(*args: object) -> None:
+        real_stage_file(*args)  # type: ignore[arg-type]
+        if args[-1] == trigger and not swapped:
+            os.rename(ctx / "tree" / "sub", ctx / "moved-sub")
+            os.symlink(outside, ctx / "tree" / "sub")
+            swapped.append(trigger)
+
+    monkeypatch.setattr(build_mod, "_stage_file", stage_file_then_swap)
+    bf = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY tree /x/\n")
+    dest = tmp_path / "stage"
+    with pytest.raises(ContextError) as exc:
+        stage_context(bf, ctx, dest)
+    assert swapped
+    said = str(exc.value)
+    assert said.startswith("piwork.Dockerfile:2: COPY tree")
+    assert "changed while it was being copied" in said or "outside the copied folder" in said
+    staged = [f.read_bytes() for f in dest.rglob("*") if f.is_file() and not f.is_symlink()]
+    assert b"host secret\n" not in staged
+
+
+def test_an_inner_link_through_another_link_out_of_the_copied_folder_is_refused(
+    tmp_path: Path,
+) -> None:
+    ctx = _ctx(tmp_path)
+    os.symlink(".", ctx / "tree" / "here")  # stays inside...
+    os.symlink("here/../one.txt", ctx / "tree" / "sneaky")  # ...but this one leaves it
+    bf = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY tree /x/\n")
+    with pytest.raises(ContextError, match=r"tree/sneaky is a symlink to here/\.\./one\.txt"):
+        stage_context(bf, ctx, tmp_path / "s")
+    os.unlink(ctx / "tree" / "sneaky")
+    os.symlink("here/sub/../run.sh", ctx / "tree" / "fine")
+    staged = stage_context(bf, ctx, tmp_path / "s2")
+    assert staged.links[(0, 0)] == [("fine", "here/sub/../run.sh"), ("here", "."),
+                                    ("link", "sub/f.txt")]  # fmt: skip
+    # The build folder itself, and a source reached through a link that stays inside.
+    os.symlink("tree", ctx / "alias")
+    whole = parse(ctx / "piwork.Dockerfile", "FROM piwork\nCOPY . /src/\nCOPY alias/run.sh /r\n")
+    staged = stage_context(whole, ctx, tmp_path / "s3")
+    assert (tmp_path / "s3" / "0-0" / "tree" / "sub" / "f.txt").read_text() == "in a folder\n"
+    assert staged.items[(1, 0)] == ("file", "run.sh")
+    assert (tmp_path / "s3" / "1-0" / "run.sh").read_text() == "#!/bin/sh\n"
+
+
+def _wild(tmp_path: Path) -> Path:
+    ctx = _ctx(tmp_path)
+    for name in ("two.txt", ".hidden.txt", "notes.md", "a1.txt", "b2.txt"):
+        (ctx / name).write_text(f"{name}\n")
+    (ctx / "tools").mkdir()
+    (ctx / "tools" / "x.sh").write_text("x\n")
+    return ctx
+
+
+def _staged_names(slot: Path) -> list[str]:
+    return sorted(p.relative_to(slot).as_posix() for p in slot.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    ("line", "names"),
+    [
+        # As Docker's Go filepath.Match: * matches dot files too, never a '/'.
+        ("COPY *.txt /d/", [".hidden.txt", "a1.txt", "b2.txt", "one.txt", "two.txt"]),
+        ("COPY ?ne.txt /d/", ["one.txt"]),
+        ("COPY [ab][0-9].txt /d/", ["a1.txt", "b2.txt"]),
+        ("COPY [^ab.]*.txt /d/", ["one.txt", "two.txt"]),
+        ("COPY tree/*.sh /d/", ["run.sh"]),
+        # A matching folder's contents are merged into the destination (Docker does so).
+        (
+            "COPY t* /d/",
+            ["link-is-made-in-the-vm", "run.sh", "sub", "sub/f.txt", "two.txt", "x.sh"],
+        ),
+        ("COPY to* tr* /d/", ["link-is-made-in-the-vm", "run.sh", "sub", "sub/f.txt", "x.sh"]),
+    ],
+)
+def test_copy_wildcards_match_as_docker_does(tmp_path: Path, line: str, names: list[str]) -> None:
+    ctx = _wild(tmp_path)
+    bf = parse(ctx / "piwork.Dockerfile", f"FROM piwork\n{line}\n")
+    staged = stage_context(bf, ctx, tmp_path / "s")
+    got: list[str] = []
+    for ki in range(len(bf.steps[0].sources)):
+        assert staged.items[(0, ki)] == ("dir", "")
+        got += _staged_names(tmp_path / "s" / f"0-{ki}")
+        got += ["link-is-made-in-the-vm" for _ in staged.links[(0, ki)]]
+    assert sorted(got) == names
+    script = copy_script(bf.steps[0], 0, staged)
+    subprocess.run(["bash", "-n", "-c", script], check=True)
+    assert "/0-0/. /d/" in script  # the slot's contents into the folder
+    # The key follows the bytes of what matched.
+    for changed in ("one.txt", "a1.txt", "tree/run.sh", "tools/x.sh"):
+        with (ctx / changed).open("a") as f:
+            f.write("!")
+    assert stage_context(bf, ctx, tmp_path / "s2").digest != staged.digest
+
+
+def test_copy_wildcards_refuse_what_would_leave_the_folder_or_clash(tmp_path: Path) -> None:
+    ctx = _wild(tmp_path)
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret\n")
+    outside = tmp_path / "outdir"
+    outside.mkdir()
+    (outside / "s.txt").write_text("host secret\n")
+    os.symlink(secret, ctx / "leak.txt")
+    os.symlink(outside, ctx / "outlink")
+    (ctx / "one").mkdir()
+    (ctx / "one" / "run.sh").write_text("clash\n")
+    cases = {
+        "COPY *.txt /d/": "leak.txt is a symlink that leads out of the build folder",
+        "COPY outlink/*.txt /d/": "outlink is a symlink that leads out of the build folder",
+        "COPY *.none /d/": "no file in",
+        "COPY nofolder/*.txt /d/": "no folder nofolder",
+        "COPY one tree /d/": "",  # two sources, no wildcard: separate slots, no clash
+        "COPY [ot][nr]e* /d/": "two matches give the same name (run.sh)",
+    }
+    for line, said in cases.items():
+        bf = parse(ctx / "piwork.Dockerfile", f"FROM piwork\n{line}\n")
+        dest = tmp_path / f"stage-{abs(hash(line))}"
+        if not said:
+            stage_context(bf, ctx, dest)
+            continue
+        with pytest.raises(ContextError, match=re.escape(said)):
+            stage_context(bf, ctx, dest)
+        staged = [f.read_bytes() for f in dest.rglob("*") if f.is_file()] if dest.exists() else []
+        assert b"host secret\n" not in staged
 
 
 def test_the_guest_scripts_run_in_bash(tmp_path: Path) -> None:

@@ -3,13 +3,27 @@ and mkfs.erofs; the archive's paths and modes are attacks."""
 
 from __future__ import annotations
 
+import json
 import stat
+import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from piwork.env.importer import archive_kind, import_image, sanitize, unpack
+from piwork.env.importer import (
+    MAX_ENV_ENTRIES,
+    MAX_ENV_TOTAL,
+    MAX_ENV_VALUE,
+    ImageSettings,
+    archive_kind,
+    image_settings,
+    import_image,
+    read_config,
+    sanitize,
+    unpack,
+    write_settings,
+)
 from piwork.env.store import EnvError, EnvStore
 from tests.oci_archive import busybox_image, docker_save, entry
 
@@ -147,3 +161,180 @@ def test_images_nothing_uses_are_collected_after_a_grace_time(tmp_path: Path) ->
     # One just imported is kept whatever uses it (the import points the folder at it next).
     again = import_image(s, tmp_path / "image.tar")
     assert not again.cached and imported.id not in s.gc() and again.path.is_file()
+
+
+# ------------------------------------------------------- the image's own Env and WorkingDir
+
+HOSTILE_ENV: list[object] = [
+    "PATH=/usr/local/bin:/usr/bin:/bin",
+    'GREETING=it\'s "quoted" $(touch /tmp/piwork-pwned) `id` \\ $HOME',
+    "EMPTY=",
+    "WITH_EQ=a=b=c",
+    "MULTI=line one\nline two",
+    "NUL=a\x00b",
+    "CR=a\rb",
+    "HUGE=" + "x" * (MAX_ENV_VALUE + 1),
+    "not-a-name=1",
+    "1ABC=1",
+    "$(id)=1",
+    "=novalue",
+    "JUSTTEXT",
+    42,
+    "http_proxy=http://corp-proxy:3128",
+    "HTTPS_PROXY=http://corp-proxy:3128",
+    "BASH_ENV=/tmp/evil.sh",
+    "PIWORK_BUILD_ENV=1",
+    "GREETING2=\x1b[31mred\x1b[0m",
+    "EMPTY=last wins",
+]
+
+
+def test_the_image_config_is_checked_as_untrusted_input() -> None:
+    s = image_settings({"Env": HOSTILE_ENV, "WorkingDir": "//srv/app/../app/"})
+    env = dict(s.env)
+    assert env == {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "GREETING": 'it\'s "quoted" $(touch /tmp/piwork-pwned) `id` \\ $HOME',
+        "EMPTY": "last wins",
+        "WITH_EQ": "a=b=c",
+        "GREETING2": "\x1b[31mred\x1b[0m",  # a value is the guest's business: quoted
+    }
+    assert s.workdir == "/srv/app"
+    notes = "\n".join(s.notes)
+    for why in (
+        "entry 5: the value of MULTI holds a newline or NUL",
+        "entry 6: the value of NUL holds a newline or NUL",
+        "entry 7: the value of CR holds a newline or NUL",
+        f"entry 8: the value of HUGE is longer than {MAX_ENV_VALUE}",
+        "entry 9: 'not-a-name' is not a variable name",
+        "entry 11: '$(id)' is not a variable name",
+        "entry 12: '' is not a variable name",
+        "entry 13: not NAME=VALUE",
+        "entry 14: not NAME=VALUE",
+        "entry 15: http_proxy is piwork's own",
+        "entry 17: BASH_ENV is piwork's own",
+        "entry 18: PIWORK_BUILD_ENV is piwork's own",
+    ):
+        assert why in notes, why
+    assert "\x1b" not in notes and "\x00" not in notes  # names are shown escaped
+    # Bounds: entries, the total, the WorkingDir.
+    many = image_settings({"Env": [f"V{i}=x" for i in range(MAX_ENV_ENTRIES + 50)]})
+    assert len(many.env) == MAX_ENV_ENTRIES and "past its first" in many.notes[0]
+    big = image_settings({"Env": [f"V{i}=" + "y" * (MAX_ENV_VALUE - 10) for i in range(40)]})
+    assert sum(len(k) + len(v) for k, v in big.env) <= MAX_ENV_TOTAL
+    assert any("in all" in n for n in big.notes)
+    for bad in ("relative/dir", "/a\nb", "/" + "d" * 5000, 7, ["/x"]):
+        odd = image_settings({"WorkingDir": bad})
+        assert odd.workdir is None and odd.notes and "left out the WorkingDir" in odd.notes[0]
+    assert image_settings({"Env": "PATH=/bin"}).notes == ("left out the image's Env: not a list",)
+    assert image_settings({}) == ImageSettings()
+
+
+def _source(script: Path, names: list[str]) -> dict[str, str]:
+    """What bash gets from the file (run here only to prove the quoting is exact)."""
+    shown = "; ".join(f'printf "%s\\0" "${n}"' for n in names)
+    out = subprocess.run(
+        ["env", "-i", "bash", "-c", f'cd /; . "$1"; {shown}; printf "%s\\0" "$PWD"', "bash",
+         str(script)],
+        capture_output=True,
+        check=True,
+    ).stdout.decode()  # fmt: skip
+    values = out.split("\0")[:-1]
+    return dict(zip([*names, "PWD"], values, strict=True))
+
+
+def test_an_imported_images_env_and_workdir_reach_its_env_file_exactly(tmp_path: Path) -> None:
+    # skopeo itself refuses an Env entry that is not a string.
+    config = {"Env": [e for e in HOSTILE_ENV if isinstance(e, str)], "WorkingDir": "/srv/app"}
+    archive = busybox_image(
+        tmp_path / "image.tar",
+        b"m\n",
+        config=config,
+        extra=[entry("srv", kind=tarfile.DIRTYPE, mode=0o755),
+               entry("srv/app", kind=tarfile.DIRTYPE, mode=0o755)],
+    )  # fmt: skip
+    s = store(tmp_path)
+    result = import_image(s, archive)
+    assert dict(result.env)["GREETING"].startswith("it's") and result.workdir == "/srv/app"
+    assert any("MULTI holds a newline" in r for r in result.removed)
+    # The env file inside the image itself (extracted from the erofs here, in the test).
+    out = tmp_path / "extracted"
+    subprocess.run(["fsck.erofs", f"--extract={out}", str(result.path)], check=True,
+                   capture_output=True)  # fmt: skip
+    script = out / "etc" / "piwork" / "env.sh"
+    got = _source(script, ["PATH", "GREETING", "EMPTY", "WITH_EQ", "PIWORK_WORKDIR", "HUGE"])
+    assert got["GREETING"] == dict(result.env)["GREETING"]
+    assert got["PIWORK_WORKDIR"] == "/srv/app"
+    assert "cd /srv/app 2>/dev/null" in script.read_text()  # a shell outside /mnt starts there
+    assert got["EMPTY"] == "last wins" and got["WITH_EQ"] == "a=b=c" and got["HUGE"] == ""
+    assert not Path("/tmp/piwork-pwned").exists()
+    # A build FROM the image starts from them; a cached import says them again.
+    assert s.image_settings(result.id) == (dict(result.env), "/srv/app")
+    again = import_image(s, archive)
+    assert again.cached and again.env == result.env and again.workdir == "/srv/app"
+
+
+def test_the_env_file_is_never_written_through_a_link_the_image_planted(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.sh"
+    victim.write_text("host file\n")
+    config = {"Env": ["A=1"]}
+    # /etc/piwork/env.sh a link to a host file: the link is replaced, the file untouched.
+    linked_file = busybox_image(
+        tmp_path / "a.tar",
+        b"m\n",
+        config=config,
+        extra=[entry("etc/piwork", kind=tarfile.DIRTYPE, mode=0o755),
+               entry("etc/piwork/env.sh", kind=tarfile.SYMTYPE, link=str(victim))],
+    )  # fmt: skip
+    work = tmp_path / "w1"
+    work.mkdir()
+    rootfs = unpack(linked_file, work)
+    assert write_settings(rootfs, image_settings(read_config(work / "oci"))) == []
+    env_sh = rootfs / "etc" / "piwork" / "env.sh"
+    assert not env_sh.is_symlink() and "export A=1" in env_sh.read_text()
+    assert victim.read_text() == "host file\n"
+    # /etc/piwork a link to a host folder: nothing is written, and that is said.
+    linked_dir = busybox_image(
+        tmp_path / "b.tar",
+        b"m\n",
+        config=config,
+        extra=[entry("etc/piwork", kind=tarfile.SYMTYPE, link=str(outside))],
+    )  # fmt: skip
+    work = tmp_path / "w2"
+    work.mkdir()
+    rootfs = unpack(linked_dir, work)
+    notes = write_settings(rootfs, image_settings(read_config(work / "oci")))
+    assert notes and "are not applied" in notes[0]
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.sh"]
+    assert (rootfs / "etc" / "piwork").is_symlink()
+
+
+def test_a_layout_naming_a_blob_by_a_path_or_too_large_is_refused(tmp_path: Path) -> None:
+    layout = tmp_path / "oci"
+    (layout / "blobs" / "sha256").mkdir(parents=True)
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"config": {"Env": ["STOLEN=1"]}}')
+
+    def index(digest: str) -> None:
+        (layout / "index.json").write_text(
+            json.dumps({"manifests": [{"digest": digest,
+                        "annotations": {"org.opencontainers.image.ref.name": "piwork"}}]})
+        )  # fmt: skip
+
+    index("sha256:../../../secret.json")
+    with pytest.raises(EnvError, match="not a sha256 digest"):
+        read_config(layout)
+    big = "a" * 64
+    (layout / "blobs" / "sha256" / big).write_bytes(b" " * (2 << 20))
+    index(f"sha256:{big}")
+    with pytest.raises(EnvError, match="larger than"):
+        read_config(layout)
+    (layout / "blobs" / "sha256" / big).unlink()
+    (layout / "blobs" / "sha256" / big).symlink_to(secret)
+    with pytest.raises(EnvError, match="cannot be read"):
+        read_config(layout)
+    (layout / "index.json").write_text("[" * 100_000)
+    with pytest.raises(EnvError, match="not JSON"):
+        read_config(layout)

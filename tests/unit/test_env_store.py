@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from piwork.env import ENV_DISK, EnvBusy, EnvStore
-from piwork.env.store import create_disk, hold_lock
+from piwork.env import ENV_DISK, EnvBusy, EnvError, EnvStore
+from piwork.env.store import MAX_CHAIN_LAYERS, check_layer_header, create_disk, hold_lock
 
 pytestmark = pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
 
@@ -237,3 +237,200 @@ def test_a_built_layer_becomes_the_folders_head_and_is_kept(world: World) -> Non
     assert store.folder(folder).head == "b-123"  # type: ignore[union-attr]
     store.gc()
     assert store.layer("b-123") is not None
+
+
+# ---------------------------------------------------------------- a bounded chain
+
+MIB = 1 << 20
+
+
+def guest_writes(disk: Path, byte: int, offset: int) -> None:
+    """What a guest does to its block device: a MiB of ``byte`` at ``offset``."""
+    subprocess.run(
+        ["qemu-io", "-f", "qcow2", "-c", f"write -P {byte:#x} {offset} {MIB}", str(disk)],
+        check=True,
+        capture_output=True,
+    )
+
+
+def reads_back(disk: Path, byte: int, offset: int) -> bool:
+    proc = subprocess.run(
+        ["qemu-io", "-r", "-f", "qcow2", "-c", f"read -P {byte:#x} {offset} {MIB}", str(disk)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "Pattern verification failed" in proc.stdout or proc.returncode == 0, proc.stderr
+    return proc.returncode == 0 and "verification failed" not in proc.stdout
+
+
+def header_chain(disk: Path) -> list[str]:
+    out = subprocess.run(
+        ["qemu-img", "info", "--output=json", "--backing-chain", "-U", str(disk)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [str(c["filename"]) for c in json.loads(out)]
+
+
+def test_many_tasks_on_a_folder_keep_the_chain_bounded_and_every_tasks_data(
+    world: World,
+) -> None:
+    """Each task freezes the last one's disk into a layer; past MAX_CHAIN_LAYERS the chain
+    is merged into one standalone layer. Every earlier task's writes stay readable from
+    the newest task's disk, and each earlier task still has its own (for a resume)."""
+    store, tasks, folder = world
+    n = 2 * MAX_CHAIN_LAYERS + 3
+    dirs: list[Path] = []
+    merges = 0
+    for i in range(n):
+        d = task_dir(tasks, f"t{i:02d}")
+        env = store.prepare(d, folder, size=SIZE)
+        assert env.note is None
+        dirs.append(d)
+        chain = store.chain(env.base)
+        assert len(chain) <= MAX_CHAIN_LAYERS
+        # QEMU follows the headers: they name exactly the recorded chain, no more.
+        assert header_chain(env.disk) == [str(env.disk)] + [str(la.path) for la in chain]
+        merges += bool(chain and chain[-1].merged)
+        for j in range(i):  # everything the earlier tasks wrote, in the new task's disk
+            assert reads_back(env.disk, 0x10 + j, j * MIB), (i, j)
+        assert reads_back(env.disk, 0, i * MIB)  # and nothing else
+        guest_writes(env.disk, 0x10 + i, i * MIB)
+    assert merges >= 2
+    # Each earlier task resumes with exactly what it had.
+    for j, d in enumerate(dirs):
+        env_j = store.task_env(d)
+        assert env_j is not None
+        assert all(reads_back(env_j.disk, 0x10 + k, k * MIB) for k in range(j + 1))
+        assert reads_back(env_j.disk, 0, (j + 1) * MIB)
+    # A merged layer is a standalone, read-only qcow2.
+    merged = [la for la in map(store.layer, (p.stem for p in store.layers_dir.glob("*.json")))
+              if la is not None and la.merged]  # fmt: skip
+    assert merged and all(backing(la.path) is None for la in merged)
+    assert all(stat.S_IMODE(la.path.stat().st_mode) == 0o400 for la in merged)
+    # Once the old tasks are gone, only what the folder's head needs is left.
+    head = store.folder(folder).head  # type: ignore[union-attr]
+    for d in dirs[:-1]:
+        shutil.rmtree(d)
+    store.gc()
+    kept = sorted(p.stem for p in store.layers_dir.glob("*.qcow2"))
+    last_base = store.task_env(dirs[-1]).base  # type: ignore[union-attr]
+    assert kept == sorted(
+        {la.id for la in store.chain(head)} | {la.id for la in store.chain(last_base)}
+    )
+    assert len(kept) <= MAX_CHAIN_LAYERS
+    assert not list(store.layers_dir.glob(".*"))  # no merge left a file behind
+
+
+def _grow_chain(store: EnvStore, tasks: Path, folder: Path, count: int) -> list[Path]:
+    dirs = []
+    for i in range(count):
+        d = task_dir(tasks, f"g{i:02d}")
+        env = store.prepare(d, folder, size=SIZE)
+        guest_writes(env.disk, 0x10 + i, i * MIB)
+        dirs.append(d)
+    return dirs
+
+
+def test_a_merge_follows_the_recorded_chain_never_a_backing_file_named_in_a_layer(
+    world: World, tmp_path: Path
+) -> None:
+    """A layer whose header names some other file as its backing (planted, or from a
+    bug) is merged over its *recorded* parent: the planted file's bytes never reach
+    the merged layer, so never a later guest."""
+    store, tasks, folder = world
+    _grow_chain(store, tasks, folder, MAX_CHAIN_LAYERS + 1)
+    head = store.folder(folder).head  # type: ignore[union-attr]
+    chain = store.chain(head)
+    assert len(chain) == MAX_CHAIN_LAYERS
+    # Host data a merge must never copy: where the bottom layer holds task 0's bytes.
+    lure = tmp_path / "host-secret.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(lure), str(SIZE)], check=True)
+    guest_writes(lure, 0xEE, 0)
+    guest_writes(lure, 0xEE, 40 * MIB)
+    victim = chain[-2].path  # its recorded parent is the bottom layer
+    victim.chmod(0o600)
+    subprocess.run(
+        ["qemu-img", "rebase", "-u", "-f", "qcow2", "-b", str(lure), "-F", "qcow2", str(victim)],
+        check=True,
+    )
+    victim.chmod(0o400)
+    assert backing(victim) == str(lure)
+    # The next task makes the chain too long: it is merged.
+    env = store.prepare(task_dir(tasks, "next"), folder, size=SIZE)
+    assert env.note is None
+    top = store.layer(env.base)  # type: ignore[arg-type]
+    assert top is not None and top.merged and backing(top.path) is None
+    assert reads_back(top.path, 0x10, 0)  # task 0's bytes, from the recorded bottom layer
+    assert reads_back(top.path, 0, 40 * MIB)  # not the lure's
+    assert not reads_back(top.path, 0xEE, 0)
+
+
+def test_a_layer_naming_an_external_data_file_is_never_merged(world: World, tmp_path: Path) -> None:
+    """qcow2 opens a data file its header names by itself: a layer asking for one was
+    not made by piwork. The merge is refused, said, and the task starts on the chain as
+    it is (nothing lost, nothing of the named file copied)."""
+    store, tasks, folder = world
+    _grow_chain(store, tasks, folder, MAX_CHAIN_LAYERS + 1)
+    chain = store.chain(store.folder(folder).head)  # type: ignore[union-attr]
+    secret = tmp_path / "host-secret.raw"
+    secret.write_bytes(b"\xee" * MIB)
+    bad = tmp_path / "bad.qcow2"
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", "-o", f"data_file={secret}", str(bad),
+         str(SIZE)],
+        check=True,
+    )  # fmt: skip
+    victim = chain[-1].path
+    victim.chmod(0o600)
+    shutil.copyfile(bad, victim)
+    victim.chmod(0o400)
+    before = sorted(p.name for p in store.layers_dir.iterdir())
+    env = store.prepare(task_dir(tasks, "next"), folder, size=SIZE)
+    assert env.note is not None and "external data file" in env.note
+    assert not any(la.merged for la in store.chain(env.base))
+    after = sorted(p.name for p in store.layers_dir.iterdir())
+    assert len(after) == len(before) + 2  # the frozen layer (disk + record), no merge
+    with pytest.raises(EnvError, match="not a qcow2"):
+        check_layer_header(secret)
+
+
+def test_a_merge_keeps_the_settings_of_a_built_layer_it_replaces(world: World) -> None:
+    store, tasks, folder = world
+    build_disk = folder.parent / "build.qcow2"
+    create_disk(build_disk, SIZE, None)
+    guest_writes(build_disk, 0x42, 0)
+    meta = {"file": "piwork.Dockerfile", "env": [["A", "1"]], "workdir": "/srv"}
+    store.add_built_layer(build_disk, "b-123", None, folder, meta)
+    dirs = []
+    for i in range(MAX_CHAIN_LAYERS + 1):
+        d = task_dir(tasks, f"t{i}")
+        env = store.prepare(d, folder, size=SIZE)
+        dirs.append(d)
+    assert any(la.merged for la in store.chain(env.base))
+    assert store.build_settings(env.base) == ({"A": "1"}, "/srv")
+    assert reads_back(env.disk, 0x42, 0)
+    # The built layer stays while a task sits on it, so a cached build still finds it.
+    assert store.layer("b-123") is not None
+
+
+def test_a_merge_that_fails_leaves_the_chain_as_it_was_and_says_so(world: World) -> None:
+    """A layer qemu-img cannot read (damaged, or the copy runs out of room): the task
+    starts on the unmerged chain with a note; no half-written layer is left."""
+    store, tasks, folder = world
+    _grow_chain(store, tasks, folder, MAX_CHAIN_LAYERS + 1)
+    chain = store.chain(store.folder(folder).head)  # type: ignore[union-attr]
+    victim = chain[2].path
+    victim.chmod(0o600)
+    with victim.open("r+b") as f:
+        f.seek(40)  # the header's L1 table offset: unaligned, so qemu-img refuses the layer
+        f.write((12345).to_bytes(8, "big"))
+    victim.chmod(0o400)
+    env = store.prepare(task_dir(tasks, "next"), folder, size=SIZE)
+    assert env.note is not None and "were not merged into one" in env.note
+    assert "qemu-img convert" in env.note
+    assert len(store.chain(env.base)) == MAX_CHAIN_LAYERS + 1
+    assert not any(la.merged for la in store.chain(env.base))
+    assert not list(store.layers_dir.glob(".*"))

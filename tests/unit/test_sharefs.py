@@ -100,6 +100,24 @@ def test_walk_lists_links_as_links_and_never_enters_them(share: Path, tmp_path: 
     assert entries["d"].is_dir and entries["d/f"].is_file
 
 
+def test_walk_under_a_subfolder_never_reaches_it_through_a_link(
+    share: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside-under"
+    outside.mkdir()
+    (outside / "secret").write_text("s")
+    (share / "a" / "b").mkdir(parents=True)
+    (share / "a" / "b" / "f").write_text("f")
+    (share / "a" / "link").symlink_to(outside)
+    (share / "alias").symlink_to("a")
+    assert [e.path for e in walk_beneath(share, under="a/b")] == ["f"]
+    for through in ("a/link", "alias/b"):
+        with pytest.raises(UnsafePathError):
+            list(walk_beneath(share, under=through))
+    with pytest.raises(UnsafePathError):
+        list(walk_beneath(share, under="../outside-under"))
+
+
 def test_walk_is_bounded(share: Path) -> None:
     for i in range(50):
         (share / f"f{i}").write_text("")

@@ -4,7 +4,7 @@ One scenario, three VM starts (real QEMU, the real pi; the scripted model is the
 only test double, for the LLM):
 
 1. ``piwork env build FOLDER`` (the CLI, no terminal) on a file with ENV, WORKDIR,
-   COPY of a file and of a folder, and RUN steps whose output streams to the
+   COPY of a file, of a folder and of a wildcard, and RUN steps whose output streams to the
    terminal; a RUN step that reaches a host the policy does not allow is denied
    (no one to ask) and the proxy's reason reaches the step;
 2. a task on the folder (``TaskSession``, the runner ``piwork run`` uses): the
@@ -51,6 +51,7 @@ RUN echo "ran as $(id -u) in $PWD: $GREETING" > ran.txt && \\
     ./bin/tool.sh >> ran.txt && cat ran.txt
 RUN curl -sS --max-time 120 http://example.org/ 2>&1; echo "curl exit $?"
 ENV PATH=$TOOL_HOME/bin:$PATH
+COPY conf/*.cfg conf/
 """
 FAILING = """\
 FROM piwork
@@ -80,6 +81,9 @@ async def test_env_build_then_a_task_uses_it_cached_rebuild_and_failing_step(
     (folder / "data.txt").write_text(DATA)
     (folder / "scripts" / "tool.sh").write_text('#!/bin/sh\necho "tool ok from $0"\n')
     os.chmod(folder / "scripts" / "tool.sh", 0o755)
+    (folder / "conf").mkdir()
+    for name in ("a.cfg", "b.cfg", "not-copied.txt"):
+        (folder / "conf" / name).write_text(f"config {name}\n")
     (folder / "piwork.Dockerfile").write_text(DOCKERFILE)
     (folder / "fail.Dockerfile").write_text(FAILING)
 
@@ -108,7 +112,8 @@ async def test_env_build_then_a_task_uses_it_cached_rebuild_and_failing_step(
     asker = ScriptedAsker(permission=Choice.ALLOW_ONCE)
     check = (
         'cat /opt/tool/data.txt; echo "GREETING=$GREETING"; cat /opt/tool/ran.txt; '
-        'tool.sh; echo "cwd $PWD"; cd / && env -u PIWORK_BUILD_ENV bash -c \'echo "outside $PWD"\''
+        'tool.sh; echo "cwd $PWD"; ls /opt/tool/conf; cat /opt/tool/conf/*; '
+        "cd / && env -u PIWORK_BUILD_ENV bash -c 'echo \"outside $PWD\"'"
     )
     async with server:
         req = RunRequest(
@@ -132,6 +137,8 @@ async def test_env_build_then_a_task_uses_it_cached_rebuild_and_failing_step(
     assert "tool ok from /opt/tool/bin/tool.sh" in result  # PATH from ENV
     assert "cwd /mnt/work" in result  # the agent starts in the task's folder
     assert "outside /opt/tool" in result  # WORKDIR: where a shell elsewhere starts
+    # COPY conf/*.cfg conf/: the matching files, into the folder, the others not.
+    assert "config a.cfg\nconfig b.cfg" in result and "not-copied" not in result
     env = store.task_env(paths.tasks / task_id)
     assert env is not None and env.base == rec.head
 

@@ -7,7 +7,8 @@ its bash tool on that image instead of the pack's Debian: the marker is there,
 Debian's files are not, and what the task writes lands on its own disk over the
 image. ``piwork env build`` with ``FROM <image id>`` runs its RUN step in the
 image and its ENV reaches the next task (busybox sh: no BASH_ENV, the wrapper
-reads the file); ``piwork env reset`` gives the next task Debian again.
+reads the file), as the image's own Env and WorkingDir do (in tasks and in the
+build); ``piwork env reset`` gives the next task Debian again.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
     paths = private_paths(tmp_path / "home")
     folder = tmp_path / "project"
     folder.mkdir()
-    archive = busybox_image(tmp_path / "image.tar", MARKER)
+    # The image's own config: its Env and WorkingDir reach the task's shell (and a build).
+    config = {"Env": ["PATH=/bin", "IMG_CONFIG=from-the-image"], "WorkingDir": "/srv/app"}
+    archive = busybox_image(tmp_path / "image.tar", MARKER, config=config)
 
     imported = piwork_cli(paths, "env", "import", str(archive), str(folder))
     assert imported.returncode == 0, imported.stderr
@@ -71,7 +74,8 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
     again = piwork_cli(paths, "env", "import", str(archive), str(folder))
     assert f"image {rec.image} (cached)" in again.stdout
 
-    result = await run_task(paths, folder, CHECK)
+    result = await run_task(paths, folder, 'echo "cfg=$IMG_CONFIG wd=$PIWORK_WORKDIR"; ' + CHECK)
+    assert "cfg=from-the-image wd=/srv/app" in result
     assert MARKER.decode().strip() in result
     assert "NO-DEBIAN" in result  # the pack's Debian image is not under it
     assert "shell /bin/sh" in result  # the image's busybox sh: it has no bash
@@ -80,18 +84,21 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
     # A build on the image (FROM its id): RUN in the image's own shell, ENV for its tasks.
     (folder / "piwork.Dockerfile").write_text(
         f"FROM {rec.image}\nENV IMG_VAR=from-the-build\n"
-        'RUN echo "built on $(cat /etc/piwork-marker)" > /etc/built.txt && cat /etc/built.txt\n'
+        'RUN echo "built on $(cat /etc/piwork-marker) in $(pwd) with $IMG_CONFIG" '
+        "> /etc/built.txt && cat /etc/built.txt\n"
     )
     built = piwork_cli(paths, "env", "build", str(folder))
     assert built.returncode == 0, built.stderr
-    assert "  | built on imported image marker 7f3a" in built.stdout
+    assert "  | built on imported image marker 7f3a in /srv/app with from-the-image" in built.stdout
     rec2 = store_for(paths).folder(folder.resolve())
     assert rec2 is not None and rec2.image == rec.image and rec2.head is not None
     layer = store_for(paths).layer(rec2.head)
     assert layer is not None and layer.image == rec.image
-    result = await run_task(paths, folder, 'cat /etc/built.txt; echo "var=$IMG_VAR"; ' + CHECK)
+    result = await run_task(
+        paths, folder, 'cat /etc/built.txt; echo "var=$IMG_VAR cfg=$IMG_CONFIG"; ' + CHECK
+    )
     assert "built on imported image marker 7f3a" in result
-    assert "var=from-the-build" in result and "NO-DEBIAN" in result
+    assert "var=from-the-build cfg=from-the-image" in result and "NO-DEBIAN" in result
 
     # Back to the pack's Debian workbench.
     assert piwork_cli(paths, "env", "reset", str(folder)).returncode == 0

@@ -1,7 +1,9 @@
 """Warm start: a saved VM with pi loaded, restored for each task.
 
 A *template* is one VM booted until the supervisor has pi's modules loaded
-(the launcher's "preloaded" event), with the 9p devices present but nothing
+(the launcher's "preloaded" event) and, primed, pi's own ``main()`` run with
+no task in it (``prime_op`` in piwork.agent.spec; the "primed" event), with
+the 9p devices present but nothing
 mounted and no connection open to any host service (the netmux port is
 never connected while the template runs, so the guest holds no stream and
 refuses connections), then saved with QEMU's
@@ -13,8 +15,11 @@ A task restores it with its own command line (its own ``-fsdev`` folders in
 the same order and tags, sockets, its own netmux to its own gateway) plus
 ``-incoming defer`` and ``migrate-incoming exec:cat state``; the RAM file is
 mapped ``share=off`` (copy-on-write, read on demand). The supervisor then
-mounts the task's folders, sets the clock and starts pi with the task's
-arguments and environment: nothing task-specific is in the template.
+mounts the task's folders, sets the clock and binds pi to the task's
+environment and working directory; the host then switches it to the task's
+session (pi builds its session, models, resources and extensions again) and
+model. An unprimed template's pi runs ``main()`` with the task's arguments
+instead. Nothing task-specific is in the template.
 
 A template belongs to one (pack, QEMU build, accelerator, machine shape):
 :func:`template_key` hashes all of them, so a change means another directory

@@ -139,7 +139,12 @@ def check_warm_start() -> Check:
                 f"on; {exc}: the next task makes it (one boot), later tasks restore it",
                 warning=True,
             )
-        return Check("warm start", True, f"on; saved VM ready at {tpl.dir}")
+        primed = (
+            "pi primed in it"
+            if tpl.primed_with() is not None
+            else "pi loaded in it, not primed (tasks run pi's main() after the restore)"
+        )
+        return Check("warm start", True, f"on; saved VM ready at {tpl.dir}, {primed}")
     except Exception as exc:
         return Check("warm start", True, f"on; cannot look for the saved VM: {exc}", warning=True)
 

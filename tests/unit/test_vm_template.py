@@ -53,13 +53,15 @@ def spec(**kw: object) -> VmSpec:
     return VmSpec(**base)  # type: ignore[arg-type]
 
 
-def make(root: Path, s: VmSpec, state: bytes = b"device state") -> Path:
+def make(
+    root: Path, s: VmSpec, state: bytes = b"device state", extra: dict[str, object] | None = None
+) -> Path:
     tpl = template_for(s, root)
     tmp = root / "tmp"
     tmp.mkdir(parents=True)
     (tmp / RAM).write_bytes(b"\0" * (s.memory_mb << 20))
     (tmp / STATE).write_bytes(state)
-    commit(tmp, tpl, {})
+    commit(tmp, tpl, extra or {})
     return tpl.dir
 
 
@@ -192,3 +194,23 @@ def test_a_failed_qemu_version_probe_means_no_saved_vm_and_is_asked_again(
         template_for(s, tmp_path)
     qemu.write_text("#!/bin/sh\necho 'QEMU emulator version 7.2.99'\n")
     assert template_for(s, tmp_path).key["qemu"].startswith("QEMU emulator version 7.2.99|")
+
+
+@pytest.mark.parametrize(
+    ("extra", "primed"),
+    [
+        ({"primed": ["/opt/piwork/extensions/a.ts"]}, ("/opt/piwork/extensions/a.ts",)),
+        ({"primed": []}, ()),
+        ({}, None),  # an unprimed saved VM: tasks run pi's main() after the restore
+        ({"prime_error": "pi exited while priming"}, None),
+        ({"primed": "/opt/a.ts"}, None),  # malformed: not a list of paths
+        ({"primed": [1, 2]}, None),
+    ],
+)
+def test_a_saved_vm_says_which_extensions_its_pi_was_primed_with(
+    tmp_path: Path, extra: dict[str, object], primed: tuple[str, ...] | None
+) -> None:
+    make(tmp_path, spec(), extra=extra)
+    tpl = template_for(spec(), tmp_path)
+    tpl.check()
+    assert tpl.primed_with() == primed

@@ -159,7 +159,7 @@ const ports = new PortWatcher((list) => outbox.event({ ev: "ports", ports: list 
 
 let pi = null; // ChildProcess
 let preloaded = null; // {child, ctl, loaded, primed}: a launcher with pi loaded, waiting for "go"
-let bindingLines = null; // lines for a primed pi that arrived before it was bound to the task
+let heldLines = null; // lines for pi that arrived while it was starting (mounts, bind)
 
 function childEnv(extra) {
   const env = { ...process.env, ...(extra || {}) };
@@ -363,22 +363,83 @@ function clockCommand(epochSeconds) {
   return `{ date -u -s '${d}' > /dev/null || echo "date -s failed" >&2; } &`;
 }
 
+// A shell started with the supervisor, so it is already there in a saved VM:
+// a task's clock and mounts run in it. Starting a process from here is a fork
+// of this Node process, which under TCG costs tens of milliseconds on the
+// warm start's path; the shell's own children (mount, date) are small.
+const PREPARED = "__piwork_prepared__";
+let helperShell = null; // {child, waiting, text}
+
+function startHelperShell() {
+  let child;
+  try {
+    child = spawn("/bin/busybox", ["sh"], { cwd: "/", stdio: ["pipe", "pipe", "ignore"] });
+  } catch (err) {
+    log(`no helper shell: ${err.message}`);
+    return;
+  }
+  const shell = { child, waiting: null, text: [] };
+  const answer = (text) => {
+    const w = shell.waiting;
+    shell.waiting = null;
+    if (w) w(text);
+  };
+  const split = new LineSplitter((line) => {
+    const text = line.toString("utf8");
+    if (text === PREPARED) {
+      answer(shell.text.join("\n"));
+      shell.text = [];
+    } else if (shell.text.length < 50) {
+      shell.text.push(text.slice(0, 300));
+    }
+  });
+  child.stdout.on("data", (c) => split.push(c));
+  child.stdin.on("error", () => {});
+  child.on("error", () => {});
+  child.on("close", () => {
+    if (helperShell === shell) helperShell = null;
+    answer(null);
+  });
+  helperShell = shell;
+}
+
 /**
- * Set the clock and mount the shares in ONE busybox shell, all at once: each
- * process the supervisor starts is a fork of this Node process, which under
- * TCG costs tens of milliseconds apiece on the warm start's path, and each 9p
- * mount waits on a round trip to QEMU's 9p server.
+ * Set the clock and mount the shares in one shell, all at once (each 9p mount
+ * waits on a round trip to QEMU's 9p server), then call `done`. In the helper
+ * shell if it is there and idle, else in a new one (waited for).
  */
-function prepareTask(msg) {
+function prepareTask(msg, done) {
   const cmds = [];
   const clock = msg.clock ? clockCommand(msg.clock) : null;
   if (clock) cmds.push(clock);
   if (msg.mount === true) cmds.push(...shareMounts());
-  if (!cmds.length) return;
+  if (!cmds.length) return done();
   cmds.push("wait");
+  const said = (err) => {
+    if (err) log(`preparing the task: ${err.slice(0, 500)}`);
+  };
+  const shell = helperShell;
+  if (shell && !shell.waiting) {
+    const timer = setTimeout(() => {
+      log("the helper shell did not finish preparing the task within 30 s");
+      shell.child.kill("SIGKILL"); // its close answers null: prepared again below
+    }, 30000);
+    shell.waiting = (text) => {
+      clearTimeout(timer);
+      if (text === null) return prepareInNewShell(cmds, said, done);
+      said(text.trim());
+      done();
+    };
+    shell.child.stdin.write(`{\n${cmds.join("\n")}\n} 2>&1\necho ${PREPARED}\n`);
+    return;
+  }
+  prepareInNewShell(cmds, said, done);
+}
+
+function prepareInNewShell(cmds, said, done) {
   const r = spawnSync("/bin/busybox", ["sh", "-c", cmds.join("\n")], { stdio: ["ignore", "ignore", "pipe"] });
-  const err = r.error ? r.error.message : (r.stderr || "").toString().trim();
-  if (err) log(`preparing the task: ${err.slice(0, 500)}`);
+  said(r.error ? r.error.message : (r.stderr || "").toString().trim());
+  done();
 }
 
 /**
@@ -440,14 +501,23 @@ function spawnWorkbench(mode, t0) {
 }
 
 function startPi(msg) {
-  if (pi) {
-    outbox.event({ ev: "error", message: `pi is already running (pid ${pi.pid})` });
+  if (pi || heldLines) {
+    outbox.event({ ev: "error", message: pi ? `pi is already running (pid ${pi.pid})` : "pi is starting" });
     return;
   }
+  heldLines = []; // lines for pi wait until it has the task's env and cwd
   // performance.now(), not Date.now(): prepareTask sets the wall clock.
   const t0 = performance.now();
-  prepareTask(msg);
+  prepareTask(msg, () => launchPi(msg, t0));
+}
+
+/** startPi, once the task's clock and mounts are in place. */
+function launchPi(msg, t0) {
   const tPrepared = performance.now();
+  const cannot = (message) => {
+    heldLines = null;
+    outbox.event({ ev: "error", message });
+  };
   const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
   const env = childEnv(msg.env);
   const cwd = typeof msg.cwd === "string" && msg.cwd ? msg.cwd : "/root";
@@ -467,7 +537,7 @@ function startPi(msg) {
     try {
       entry = fs.existsSync(LAUNCHER) ? spawnLauncher() : null;
     } catch (err) {
-      outbox.event({ ev: "error", message: `cannot start pi: ${err.message}` });
+      cannot(`cannot start pi: ${err.message}`);
       return;
     }
   }
@@ -476,17 +546,13 @@ function startPi(msg) {
   const primed = Boolean(entry && entry.primed);
   if (primed) {
     child = entry.child;
-    bindingLines = [];
     bindTimer = setTimeout(() => {
       log("the primed pi did not bind within 30 s");
       killGroup(child);
     }, 30000);
     entry.onBound = () => {
       clearTimeout(bindTimer);
-      const held = bindingLines || [];
-      bindingLines = null;
       begin(true);
-      for (const line of held) child.stdin.write(Buffer.concat([line, Buffer.from("\n")]));
     };
     entry.ctl.write(`${JSON.stringify({ op: "bind", argv, env, cwd })}\n`);
   } else if (entry) {
@@ -501,7 +567,7 @@ function startPi(msg) {
         detached: true, // own process group: stop kills pi and its tools together
       });
     } catch (err) {
-      outbox.event({ ev: "error", message: `cannot start pi: ${err.message}` });
+      cannot(`cannot start pi: ${err.message}`);
       return;
     }
   }
@@ -529,7 +595,7 @@ function startPi(msg) {
       outbox.event({ ev: "error", message: `pi failed: ${err.message}` });
       if (pi === child) {
         pi = null;
-        bindingLines = null;
+        heldLines = null;
         ports.stop();
       }
     }
@@ -540,7 +606,7 @@ function startPi(msg) {
     errSplit.flush();
     if (pi === child) {
       pi = null;
-      bindingLines = null;
+      heldLines = null;
       ports.stop();
     }
     if (!reported) {
@@ -570,6 +636,9 @@ function startPi(msg) {
     if (entry) outbox.event({ ev: "started", pid: child.pid, preloaded: entry.loaded, primed: isPrimed, ms });
     else child.on("spawn", () => outbox.event({ ev: "started", pid: child.pid, ms }));
     ports.start();
+    const held = heldLines || [];
+    heldLines = null;
+    for (const line of held) child.stdin.write(Buffer.concat([line, Buffer.from("\n")]));
   }
   if (!primed) begin(false);
 }
@@ -726,12 +795,12 @@ function handleInboundLine(line) {
     waitingForModules.lines.push(Buffer.from(line));
     return;
   }
-  if (!pi) {
-    outbox.event({ ev: "error", message: "pi is not running; a line for pi was dropped" });
+  if (heldLines) {
+    heldLines.push(Buffer.from(line)); // pi gets them once it has the task's env and cwd
     return;
   }
-  if (bindingLines) {
-    bindingLines.push(Buffer.from(line)); // pi gets them once it has the task's env and cwd
+  if (!pi) {
+    outbox.event({ ev: "error", message: "pi is not running; a line for pi was dropped" });
     return;
   }
   pi.stdin.write(Buffer.concat([line, Buffer.from("\n")]));
@@ -870,6 +939,7 @@ async function main() {
   process.on("SIGPIPE", () => {});
   process.on("uncaughtException", (err) => log(`uncaught: ${err.stack || err}`));
   outbox.event({ ev: "ready", bootId: BOOT_ID });
+  startHelperShell();
   if (!process.env.PIWORK_NO_PRELOAD) preload();
   if (!process.env.PIWORK_NO_NETMUX) {
     // A host-opened stream (a preview) connects to the guest's loopback, never to

@@ -250,6 +250,17 @@ def _stages(label: str, session: TaskSession) -> dict[str, float]:
             else "pi's load (if unfinished) and main()"
         )
         marks.append((f"  guest: {what} to its first output", t["guest_first_output"] - before))
+    if label == "cold":
+        # Where the boot went, from the guest's stage marks on the console (host
+        # clock, since QEMU's process started; cumulative, unlike the rows above).
+        boot = getattr(getattr(session.agent, "vm", None), "stages", None) or {}
+        for stage, what in (
+            ("init", "/init began (firmware, kernel)"),
+            ("rootfs", "pack disk mounted"),
+            ("supervisor", "supervisor launched"),
+        ):
+            if isinstance(boot.get(stage), float):
+                marks.append((f"  boot: {what}, since QEMU's launch", boot[stage]))
     if label == "cold" and "guest_preloaded" in t:
         marks.append(("  guest: launcher loading pi (from its own start)", t["guest_preloaded"]))
     return {f"{label} stage: {name} (s)": max(0.0, v) for name, v in marks}

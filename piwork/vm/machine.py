@@ -27,6 +27,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -35,7 +36,7 @@ from qemu.qmp import QMPClient
 
 from piwork import errors
 from piwork.vm import gitguard
-from piwork.vm.command import VmSpec, build_command, console_socket
+from piwork.vm.command import VmSpec, build_command, console_socket, host_lpj
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,9 @@ class VirtualMachine:
     """
 
     def __init__(self, spec: VmSpec, *, on_stage: BootCallback | None = None) -> None:
+        if spec.accel.is_emulated and spec.tcg_lpj is None:
+            # QEMU runs here, so this host's TSC is the guest's (piwork.vm.command.host_lpj).
+            spec = replace(spec, tcg_lpj=host_lpj())
         self.spec = spec
         self.argv = build_command(spec)
         self.on_stage = on_stage

@@ -68,3 +68,14 @@ def test_a_start_without_guest_timings_still_has_its_stages() -> None:
     rows = _stages("cold", cast(Any, _session({"pi_started": 1.0}, {"boot_to_pi_ready": 2.0})))
     assert rows["cold stage: pi's first RPC reply (s)"] == 1.0
     assert not any("guest:" in k for k in rows)
+
+
+def test_a_cold_start_shows_where_the_boot_went_from_the_console_marks() -> None:
+    session = _session({"qemu_started": 0.2, "supervisor_ready": 4.0}, {"boot_to_pi_ready": 6.0})
+    session.agent.vm = SimpleNamespace(stages={"init": 2.5, "rootfs": 2.8, "supervisor": 2.9})
+    rows = _stages("cold", cast(Any, session))
+    began = "cold stage:   boot: /init began (firmware, kernel), since QEMU's launch (s)"
+    assert rows[began] == 2.5
+    assert rows["cold stage:   boot: supervisor launched, since QEMU's launch (s)"] == 2.9
+    warm = _stages("warm", cast(Any, session))
+    assert not any("boot:" in k for k in warm)  # a restore has no boot

@@ -12,7 +12,9 @@ import pytest
 from piwork.config import repo_root
 from piwork.pack.errors import PackError, PinUnavailableError
 from piwork.pack.ingredients import (
+    MODULE_SIG_MARKER,
     Pins,
+    _copy_module,
     download_debs,
     elf_deps,
     extract_pvh_vmlinux,
@@ -21,6 +23,7 @@ from piwork.pack.ingredients import (
     module_closure,
     module_name,
     parse_modules_dep,
+    strip_module_signature,
 )
 
 MODULES_DEP = """\
@@ -149,3 +152,45 @@ def test_a_vmlinux_comes_out_of_an_xz_bzimage_only_with_a_pvh_entry(tmp_path: Pa
     assert extract_pvh_vmlinux(bz) is None
     bz.write_bytes(b"no xz here")
     assert extract_pvh_vmlinux(bz) is None
+
+
+def _signed(body: bytes, sig: bytes) -> bytes:
+    """A module as Debian ships it: body, PKCS#7 signature, struct module_signature, marker."""
+    info = struct.pack(">BBBBB3xI", 0, 0, 2, 0, 0, len(sig))  # id_type 2: PKCS#7
+    return body + sig + info + MODULE_SIG_MARKER
+
+
+def test_a_signed_module_loses_exactly_its_signature() -> None:
+    body = b"\x7fELF" + bytes(range(256)) * 10
+    assert strip_module_signature(_signed(body, b"S" * 547)) == body
+
+
+def test_an_unsigned_module_is_left_as_it_is() -> None:
+    body = b"\x7fELF" + b"x" * 100
+    assert strip_module_signature(body) == body
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        MODULE_SIG_MARKER,  # no header
+        b"\x7fELF" + struct.pack(">BBBBB3xI", 0, 0, 2, 0, 0, 10_000) + MODULE_SIG_MARKER,
+        _signed(b"not an elf file", b"S" * 8),
+    ],
+)
+def test_a_malformed_signature_trailer_fails_the_build_naming_the_module(data: bytes) -> None:
+    with pytest.raises(PackError, match=r"virtio\.ko"):
+        strip_module_signature(data, "virtio.ko")
+
+
+def test_copied_modules_are_decompressed_and_unsigned(tmp_path: Path) -> None:
+    body = b"\x7fELF" + b"module code" * 50
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.ko.xz").write_bytes(lzma.compress(_signed(body, b"S" * 300)))
+    (src / "b.ko").write_bytes(_signed(body, b"T" * 300))
+    dest = tmp_path / "dest"
+    assert _copy_module(src / "a.ko.xz", dest, "kernel/a.ko.xz") == "kernel/a.ko"
+    assert _copy_module(src / "b.ko", dest, "kernel/b.ko") == "kernel/b.ko"
+    assert (dest / "kernel/a.ko").read_bytes() == body
+    assert (dest / "kernel/b.ko").read_bytes() == body

@@ -9,7 +9,14 @@ import pytest
 
 from piwork.pack.manifest import Manifest
 from piwork.vm.accel import Accel, AccelChoice
-from piwork.vm.command import Share, Transport, VmSpec, build_command, kernel_cmdline
+from piwork.vm.command import (
+    Share,
+    Transport,
+    VmSpec,
+    build_command,
+    host_lpj,
+    kernel_cmdline,
+)
 
 MANIFEST = Manifest(
     pack_id="abc",
@@ -183,3 +190,27 @@ def test_the_workbench_image_is_read_only_and_the_env_disk_is_never_on_the_comma
     assert not any("qcow2" in a or "scsi-hd" in a for a in argv)
     clone = build_command(replace(wb, incoming=True, memory_file=Path("/t/ram")))
     assert option(clone, "-device") == option(argv, "-device")
+
+
+CPUINFO = """processor\t: 0
+model name\t: AMD EPYC
+bogomips\t: 5192.27
+flags\t\t: fpu tsc
+
+processor\t: 1
+bogomips\t: 5192.27
+"""
+
+
+def test_lpj_is_the_hosts_tsc_cycles_per_guest_jiffy() -> None:
+    # bogomips = TSC kHz / 500; the guest (HZ=250) computed 10384544 for its first CPU.
+    assert host_lpj(CPUINFO) == 10_384_540
+    assert host_lpj("processor\t: 0\nflags\t: fpu\n") is None  # no figure: calibrate
+    assert host_lpj("bogomips\t: 0.00\n") is None
+
+
+def test_lpj_goes_on_the_command_line_under_tcg_only() -> None:
+    assert kernel_cmdline(spec(tcg_lpj=10_384_540)).endswith(" lpj=10384540")
+    assert "lpj=" not in kernel_cmdline(spec())
+    kvm = AccelChoice(Accel.KVM, "test", ["-accel", "kvm"])
+    assert "lpj=" not in kernel_cmdline(spec(accel=kvm, tcg_lpj=10_384_540))

@@ -79,3 +79,35 @@ def test_a_cold_start_shows_where_the_boot_went_from_the_console_marks() -> None
     assert rows["cold stage:   boot: supervisor launched, since QEMU's launch (s)"] == 2.9
     warm = _stages("warm", cast(Any, session))
     assert not any("boot:" in k for k in warm)  # a restore has no boot
+
+
+def test_a_primed_warm_start_shows_the_bind_switch_and_model_and_still_adds_up() -> None:
+    agent = {
+        "qemu_started": 0.1,
+        "restored": 0.3,
+        "supervisor_ready": 0.42,
+        "env_attached": 0.43,
+        "pi_started": 1.2,  # start_pi returns after the switch and the model check
+        "pi_switch": 0.35,
+        "pi_model": 0.02,
+        "guest_prepare": 0.2,
+        "guest_go": 0.01,
+        "guest_bind": 0.05,
+        "guest_first_output": 0.6,
+    }
+    run = {"start_to_pi_ready": 1.3, "boot_to_pi_ready": 1.25}
+    rows = _stages("warm", cast(Any, _session(agent, run)))
+    top = {k: v for k, v in rows.items() if not k.startswith("warm stage:  ")}
+    assert sum(top.values()) == pytest.approx(1.3)
+    assert rows["warm stage: pi took the task's session (switch_session) (s)"] == 0.35
+    assert rows["warm stage: pi started in the guest (s)"] == pytest.approx(0.4)
+    bound = "warm stage:   guest: the saved pi bound to the task (env, cwd) (s)"
+    assert rows[bound] == 0.05
+    switched = "warm stage:   guest: switch_session to its first output (s)"
+    assert rows[switched] == pytest.approx(0.34)
+    assert not any("main()" in k for k in rows)  # main() ran in the saved VM
+    assert guest_timings({"ev": "started", "ms": {"prepare": 200, "go": 10, "bind": 50}}) == {
+        "guest_prepare": 0.2,
+        "guest_go": 0.01,
+        "guest_bind": 0.05,
+    }

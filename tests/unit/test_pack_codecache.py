@@ -83,8 +83,11 @@ def _lines(sock: socket.socket, deadline: float) -> Iterator[str]:
             yield line.decode()
 
 
-def run_launcher(root: Path, *node_flags: str) -> LauncherRun:
-    """The real launcher in the guest tree: "loaded", then "go", then pi's get_state reply."""
+def launch(
+    root: Path, go: dict[str, object], stdin: bytes, *node_flags: str, timeout: float = 120
+) -> tuple[dict[str, object], str, str]:
+    """The real launcher in the guest tree, started as the supervisor starts it, then
+    told ``go``: its "loaded" message, pi's stdout and stderr."""
     ours, theirs = socket.socketpair()
     env = {
         "PATH": "/bin",
@@ -113,24 +116,29 @@ def run_launcher(root: Path, *node_flags: str) -> LauncherRun:
             proc.kill()
             _out, err = proc.communicate(timeout=30)
             raise AssertionError(f"the launcher said nothing on fd 3: {err.decode()[-2000:]}")
-        loaded = json.loads(first)
-        home = "/tmp/pi-home"
-        go = {
-            "op": "go",
-            "argv": ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"],
-            "env": {"HOME": home, "PI_CODING_AGENT_DIR": f"{home}/agent", "PI_OFFLINE": "1"},
-            "cwd": "/tmp",
-        }
         ours.sendall(json.dumps(go).encode() + b"\n")
-        out, err = proc.communicate(b'{"type":"get_state","id":"cc"}\n', timeout=120)
+        out, err = proc.communicate(stdin, timeout=timeout)
     finally:
         ours.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    replies = [json.loads(ln) for ln in out.decode().splitlines() if '"id":"cc"' in ln]
-    assert replies, f"pi did not answer get_state; stderr: {err.decode()[-2000:]}"
-    debug = "\n".join(ln for ln in err.decode().splitlines() if "[compile cache]" in ln)
+    return json.loads(first), out.decode(), err.decode()
+
+
+def run_launcher(root: Path, *node_flags: str) -> LauncherRun:
+    """The real launcher in the guest tree: "loaded", then "go", then pi's get_state reply."""
+    home = "/tmp/pi-home"
+    go: dict[str, object] = {
+        "op": "go",
+        "argv": ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"],
+        "env": {"HOME": home, "PI_CODING_AGENT_DIR": f"{home}/agent", "PI_OFFLINE": "1"},
+        "cwd": "/tmp",
+    }
+    loaded, out, err = launch(root, go, b'{"type":"get_state","id":"cc"}\n', *node_flags)
+    replies = [json.loads(ln) for ln in out.splitlines() if '"id":"cc"' in ln]
+    assert replies, f"pi did not answer get_state; stderr: {err[-2000:]}"
+    debug = "\n".join(ln for ln in err.splitlines() if "[compile cache]" in ln)
     return LauncherRun(loaded, replies[0], debug)
 
 

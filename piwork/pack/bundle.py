@@ -83,14 +83,16 @@ directory in the pack's tree, where the package and its .wasm are
 
 An earlier attempt was switched off after 3 failed runs of a VM test reading a
 2400x100 PNG (a hang to 600 s, a failure after 122 s, and once V8's
-``Check failed: it->second.Size() > offset``). That test's script restarted at
-every user message, and pi hands a tool result's picture to an
+``Check failed: it->second.Size() > offset``). The hang was that test's script:
+it restarted at every user message, and pi hands a tool result's picture to an
 ``openai-completions`` model as a user message ("Attached image(s) from tool
-result:"), so the script asked for the picture again, forever: re-run, pi
-resized it 50 times in one process, without failing, until the 600 s timeout.
-The V8 check was not seen again (in that loop, nor in the linear tests, nor in
-6 reads of up to 4000x3000 in one pi). The guest CPU matters: without SSE4.1
-(bare qemu64) photon itself failed; see ``piwork.vm.accel.TCG_CPU``."""
+result:"), so it asked for the picture again, forever (re-run: 50 resizes in
+one pi, no failure, until the timeout). The V8 check is real: reading two
+4000x3000 pictures crashed pi with it (SIGILL), in V8's
+``Runtime_WasmTriggerTierUp`` stack walk, i.e. Liftoff code asking to tier up
+to TurboFan. pi's node therefore runs with ``--liftoff-only``
+(``codecache.NODE_FLAGS``). Without SSE4.1 (bare qemu64) photon itself failed;
+see ``piwork.vm.accel.TCG_CPU``."""
 
 
 def external_patterns(dropped: frozenset[str]) -> list[str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from piwork.config import repo_root
 from piwork.pack import codecache, ensure_pack, load_manifest
 from piwork.pack.cpio import read_newc
 
@@ -127,7 +128,8 @@ def launch(
 
 
 def run_launcher(root: Path, *node_flags: str) -> LauncherRun:
-    """The real launcher in the guest tree: "loaded", then "go", then pi's get_state reply."""
+    """The real launcher in the guest tree: "loaded", then "go", then pi's get_state reply.
+    ``node_flags`` come after the V8 flags the supervisor gives pi's node."""
     home = "/tmp/pi-home"
     go: dict[str, object] = {
         "op": "go",
@@ -135,7 +137,8 @@ def run_launcher(root: Path, *node_flags: str) -> LauncherRun:
         "env": {"HOME": home, "PI_CODING_AGENT_DIR": f"{home}/agent", "PI_OFFLINE": "1"},
         "cwd": "/tmp",
     }
-    loaded, out, err = launch(root, go, b'{"type":"get_state","id":"cc"}\n', *node_flags)
+    stdin = b'{"type":"get_state","id":"cc"}\n'
+    loaded, out, err = launch(root, go, stdin, *codecache.NODE_FLAGS, *node_flags)
     replies = [json.loads(ln) for ln in out.splitlines() if '"id":"cc"' in ln]
     assert replies, f"pi did not answer get_state; stderr: {err[-2000:]}"
     debug = "\n".join(ln for ln in err.splitlines() if "[compile cache]" in ln)
@@ -151,6 +154,16 @@ def entry_cache_file(root: Path, debug: str) -> Path:
 
 def accepted(debug: str, url: str) -> bool:
     return f"{url} was accepted" in debug
+
+
+def test_the_supervisor_starts_pi_with_the_flags_the_cache_was_built_with() -> None:
+    """V8 flags are in the cache's tag: pi's node (supervisor.js) and the build must agree."""
+    source = (repo_root() / "runtime-pack" / "supervisor" / "supervisor.js").read_text()
+    m = re.search(r"^const NODE_FLAGS = (\[.*\]);$", source, re.MULTILINE)
+    assert m, "supervisor.js has no NODE_FLAGS line"
+    assert tuple(json.loads(m.group(1))) == codecache.NODE_FLAGS
+    assert source.count("...NODE_FLAGS") == 2  # the launcher and the plain pi start
+    assert set(codecache.NODE_FLAGS) <= set(codecache.BUILD_FLAGS)
 
 
 def test_pack_holds_the_code_cache_and_the_guest_node_accepts_it(guest_tree: Path) -> None:

@@ -22,6 +22,7 @@ import pytest
 
 from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, pi_provider_config, read
 from piwork.pack.bundle import KEPT_EXTERNAL, check_externals
+from piwork.pack.codecache import NODE_FLAGS
 from piwork.pack.errors import PackError
 from tests.unit.test_pack_codecache import guest_tree, launch
 from tests.vm.test_vm_image_resize import images_sent, png, png_size
@@ -70,7 +71,7 @@ def test_the_bundled_pi_resizes_a_wide_png(guest_tree: Path) -> None:
             "env": {"HOME": "/tmp/photon-home", "PI_CODING_AGENT_DIR": "/tmp/photon-home/agent"},
             "cwd": "/tmp/photon-home",
         }
-        _loaded, out, err = launch(guest_tree, go, b"")
+        _loaded, out, err = launch(guest_tree, go, b"", *NODE_FLAGS)
         requests = server.chat_requests
     finally:
         server.stop()

@@ -87,12 +87,17 @@ An earlier attempt was switched off after 3 failed runs of a VM test reading a
 it restarted at every user message, and pi hands a tool result's picture to an
 ``openai-completions`` model as a user message ("Attached image(s) from tool
 result:"), so it asked for the picture again, forever (re-run: 50 resizes in
-one pi, no failure, until the timeout). The V8 check is real: reading two
+one pi, no failure, until the timeout). The V8 check is real: reading
 4000x3000 pictures crashed pi with it (SIGILL), in V8's
 ``Runtime_WasmTriggerTierUp`` stack walk, i.e. Liftoff code asking to tier up
-to TurboFan. pi's node therefore runs with ``--liftoff-only``
-(``codecache.NODE_FLAGS``). Without SSE4.1 (bare qemu64) photon itself failed;
-see ``piwork.vm.accel.TCG_CPU``."""
+to TurboFan (at the second of ten such reads in one pi; twelve mixed reads in
+another run did not crash). pi's node therefore runs
+with ``--liftoff-only`` (``codecache.NODE_FLAGS``). Its cost under TCG: pi's
+resize is synchronous, and while reading a 4000x3000 picture pi did not answer
+the host's ``get_state`` within 60 s, which fails the run (so with
+``--no-wasm-dynamic-tiering`` and ``--liftoff-only --wasm-lazy-compilation``;
+busy or stuck was not told apart); a 2400x100 one takes seconds. Without SSE4.1 (bare qemu64) photon itself
+failed; see ``piwork.vm.accel.TCG_CPU``."""
 
 
 def external_patterns(dropped: frozenset[str]) -> list[str]:

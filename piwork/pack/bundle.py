@@ -96,8 +96,8 @@ with ``--liftoff-only`` (``codecache.NODE_FLAGS``). Its cost under TCG: pi's
 resize is synchronous, and while reading a 4000x3000 picture pi did not answer
 the host's ``get_state`` within 60 s, which fails the run (so with
 ``--no-wasm-dynamic-tiering`` and ``--liftoff-only --wasm-lazy-compilation``;
-busy or stuck was not told apart); a 2400x100 one takes seconds. Without SSE4.1 (bare qemu64) photon itself
-failed; see ``piwork.vm.accel.TCG_CPU``."""
+busy or stuck was not told apart); a 2400x100 one takes seconds. Without
+SSE4.1 (bare qemu64) photon itself failed; see ``piwork.vm.accel.TCG_CPU``."""
 
 
 def external_patterns(dropped: frozenset[str]) -> list[str]:

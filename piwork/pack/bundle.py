@@ -71,20 +71,33 @@ def install_tools(source: Path, scratch: Path) -> Path:
     return scratch
 
 
-KEPT_EXTERNAL: frozenset[str] = frozenset()
+KEPT_EXTERNAL: frozenset[str] = frozenset({"@silvia-odwyer/photon-node"})
 """Packages the bundle must import from the pack's tree at run time, not inline.
 
-Not photon-node (pi's image resizing, WebAssembly), on purpose, for now. Loaded
-from the tree it works (inlined, its ``__dirname`` is undefined and pi silently
-sends images unresized), but under TCG its WebAssembly crashed pi itself. Part
-of the cause was the emulated CPU (bare qemu64, no SSE4.1: V8's wasm fallbacks
-fail), fixed by ``piwork.vm.accel.TCG_CPU``: a standalone node resizing with
-photon in the guest then passed 15 of 15 runs (1 of 5 failed before, and 5 of 5
-with ``--liftoff-only``). pi itself still did not pass: in 3 runs of a VM test
-reading a 2400x100 PNG, pi died once with V8's ``Check failed:
-it->second.Size() > offset`` (its JIT page bookkeeping), once failed after 2
-minutes and once hung for 10. Adding ``"@silvia-odwyer/photon-node"`` here turns
-it back on."""
+photon-node (pi's image resizing, WebAssembly): its loader reads
+``photon_rs_bg.wasm`` next to its ``__dirname``, which an ES module bundle does
+not have, so inlined it failed at import and pi silently sent images
+unresized. Left a run-time import, Node resolves it from the bundle's
+directory in the pack's tree, where the package and its .wasm are
+(tests/unit/test_pack_photon.py; tests/vm/test_vm_image_resize.py in a VM).
+
+An earlier attempt was switched off after 3 failed runs of a VM test reading a
+2400x100 PNG (a hang to 600 s, a failure after 122 s, and once V8's
+``Check failed: it->second.Size() > offset``). The hang was that test's script:
+it restarted at every user message, and pi hands a tool result's picture to an
+``openai-completions`` model as a user message ("Attached image(s) from tool
+result:"), so it asked for the picture again, forever (re-run: 50 resizes in
+one pi, no failure, until the timeout). The V8 check is real: reading
+4000x3000 pictures crashed pi with it (SIGILL), in V8's
+``Runtime_WasmTriggerTierUp`` stack walk, i.e. Liftoff code asking to tier up
+to TurboFan (at the second of ten such reads in one pi; twelve mixed reads in
+another run did not crash). pi's node therefore runs
+with ``--liftoff-only`` (``codecache.NODE_FLAGS``). Its cost under TCG: pi's
+resize is synchronous, and while reading a 4000x3000 picture pi did not answer
+the host's ``get_state`` within 60 s, which fails the run (so with
+``--no-wasm-dynamic-tiering`` and ``--liftoff-only --wasm-lazy-compilation``;
+busy or stuck was not told apart); a 2400x100 one takes seconds. Without
+SSE4.1 (bare qemu64) photon itself failed; see ``piwork.vm.accel.TCG_CPU``."""
 
 
 def external_patterns(dropped: frozenset[str]) -> list[str]:
@@ -159,6 +172,44 @@ export default function smoke(pi: { on: unknown }): void {
 """
 
 
+# Each package the bundle leaves to the tree, imported as the bundle's own code
+# imports it: resolved from the bundle's directory, then evaluated (photon
+# compiles and instantiates its WebAssembly at import).
+EXTERNALS_SCRIPT = """
+import { createRequire } from "node:module";
+import { pathToFileURL } from "node:url";
+const [entry, ...names] = process.argv.slice(1);
+const req = createRequire(entry);
+for (const name of names) {
+  const m = await import(pathToFileURL(req.resolve(name)).href);
+  if (Object.keys(m).length === 0) throw new Error(`${name}: nothing exported`);
+}
+process.stdout.write("externals ok\\n");
+"""
+
+
+def check_externals(node_binary: Path, pi_dir: Path, env: dict[str, str], cwd: Path) -> None:
+    """Import every :data:`KEPT_EXTERNAL` package from the bundle's directory with the
+    guest's node: a package the tree lacks, or whose loader fails, fails the build
+    instead of failing silently in a VM (pi swallows photon's import error)."""
+    names = sorted(KEPT_EXTERNAL)
+    if not names:
+        return
+    entry = pi_dir / BUNDLE_REL / BUNDLE_ENTRY
+    cmd = [str(node_binary), "--input-type=module", "-e", EXTERNALS_SCRIPT, str(entry), *names]
+    try:
+        proc = subprocess.run(
+            cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=120, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise PackError(f"importing {', '.join(names)} did not finish within 120s") from exc
+    if proc.returncode != 0 or "externals ok" not in proc.stdout:
+        raise PackError(
+            f"the bundle's run-time imports ({', '.join(names)}) do not load from the pack's "
+            f"tree (exit {proc.returncode}):\n{proc.stderr.strip()[-2000:]}"
+        )
+
+
 def smoke_test(
     node_binary: Path, pi_dir: Path, extensions: list[Path], env: dict[str, str], cwd: Path
 ) -> None:
@@ -166,8 +217,9 @@ def smoke_test(
 
     Also loads a small TypeScript extension by path, the way pi loads any
     extension that was not precompiled (through jiti, which the bundle loads
-    lazily from node_modules).
+    lazily from node_modules), and every package the bundle leaves to the tree.
     """
+    check_externals(node_binary, pi_dir, env, cwd)
     ts_ext = cwd / "smoke-extension.ts"
     ts_ext.write_text(SMOKE_TS_EXTENSION)
     mark = cwd / "smoke-extension.mark"

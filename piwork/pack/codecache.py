@@ -39,7 +39,13 @@ from piwork.pack.errors import PackError
 
 CACHE_DIR = "node-cache"  # under /opt/piwork
 SCRIPT = Path("runtime-pack") / "pack-tools" / "code-cache.mjs"
-BUILD_FLAGS = ("--random-seed=1",)
+NODE_FLAGS = ("--liftoff-only",)
+"""The V8 flags pi's node runs with (``NODE_FLAGS`` in runtime-pack/supervisor/supervisor.js).
+V8 puts flags in the code cache's tag, so the cache is built with the same ones.
+``--liftoff-only``: no WebAssembly tier-up; under TCG, Liftoff code asking to tier
+up (photon, pi's image resizing) crashed pi in V8's ``Runtime_WasmTriggerTierUp``
+stack walk (``Check failed: it->second.Size() > offset``)."""
+BUILD_FLAGS = ("--random-seed=1", *NODE_FLAGS)
 TIMEOUT = 180.0
 SCRATCH = "tmp/piwork-code-cache"  # inside the tree; removed afterwards
 

@@ -33,6 +33,12 @@ const PI_CLI =
   "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
 const NODE = process.env.PIWORK_NODE || process.execPath;
 const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs";
+// V8 flags of pi's node; the pack's code cache is built with the same ones
+// (piwork/pack/codecache.py NODE_FLAGS, checked by a test). --liftoff-only: no
+// WebAssembly tier-up. Under TCG, Liftoff code asking to tier up (pi's image
+// tool, photon) crashed pi: V8's Runtime_WasmTriggerTierUp walks the stack and
+// dies on "Check failed: it->second.Size() > offset" (tests/vm/test_vm_image_resize.py).
+const NODE_FLAGS = ["--liftoff-only"];
 const EXTENSIONS_DIR = process.env.PIWORK_EXTENSIONS_DIR || "/opt/piwork/extensions";
 // 9p tags the host may give the VM, and where they are mounted (on "start").
 const SHARES = { pwstate: "/mnt/state", pwwork: "/mnt/work", pwout: "/mnt/outputs", pwup: "/mnt/uploads" };
@@ -181,7 +187,7 @@ function spawnLauncher() {
   } catch {
     /* no extensions to warm */
   }
-  const child = spawn(NODE, [LAUNCHER], {
+  const child = spawn(NODE, [...NODE_FLAGS, LAUNCHER], {
     cwd: "/",
     env: childEnv({ PIWORK_WARM_EXTENSIONS: warm.join(":") }),
     stdio: ["pipe", "pipe", "pipe", "pipe"],
@@ -560,7 +566,7 @@ function launchPi(msg, t0) {
     entry.ctl.write(`${JSON.stringify({ op: "go", argv, env, cwd })}\n`);
   } else {
     try {
-      child = spawn(NODE, [PI_CLI, ...argv], {
+      child = spawn(NODE, [...NODE_FLAGS, PI_CLI, ...argv], {
         cwd,
         env,
         stdio: ["pipe", "pipe", "pipe"],

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from piwork.config import repo_root
 from piwork.pack import codecache, ensure_pack, load_manifest
 from piwork.pack.cpio import read_newc
 
@@ -83,8 +84,11 @@ def _lines(sock: socket.socket, deadline: float) -> Iterator[str]:
             yield line.decode()
 
 
-def run_launcher(root: Path, *node_flags: str) -> LauncherRun:
-    """The real launcher in the guest tree: "loaded", then "go", then pi's get_state reply."""
+def launch(
+    root: Path, go: dict[str, object], stdin: bytes, *node_flags: str, timeout: float = 120
+) -> tuple[dict[str, object], str, str]:
+    """The real launcher in the guest tree, started as the supervisor starts it, then
+    told ``go``: its "loaded" message, pi's stdout and stderr."""
     ours, theirs = socket.socketpair()
     env = {
         "PATH": "/bin",
@@ -113,24 +117,31 @@ def run_launcher(root: Path, *node_flags: str) -> LauncherRun:
             proc.kill()
             _out, err = proc.communicate(timeout=30)
             raise AssertionError(f"the launcher said nothing on fd 3: {err.decode()[-2000:]}")
-        loaded = json.loads(first)
-        home = "/tmp/pi-home"
-        go = {
-            "op": "go",
-            "argv": ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"],
-            "env": {"HOME": home, "PI_CODING_AGENT_DIR": f"{home}/agent", "PI_OFFLINE": "1"},
-            "cwd": "/tmp",
-        }
         ours.sendall(json.dumps(go).encode() + b"\n")
-        out, err = proc.communicate(b'{"type":"get_state","id":"cc"}\n', timeout=120)
+        out, err = proc.communicate(stdin, timeout=timeout)
     finally:
         ours.close()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    replies = [json.loads(ln) for ln in out.decode().splitlines() if '"id":"cc"' in ln]
-    assert replies, f"pi did not answer get_state; stderr: {err.decode()[-2000:]}"
-    debug = "\n".join(ln for ln in err.decode().splitlines() if "[compile cache]" in ln)
+    return json.loads(first), out.decode(), err.decode()
+
+
+def run_launcher(root: Path, *node_flags: str) -> LauncherRun:
+    """The real launcher in the guest tree: "loaded", then "go", then pi's get_state reply.
+    ``node_flags`` come after the V8 flags the supervisor gives pi's node."""
+    home = "/tmp/pi-home"
+    go: dict[str, object] = {
+        "op": "go",
+        "argv": ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"],
+        "env": {"HOME": home, "PI_CODING_AGENT_DIR": f"{home}/agent", "PI_OFFLINE": "1"},
+        "cwd": "/tmp",
+    }
+    stdin = b'{"type":"get_state","id":"cc"}\n'
+    loaded, out, err = launch(root, go, stdin, *codecache.NODE_FLAGS, *node_flags)
+    replies = [json.loads(ln) for ln in out.splitlines() if '"id":"cc"' in ln]
+    assert replies, f"pi did not answer get_state; stderr: {err[-2000:]}"
+    debug = "\n".join(ln for ln in err.splitlines() if "[compile cache]" in ln)
     return LauncherRun(loaded, replies[0], debug)
 
 
@@ -143,6 +154,16 @@ def entry_cache_file(root: Path, debug: str) -> Path:
 
 def accepted(debug: str, url: str) -> bool:
     return f"{url} was accepted" in debug
+
+
+def test_the_supervisor_starts_pi_with_the_flags_the_cache_was_built_with() -> None:
+    """V8 flags are in the cache's tag: pi's node (supervisor.js) and the build must agree."""
+    source = (repo_root() / "runtime-pack" / "supervisor" / "supervisor.js").read_text()
+    m = re.search(r"^const NODE_FLAGS = (\[.*\]);$", source, re.MULTILINE)
+    assert m, "supervisor.js has no NODE_FLAGS line"
+    assert tuple(json.loads(m.group(1))) == codecache.NODE_FLAGS
+    assert source.count("...NODE_FLAGS") == 2  # the launcher and the plain pi start
+    assert set(codecache.NODE_FLAGS) <= set(codecache.BUILD_FLAGS)
 
 
 def test_pack_holds_the_code_cache_and_the_guest_node_accepts_it(guest_tree: Path) -> None:

@@ -236,8 +236,17 @@ function bind(msg) {
   for (const [p] of picked) active.add(p);
   applyEnv(msg.env || {});
   process.env.PI_CODING_AGENT = "true";
-  if (msg.cwd) process.chdir(msg.cwd);
   useProxyFromEnv();
+  if (msg.cwd) process.chdir(msg.cwd);
+}
+
+/**
+ * "cwd" (after a "bind" that had none: the supervisor sends the env while it
+ * mounts the task's folders, then this): the working directory, which must be
+ * entered only once its folder is mounted.
+ */
+function enter(msg) {
+  process.chdir(String(msg.cwd));
 }
 
 /**
@@ -256,10 +265,11 @@ function settle() {
 // One control line at a time: "go" (run pi for a task now), or "prime" then,
 // in the restored VM, "bind". After "go" or "bind" the socket is closed.
 let buf = "";
-let state = "loaded"; // -> "running" (go) | "primed" (prime) -> "running" (bind)
+let state = "loaded"; // -> "running" (go) | "primed" (prime) -> ["binding" (bind, no cwd) ->] "running" (bind | cwd)
 const ops = {
   loaded: { go: runMain, prime },
   primed: { bind, settle },
+  binding: { cwd: enter },
 };
 ctl.on("data", (chunk) => {
   buf += chunk.toString("utf8");
@@ -282,8 +292,10 @@ ctl.on("data", (chunk) => {
       state = "primed"; // the supervisor asks pi itself (get_state) when it is ready
     } else if (msg.op === "settle") {
       /* still primed */
+    } else if (msg.op === "bind" && !msg.cwd) {
+      state = "binding"; // its cwd comes once the folders are mounted
     } else {
-      if (msg.op === "bind") say({ ev: "bound" });
+      if (msg.op === "bind" || msg.op === "cwd") say({ ev: "bound" });
       state = "running";
       ctl.removeAllListeners("data");
       ctl.end();
@@ -292,5 +304,5 @@ ctl.on("data", (chunk) => {
 });
 ctl.on("error", () => process.exit(71));
 ctl.on("end", () => {
-  if (state === "loaded" || state === "primed") process.exit(0); // the supervisor went away first
+  if (state !== "running") process.exit(0); // the supervisor went away first
 });

@@ -193,7 +193,15 @@ function spawnLauncher() {
     stdio: ["pipe", "pipe", "pipe", "pipe"],
     detached: true, // own process group: stop kills pi and its tools together
   });
-  const entry = { child, ctl: child.stdio[3], loaded: false, primed: false, onBound: null, onSettled: null };
+  const entry = {
+    child,
+    ctl: child.stdio[3],
+    loaded: false,
+    primed: false,
+    envSent: false, // a start's "bind" (env, no cwd) went out while its folders were mounted
+    onBound: null,
+    onSettled: null,
+  };
   const split = new LineSplitter((line) => {
     let msg;
     try {
@@ -514,6 +522,14 @@ function startPi(msg) {
   heldLines = []; // lines for pi wait until it has the task's env and cwd
   // performance.now(), not Date.now(): prepareTask sets the wall clock.
   const t0 = performance.now();
+  // A primed pi takes the task's env now, while the folders are mounted (its cwd
+  // after: a directory entered before its mount would stay the one beneath).
+  const early = preloaded && preloaded.primed && msg.bind === true && preloaded.child.exitCode === null ? preloaded : null;
+  if (early) {
+    const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
+    early.ctl.write(`${JSON.stringify({ op: "bind", argv, env: childEnv(msg.env) })}\n`);
+    early.envSent = true;
+  }
   prepareTask(msg, () => launchPi(msg, t0));
 }
 
@@ -560,7 +576,8 @@ function launchPi(msg, t0) {
       clearTimeout(bindTimer);
       begin(true);
     };
-    entry.ctl.write(`${JSON.stringify({ op: "bind", argv, env, cwd })}\n`);
+    const op = entry.envSent ? { op: "cwd", cwd } : { op: "bind", argv, env, cwd };
+    entry.ctl.write(`${JSON.stringify(op)}\n`);
   } else if (entry) {
     child = entry.child;
     entry.ctl.write(`${JSON.stringify({ op: "go", argv, env, cwd })}\n`);

@@ -298,7 +298,10 @@ ctl.on("data", (chunk) => {
       if (msg.op === "bind" || msg.op === "cwd") say({ ev: "bound" });
       state = "running";
       ctl.removeAllListeners("data");
-      ctl.end();
+      // Closed once what was said is out; never what keeps pi's process alive
+      // (pi in print mode ends when nothing else is left to do).
+      ctl.unref();
+      ctl.end(() => ctl.destroy());
     }
   }
 });

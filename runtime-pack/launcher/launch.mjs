@@ -19,7 +19,7 @@
 //
 // Primed (a saved VM): the host may instead send {"op":"prime"} while making
 // the saved VM: pi's main() then runs with no task (see prime() below), and a
-// restored VM is bound to its task with {"op":"bind", env, cwd} plus RPC
+// restored VM is bound to its task with {"op":"bind", argv, env}, then {"op":"cwd"}, plus RPC
 // switch_session: a restored VM skips main(), which TCG would otherwise
 // translate again on every restore.
 //
@@ -104,7 +104,10 @@ async function loadCompiled(paths) {
   return rest;
 }
 
-/** argv without the `-e`/`--extension` pairs we hold factories for, and [path, factory] for those. */
+/**
+ * argv without the `-e`/`--extension` pairs we hold factories for, [path,
+ * factory] for those, and the `-e` paths left in argv (no factory: pi's own loader).
+ */
 function takeExtensions(argv, have) {
   const out = [];
   const picked = [];
@@ -117,7 +120,8 @@ function takeExtensions(argv, have) {
     }
     out.push(a);
   }
-  return { argv: out, picked };
+  const loose = out.filter((a, i) => i > 0 && (out[i - 1] === "-e" || out[i - 1] === "--extension"));
+  return { argv: out, picked, loose };
 }
 
 // Extensions are loaded by pi through jiti ("jiti/static", file cache in
@@ -205,8 +209,7 @@ const active = new Set();
  * task, asked for or not.
  */
 function prime(msg) {
-  const { argv, picked } = takeExtensions((msg.argv || []).map(String), factories);
-  const loose = argv.filter((a, i) => i > 0 && (argv[i - 1] === "-e" || argv[i - 1] === "--extension"));
+  const { picked, loose } = takeExtensions((msg.argv || []).map(String), factories);
   if (loose.length) throw new Error(`extensions not precompiled: ${loose.join(", ")}`);
   const dir = msg.env && msg.env.PI_CODING_AGENT_DIR;
   if (dir) {
@@ -221,29 +224,27 @@ function prime(msg) {
 }
 
 /**
- * "bind" (a restored VM, after the task's folders are mounted): the task's
- * environment and working directory replace the prime's. The host then
+ * "bind" (a restored VM, while the task's folders are mounted): the task's
+ * environment replaces the prime's; its working directory follows ("cwd"). The host then
  * switches pi to the task's session (RPC switch_session), which makes pi
  * build its session, settings, models, resources and extensions again from
  * the task's agent dir, cwd and environment; and sets the task's model. The
  * bind's argv says which extensions the task has (a subset of the prime's).
  */
 function bind(msg) {
-  const { argv, picked } = takeExtensions((msg.argv || []).map(String), factories);
-  const loose = argv.filter((a, i) => i > 0 && (argv[i - 1] === "-e" || argv[i - 1] === "--extension"));
+  const { picked, loose } = takeExtensions((msg.argv || []).map(String), factories);
   if (loose.length) throw new Error(`extensions the saved VM was not primed with: ${loose.join(", ")}`);
   active.clear();
   for (const [p] of picked) active.add(p);
   applyEnv(msg.env || {});
   process.env.PI_CODING_AGENT = "true";
   useProxyFromEnv();
-  if (msg.cwd) process.chdir(msg.cwd);
 }
 
 /**
- * "cwd" (after a "bind" that had none: the supervisor sends the env while it
- * mounts the task's folders, then this): the working directory, which must be
- * entered only once its folder is mounted.
+ * "cwd" (after "bind": the supervisor sends the env while it mounts the task's
+ * folders, then this): the working directory, which must be entered only once
+ * its folder is mounted.
  */
 function enter(msg) {
   process.chdir(String(msg.cwd));
@@ -263,9 +264,9 @@ function settle() {
 }
 
 // One control line at a time: "go" (run pi for a task now), or "prime" then,
-// in the restored VM, "bind". After "go" or "bind" the socket is closed.
+// in the restored VM, "bind" and "cwd". After "go" or "cwd" the socket is closed.
 let buf = "";
-let state = "loaded"; // -> "running" (go) | "primed" (prime) -> ["binding" (bind, no cwd) ->] "running" (bind | cwd)
+let state = "loaded"; // -> "running" (go) | "primed" (prime) -> "binding" (bind) -> "running" (cwd)
 const ops = {
   loaded: { go: runMain, prime },
   primed: { bind, settle },
@@ -292,10 +293,10 @@ ctl.on("data", (chunk) => {
       state = "primed"; // the supervisor asks pi itself (get_state) when it is ready
     } else if (msg.op === "settle") {
       /* still primed */
-    } else if (msg.op === "bind" && !msg.cwd) {
+    } else if (msg.op === "bind") {
       state = "binding"; // its cwd comes once the folders are mounted
     } else {
-      if (msg.op === "bind" || msg.op === "cwd") say({ ev: "bound" });
+      if (msg.op === "cwd") say({ ev: "bound" });
       state = "running";
       ctl.removeAllListeners("data");
       // Closed once what was said is out; never what keeps pi's process alive

@@ -198,7 +198,6 @@ function spawnLauncher() {
     ctl: child.stdio[3],
     loaded: false,
     primed: false,
-    envSent: false, // a start's "bind" (env, no cwd) went out while its folders were mounted
     onBound: null,
     onSettled: null,
   };
@@ -528,7 +527,6 @@ function startPi(msg) {
   if (early) {
     const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
     early.ctl.write(`${JSON.stringify({ op: "bind", argv, env: childEnv(msg.env) })}\n`);
-    early.envSent = true;
   }
   prepareTask(msg, () => launchPi(msg, t0));
 }
@@ -576,8 +574,8 @@ function launchPi(msg, t0) {
       clearTimeout(bindTimer);
       begin(true);
     };
-    const op = entry.envSent ? { op: "cwd", cwd } : { op: "bind", argv, env, cwd };
-    entry.ctl.write(`${JSON.stringify(op)}\n`);
+    // Still primed and alive here means startPi sent it the task's "bind" (env).
+    entry.ctl.write(`${JSON.stringify({ op: "cwd", cwd })}\n`);
   } else if (entry) {
     child = entry.child;
     entry.ctl.write(`${JSON.stringify({ op: "go", argv, env, cwd })}\n`);

@@ -609,36 +609,37 @@ class AgentVm(PiDoor):
         used or, for a new one, the agent dir's default; only if that is not the
         task's model is it set (``set_model``; pi records it in ``settings.json``).
         """
-        exited: asyncio.Future[Any] | None = self.pi_exit
+        doing = "while taking the task's session"
         try:
             t = time.monotonic()
-            if not await self._unless_pi_exits(switch, exited):
+            if not await self._unless_pi_exits(switch, doing):
                 raise PiGone("an extension refused pi's switch to the task's session")
             self.timings["pi_switch"] = time.monotonic() - t
             t = time.monotonic()
-            state = await self._unless_pi_exits(self.rpc.get_state(timeout=60), exited)
+            state = await self._unless_pi_exits(self.rpc.get_state(timeout=60), doing)
             model = state.model or {}
             if (model.get("provider"), model.get("id")) != (self.cfg.provider, self.cfg.model):
                 await self._unless_pi_exits(
-                    self.rpc.set_model(self.cfg.provider, self.cfg.model, timeout=60), exited
+                    self.rpc.set_model(self.cfg.provider, self.cfg.model, timeout=60), doing
                 )
             self.timings["pi_model"] = time.monotonic() - t
         except RpcError as exc:
             tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
             raise PiGone(f"pi could not take the task's session and model: {exc}\n{tail}") from exc
 
-    async def _unless_pi_exits(self, aw: Any, exited: asyncio.Future[Any] | None) -> Any:
-        """``await aw``, unless pi exits first (then PiGone, saying how)."""
+    async def _unless_pi_exits(self, aw: Any, doing: str) -> Any:
+        """``await aw``, unless pi exits first: then PiGone, saying how, with its stderr."""
+        assert self.pi_exit is not None
+        exited: asyncio.Future[Any] = self.pi_exit
         fut = asyncio.ensure_future(aw)
-        waits: set[asyncio.Future[Any]] = {fut} if exited is None else {fut, exited}
         try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({fut, exited}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             if not fut.done():
                 discard(fut)
         if fut not in done:
-            assert exited is not None
-            raise PiGone(f"pi exited while taking the task's session: {exited.result()}")
+            tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
+            raise PiGone(f"pi exited {doing}: {exited.result()}\n{tail}")
         return fut.result()
 
     async def sync_folder(self) -> object:
@@ -709,18 +710,10 @@ class AgentVm(PiDoor):
 
     async def wait_pi_ready(self, timeout: float = 180.0) -> SessionState:
         """The first ``get_state`` reply: pi has loaded and speaks RPC."""
-        assert self.pi_exit is not None
-        state = asyncio.ensure_future(self.rpc.get_state(timeout=timeout))
-        exited: asyncio.Future[Any] = self.pi_exit
-        try:
-            done, _ = await asyncio.wait({state, exited}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not state.done():
-                discard(state)
-        if state not in done:
-            tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
-            raise PiGone(f"pi exited before answering: {self.pi_exit.result()}\n{tail}")
-        return state.result()
+        state: SessionState = await self._unless_pi_exits(
+            self.rpc.get_state(timeout=timeout), "before answering"
+        )
+        return state
 
     async def stop(self, *, graceful: bool = True) -> None:
         """Power the guest off (flushing pi's session), or kill it if that fails."""

@@ -572,6 +572,9 @@ describe("security review: commands that were reads and delete, overwrite or run
     "ls\r#; rm -rf /mnt/work/*",
     "cat <<E\rOF\nE\rOF\nrm -rf x\nE",
     "ls\r\nrm -rf x",
+    // `>&WORD` duplicates only when WORD is a whole number or `-`: `2\r#` is a file
+    "ls >&2\r#",
+    "ls >&1x",
     // $( ) is read by the full lexer: a comment inside it hides the `)`
     "echo $(echo a #)'\nrm -rf x\n)\"'\"",
     "echo \"$(echo a #)\"\nrm -rf x\n)\"",
@@ -717,6 +720,8 @@ describe("security review: commands that were reads and delete, overwrite or run
   test("the lexer keeps CR inside words, as the shells do", () => {
     const p = C.parseShell("ls\r#; rm x");
     assert.deepEqual(p.commands.map((c) => c.words.map((w) => w.text)), [["ls\r#"], ["rm", "x"]]);
+    const d = C.parseShell("ls >&2\r#; ls >&2 2>&1 >&-");
+    assert.deepEqual(d.commands.map((c) => c.redirects.map((r) => r.target && r.target.text)), [["2\r#"], []]);
   });
   test("$( ) ends where the shell's parser ends it: comments, quotes and heredocs inside", () => {
     assert.deepEqual(C.parseShell("echo $(echo a #)'\nrm x\n)\"'\"").subs, ["echo a #)'\nrm x\n"]);

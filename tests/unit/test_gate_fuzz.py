@@ -280,6 +280,8 @@ def test_generated_reads_change_nothing_and_writes_only_what_they_name_in_both_s
     @example("tar -xf links.tar && echo x > link/f")
     @example("cd ../outside; (cd ../work); echo x > out.txt")
     @example(": || cd src; echo x > out.txt")
+    @example("x='1\r-o a.txt'; : | : >&2\r#; touch PWNED")
+    @example("ls >&2\r#")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
         if verdict["needsDecision"] and not verdict["autoAllowed"]:

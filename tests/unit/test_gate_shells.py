@@ -106,6 +106,10 @@ ATTACKS: list[tuple[str, tuple[str, ...]]] = [
     ("echo x < a.txt > /dev/fd/0", SHELLS),
     ("exec 63<a.txt; echo pwned > /dev/fd/63", SHELLS),
     ("exec 1<a.txt; echo x > /dev/stdout", SHELLS),
+    # `>&WORD` with a WORD that is not a whole number is a file: `\r` is part
+    # of the word (found by test_gate_fuzz under busybox sh)
+    ("ls >&2\r#", SHELLS),
+    ("ls >&2x", ("bash",)),
 ]
 
 

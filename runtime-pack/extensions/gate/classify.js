@@ -362,7 +362,7 @@ class Lexer {
     if (op === "(" || op === ")") {
       // `f() {` function definitions and `case` patterns: flush and keep going.
       this.lastOp = op;
-      if (op === "(" && /^\s*\)/.test(s.slice(this.i))) {
+      if (op === "(" && /^[ \t]*\)/.test(s.slice(this.i))) {
         // a function's body runs when its name is used, later, in another
         // directory and with other arguments (`ls() { …; }; cd /elsewhere; ls`)
         this.risky.push("defines a function: its body runs later, where this classifier cannot follow it");
@@ -389,10 +389,13 @@ class Lexer {
       return;
     }
     // redirect
-    const isDup = (op === ">&" || op === "<&") && /^\s*(-|[0-9]+)(?![^\s;&|<>()])/.test(s.slice(this.i));
+    // Only a whole word that is a number or `-` duplicates a descriptor. The
+    // word ends where the shells end it: space, tab, newline or an operator;
+    // `\r` is part of a word, so `>&2\r#` writes a file named `2\r#`.
+    const isDup = (op === ">&" || op === "<&") && /^[ \t]*(-|[0-9]+)(?![^ \t\n;&|<>()])/.test(s.slice(this.i));
     if (isDup) {
       // `2>&1`, `>&-`: fd duplication, no file
-      const mm = /^\s*(-|[0-9]+)/.exec(s.slice(this.i));
+      const mm = /^[ \t]*(-|[0-9]+)/.exec(s.slice(this.i));
       this.i += mm[0].length;
       return;
     }

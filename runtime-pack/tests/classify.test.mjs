@@ -674,6 +674,24 @@ describe("security review: commands that were reads and delete, overwrite or run
     assert.equal(bash("cd src; echo x > f").action, "write", "an existing folder");
     assert.deepEqual(actions(bash("cd src && ls | head")), ["read"]);
   });
+  test("a cd in a branch or a loop leaves the directory unknown after it, and for the whole loop", () => {
+    for (const cmd of [
+      // the branch may not run
+      "cd /etc; if false; then cd @WORK@; fi; echo x > f",
+      "cd /etc; if cd @WORK@; then :; fi; echo x > f",
+      // the body may run zero times, or again from where the last iteration left
+      "cd /etc; for f in $x; do cd @WORK@; done; echo x > f",
+      "cd /etc; while false; do cd @WORK@; done; echo x > f",
+      "cd @WORK@; for f in a b; do echo x > ../f; cd src; done",
+      // a subshell that settles an uncertain cd settles it for itself only
+      "cd @WORK@/src; cd ../missing; (cd @WORK@); echo x > ../f",
+      "for f in a.txt; do cd src; done; cd ../missing; (cd ..); cat a.txt >> b.txt",
+    ]) {
+      assert.equal(bash(cmd.split("@WORK@").join(work)).action, "outside-scope", cmd);
+    }
+    assert.equal(bash("if true; then echo x > o.txt; fi; echo y > p.txt").action, "write", "no cd in the branch");
+    assert.equal(bash("cd src && for f in a; do echo > o; done; echo x > p").action, "write", "no cd in the loop");
+  });
   test("csplit's prefix names where it writes", () => {
     for (const cmd of ["csplit -f ../elsewhere/x a.txt 1", "csplit --prefix=../elsewhere/x a.txt 1", "csplit -f../elsewhere/x a.txt 1", "csplit -b '/../../x%02d' a.txt 1"]) {
       notAutoRead(cmd);

@@ -282,6 +282,12 @@ def test_generated_reads_change_nothing_and_writes_only_what_they_name_in_both_s
     @example(": || cd src; echo x > out.txt")
     @example("x='1\r-o a.txt'; : | : >&2\r#; touch PWNED")
     @example("ls >&2\r#")
+    @example(
+        "for f in a.txt; do cd src; echo x > out.txt; done; cd ../outside; (cd ../work); "
+        "cat a.txt >> b.txt"
+    )
+    @example("for f in $x; do cd src; done; echo x > out.txt")
+    @example("if false; then cd src; fi; echo x > ../outside/out.txt")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)
         if verdict["needsDecision"] and not verdict["autoAllowed"]:

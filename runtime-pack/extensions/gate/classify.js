@@ -2109,6 +2109,48 @@ function classifyGit(words, ctx, effects, command) {
   repoWrite(`git ${sub} changes the repository`);
 }
 
+// Compound commands: a branch may not run, and a loop's body may run any
+// number of times, each iteration starting where the one before left. A cd in
+// either makes the directory unknown: after the branch, and for the whole loop.
+const COMPOUND_END = { if: "fi", while: "done", until: "done", for: "done", select: "done", case: "esac" };
+const COMPOUND_CLOSERS = new Set(["fi", "done", "esac"]);
+
+/** The compound keywords `cmd` begins with, in order (`done`, `do`, `if`, …). */
+function compoundKeywords(cmd) {
+  const out = [];
+  for (const w of cmd.words) {
+    if (w.quoted || w.dynamic) break;
+    if (w.text in COMPOUND_END || COMPOUND_CLOSERS.has(w.text)) out.push(w.text);
+    else if (!KEYWORDS.has(w.text)) break;
+    if (w.text === "for" || w.text === "select" || w.text === "case") break; // the header's own words follow
+  }
+  return out;
+}
+
+/** Whether `cmd` is a cd, pushd or popd of this shell (after keywords, assignments, builtin/command). */
+function changesDirectory(cmd) {
+  for (const w of cmd.words) {
+    if (w.quoted || w.dynamic) return false;
+    if (KEYWORDS.has(w.text) || w.text in COMPOUND_END || w.text === "builtin" || w.text === "command") continue;
+    if (/^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/.test(w.text)) continue;
+    return w.text === "cd" || w.text === "pushd" || w.text === "popd";
+  }
+  return false;
+}
+
+/** Whether the compound opened by commands[i] changes directory anywhere before its end. */
+function compoundMoves(commands, i) {
+  let depth = 0;
+  for (let j = i; j < commands.length; j++) {
+    if (changesDirectory(commands[j])) return true;
+    for (const kw of compoundKeywords(commands[j])) {
+      depth += COMPOUND_CLOSERS.has(kw) ? -1 : 1;
+      if (depth === 0) return false;
+    }
+  }
+  return true; // never closed: the shell refuses it, but assume the worst
+}
+
 /**
  * All effects of a shell command string, paths not yet resolved.
  * Exported for tests.
@@ -2127,28 +2169,41 @@ export function classifyCommandEffects(commandText, ctx) {
   }
   if (parsed.compoundChild) ctx.compoundChild = true;
   // A subshell's cd moves only that subshell: the directory is restored when
-  // the classifier leaves it (`(cd src && ls); cat a.txt` reads ./a.txt).
+  // the classifier leaves it (`(cd src && ls); cat a.txt` reads ./a.txt). So
+  // is a cd this shell may not have made (noteUncertainCd): a subshell that
+  // settled it settled it for itself only (`cd missing; (ls); cat >> b` still
+  // writes where the failed cd left this shell).
   const frames = [];
   const saved = [];
-  for (const cmd of parsed.commands) {
+  const leave = () => {
+    frames.pop();
+    const s = saved.pop();
+    ctx.cwd = s.cwd;
+    ctx.pendingCd = s.pendingCd;
+  };
+  const compounds = []; // the directory each open if/while/until/for/select/case began in
+  parsed.commands.forEach((cmd, i) => {
     const f = cmd.frames ?? [];
     let k = 0;
     while (k < frames.length && k < f.length && frames[k] === f[k]) k++;
-    while (frames.length > k) {
-      frames.pop();
-      ctx.cwd = saved.pop();
-    }
+    while (frames.length > k) leave();
     while (frames.length < f.length) {
-      saved.push(ctx.cwd);
+      saved.push({ cwd: ctx.cwd, pendingCd: ctx.pendingCd });
       frames.push(f[frames.length]);
     }
     settleUncertainCd(cmd, ctx);
+    for (const kw of compoundKeywords(cmd)) {
+      if (COMPOUND_CLOSERS.has(kw)) {
+        const began = compounds.pop();
+        if (began === undefined || ctx.cwd !== began) ctx.cwd = null;
+      } else {
+        if (COMPOUND_END[kw] === "done" && compoundMoves(parsed.commands, i)) ctx.cwd = null;
+        compounds.push(ctx.cwd);
+      }
+    }
     classifySimple(cmd, ctx, effects);
-  }
-  while (frames.length) {
-    frames.pop();
-    ctx.cwd = saved.pop();
-  }
+  });
+  while (frames.length) leave();
   return effects;
 }
 

@@ -575,6 +575,9 @@ describe("security review: commands that were reads and delete, overwrite or run
     // `>&WORD` duplicates only when WORD is a whole number or `-`: `2\r#` is a file
     "ls >&2\r#",
     "ls >&1x",
+    // the second of uniq's (and xxd's) files is its output: a glob may supply it
+    "uniq *.txt",
+    "xxd a?.bin",
     // $( ) is read by the full lexer: a comment inside it hides the `)`
     "echo $(echo a #)'\nrm -rf x\n)\"'\"",
     "echo \"$(echo a #)\"\nrm -rf x\n)\"",

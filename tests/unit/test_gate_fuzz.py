@@ -287,6 +287,7 @@ def test_generated_reads_change_nothing_and_writes_only_what_they_name_in_both_s
         "cat a.txt >> b.txt"
     )
     @example("for f in $x; do cd src; done; echo x > out.txt")
+    @example("uniq *.txt")
     @example("if false; then cd src; fi; echo x > ../outside/out.txt")
     def prop(command: str) -> None:
         verdict = classifier.classify(command, sandbox.scratch)

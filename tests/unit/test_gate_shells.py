@@ -110,6 +110,7 @@ ATTACKS: list[tuple[str, tuple[str, ...]]] = [
     # of the word (found by test_gate_fuzz under busybox sh)
     ("ls >&2\r#", SHELLS),
     ("ls >&2x", ("bash",)),
+    ("uniq *.txt", SHELLS),
 ]
 
 

@@ -1419,6 +1419,11 @@ function classifySimpleCommand(cmd, ctx, effects) {
       return;
     }
     if (spec.pos === "xxd" || spec.pos === "uniq") {
+      // a glob may match two files, and the second is the output (`uniq *.txt`)
+      if (pos.some((w) => w.glob)) {
+        effects.push(effect("exec", { command, reason: `${name} with a glob: a second match would be its output file` }));
+        return;
+      }
       if (pos[0]) effects.push(pathEffect("read", pos[0], ctx, command, "reads"));
       if (pos[1]) effects.push(pathEffect("write", pos[1], ctx, command, `${name} writes its output file`));
       if (pos.length > 2) effects.push(effect("exec", { command, reason: `${name} with extra arguments` }));

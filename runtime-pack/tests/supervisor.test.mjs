@@ -410,11 +410,27 @@ async function primedSupervisor(tmp) {
   return { proc, c, primed, agentDir, common, models };
 }
 
-test("a primed pi is bound to the task: its env, cwd, session, model and extensions are the task's", async () => {
+/** Run `body` with a primed supervisor in a fresh folder (see primedSupervisor), then clean up. */
+async function withPrimed(body) {
   const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
-  const { proc, c, primed, agentDir, common, models } = await primedSupervisor(tmp);
+  const ctx = await primedSupervisor(tmp);
   try {
-    assert.equal(primed.ok, true, JSON.stringify(primed));
+    assert.equal(ctx.primed.ok, true, JSON.stringify(ctx.primed));
+    await body({ ...ctx, tmp });
+  } finally {
+    ctx.c.close();
+    ctx.proc.kill();
+    fs.rmSync(tmp, { recursive: true, force: true });
+  }
+}
+
+/** pi's response to the RPC command with this id, parsed. */
+async function reply(c, id, ms = 30000) {
+  return JSON.parse((await c.waitFor(piLine((o) => o.type === "response" && o.id === id), ms)).payload);
+}
+
+test("a primed pi is bound to the task: its env, cwd, session, model and extensions are the task's", () =>
+  withPrimed(async ({ c, agentDir, common, models, tmp }) => {
     // What the task's mounted agent dir holds in the VM.
     fs.writeFileSync(path.join(agentDir, "models.json"), models("task", "m1"));
     const cwd = path.join(tmp, "work");
@@ -427,48 +443,33 @@ test("a primed pi is bound to the task: its env, cwd, session, model and extensi
     c.send(JSON.stringify({ id: "sw", type: "switch_session", sessionPath: session }));
     const started = JSON.parse((await c.waitFor(ev("started"), 30000)).payload.slice(1));
     assert.equal(started.primed, true);
-    const sw = await c.waitFor(piLine((o) => o.type === "response" && o.id === "sw"), 30000);
-    assert.equal(JSON.parse(sw.payload).success, true, sw.payload);
+    const sw = await reply(c, "sw");
+    assert.equal(sw.success, true, JSON.stringify(sw));
     c.send(JSON.stringify({ id: "b", type: "bash", command: "pwd; echo $TASK_MARK; echo $HOME" }));
-    const b = await c.waitFor(piLine((o) => o.type === "response" && o.id === "b"), 30000);
-    assert.deepEqual(JSON.parse(b.payload).data.output.trim().split("\n"), [cwd, "t1", env.HOME]);
+    assert.deepEqual((await reply(c, "b")).data.output.trim().split("\n"), [cwd, "t1", env.HOME]);
     c.send(JSON.stringify({ id: "m", type: "set_model", provider: "task", modelId: "m1" }));
-    const m = await c.waitFor(piLine((o) => o.type === "response" && o.id === "m"), 30000);
-    assert.equal(JSON.parse(m.payload).success, true, m.payload);
+    const m = await reply(c, "m");
+    assert.equal(m.success, true, JSON.stringify(m));
     c.send(JSON.stringify({ id: "st", type: "get_state" }));
-    const st = JSON.parse((await c.waitFor(piLine((o) => o.type === "response" && o.id === "st"), 30000)).payload);
+    const st = await reply(c, "st");
     assert.equal(st.data.sessionFile, session);
     assert.equal(st.data.model.provider, "task");
     assert.equal(st.data.model.id, "m1");
     // The extension ran once for the prime and again, for the task, with the task's env and cwd.
     const marks = fs.readFileSync(path.join(tmp, "marks"), "utf8").trim().split("\n");
     assert.deepEqual(marks, [`prime ${path.join(tmp, "prime-cwd")}`, `t1 ${cwd}`]);
-    c.close();
-  } finally {
-    proc.kill();
-    fs.rmSync(tmp, { recursive: true, force: true });
-  }
-});
+  }));
 
-test("a start without bind never reuses a primed pi: a fresh one runs the task's argv", async () => {
-  const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
-  const { proc, c, primed } = await primedSupervisor(tmp);
-  try {
-    assert.equal(primed.ok, true, JSON.stringify(primed));
+test("a start without bind never reuses a primed pi: a fresh one runs the task's argv", () =>
+  withPrimed(async ({ c, tmp }) => {
     const cwd = path.join(tmp, "work");
     const env = { HOME: tmp, PI_CODING_AGENT_DIR: path.join(tmp, "agent2"), TASK_MARK: "t2", MARK_FILE: path.join(tmp, "marks") };
     c.send(`!${JSON.stringify({ op: "start", argv: ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"], env, cwd })}`);
     const started = JSON.parse((await c.waitFor(ev("started"), 30000)).payload.slice(1));
     assert.equal(started.primed, false);
     c.send(JSON.stringify({ id: "b", type: "bash", command: "pwd; echo $TASK_MARK" }));
-    const reply = await c.waitFor(piLine((o) => o.type === "response" && o.id === "b"), 60000);
-    assert.deepEqual(JSON.parse(reply.payload).data.output.trim().split("\n"), [cwd, "t2"]);
-    c.close();
-  } finally {
-    proc.kill();
-    fs.rmSync(tmp, { recursive: true, force: true });
-  }
-});
+    assert.deepEqual((await reply(c, "b", 60000)).data.output.trim().split("\n"), [cwd, "t2"]);
+  }));
 
 test("a prime that fails is said, and the VM can still start a task the ordinary way", async () => {
   const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
@@ -502,10 +503,7 @@ test("a prime that fails is said, and the VM can still start a task the ordinary
 
 test("a task bound without an extension the prime ran does not get it; one the prime lacked ends pi", async () => {
   for (const [extra, expectExit] of [[[], false], [["-e", "/nowhere/other.ts"], true]]) {
-    const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
-    const { proc, c, primed, agentDir, models } = await primedSupervisor(tmp);
-    try {
-      assert.equal(primed.ok, true, JSON.stringify(primed));
+    await withPrimed(async ({ c, agentDir, models, tmp }) => {
       fs.writeFileSync(path.join(agentDir, "models.json"), models("task", "m1"));
       const cwd = path.join(tmp, "work");
       fs.mkdirSync(cwd);
@@ -516,17 +514,13 @@ test("a task bound without an extension the prime ran does not get it; one the p
       if (expectExit) {
         const exit = JSON.parse((await c.waitFor(ev("exit"), 30000)).payload.slice(1));
         assert.equal(exit.code, 72);
-        continue;
+        return;
       }
       c.send(JSON.stringify({ id: "sw", type: "switch_session", sessionPath: session }));
-      const sw = await c.waitFor(piLine((o) => o.type === "response" && o.id === "sw"), 30000);
-      assert.equal(JSON.parse(sw.payload).success, true, sw.payload);
+      const sw = await reply(c, "sw");
+      assert.equal(sw.success, true, JSON.stringify(sw));
       const marks = fs.readFileSync(path.join(tmp, "marks"), "utf8").trim().split("\n");
       assert.deepEqual(marks, [`prime ${path.join(tmp, "prime-cwd")}`]); // not called for the task
-    } finally {
-      c.close();
-      proc.kill();
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
+    });
   }
 });

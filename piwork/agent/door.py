@@ -106,11 +106,17 @@ def guest_timings(msg: dict[str, Any]) -> dict[str, float]:
         s = seconds(msg.get("ms"))
         if s is not None:
             out[f"guest_{str(ev).replace('-', '_')}"] = s
-    elif ev == "started" and isinstance(msg.get("ms"), dict):
-        for key in ("prepare", "go", "bind"):
+    if ev == "preloaded":
+        s = seconds(msg.get("node"))
+        if s is not None:
+            out["guest_launcher_node"] = s
+    parts = {"started": ("prepare", "go", "bind"), "ready": ("node", "main")}.get(str(ev), ())
+    if parts and isinstance(msg.get("ms"), dict):
+        prefix = "guest_supervisor_" if ev == "ready" else "guest_"
+        for key in parts:
             s = seconds(msg["ms"].get(key))
             if s is not None:
-                out[f"guest_{key}"] = s
+                out[f"{prefix}{key}"] = s
     return out
 
 

@@ -207,7 +207,7 @@ class AgentVm(PiDoor):
 
     def _on_supervisor_event(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")
-        if ev in ("preloaded", "started", "first-output"):
+        if ev in ("ready", "preloaded", "started", "first-output"):
             self._note_guest_timing(msg)  # figures for `piwork bench`
         if ev == "started" and self._pi_started is not None and not self._pi_started.done():
             # A guest that says "primed" when it is not gets a session switch it did not

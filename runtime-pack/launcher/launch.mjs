@@ -165,7 +165,8 @@ async function warmExtensions(paths) {
 }
 const warm = (process.env.PIWORK_WARM_EXTENSIONS || "").split(":").filter(Boolean);
 await warmExtensions(await loadCompiled(warm));
-say({ ev: "loaded", ms: Math.round(performance.now() - t0), codeCache });
+// ms: loading pi; node: node's own start before this module ran
+say({ ev: "loaded", ms: Math.round(performance.now() - t0), node: Math.round(t0), codeCache });
 
 function applyEnv(env) {
   // In place: native code (os.homedir, child processes) reads the real environ.

@@ -8,6 +8,10 @@
 // The wire format is fixed in docs/guest-protocol.md.
 "use strict";
 
+// Milliseconds from this process's start to its first line: node's own start
+// (under TCG the first node process of a boot also pays for translating node).
+const NODE_START_MS = performance.now();
+
 // Four blocking port reads/writes (RPC and network ports) must not take every
 // libuv worker; set before the pool starts, removed from pi's environment.
 process.env.UV_THREADPOOL_SIZE = process.env.UV_THREADPOOL_SIZE || "8";
@@ -210,7 +214,7 @@ function spawnLauncher() {
     }
     if (msg.ev === "loaded") {
       entry.loaded = true;
-      outbox.event({ ev: "preloaded", ms: msg.ms ?? null, codeCache: msg.codeCache ?? null });
+      outbox.event({ ev: "preloaded", ms: msg.ms ?? null, node: msg.node ?? null, codeCache: msg.codeCache ?? null });
     } else if (msg.ev === "bound" && entry.onBound) {
       entry.onBound();
     } else if (msg.ev === "settled" && entry.onSettled) {
@@ -959,7 +963,9 @@ async function runTcp(port, host) {
 async function main() {
   process.on("SIGPIPE", () => {});
   process.on("uncaughtException", (err) => log(`uncaught: ${err.stack || err}`));
-  outbox.event({ ev: "ready", bootId: BOOT_ID });
+  // For `piwork bench`: node's start, and the supervisor's own up to here.
+  const ms = { node: Math.round(NODE_START_MS), main: Math.round(performance.now() - NODE_START_MS) };
+  outbox.event({ ev: "ready", bootId: BOOT_ID, ms });
   startHelperShell();
   if (!process.env.PIWORK_NO_PRELOAD) preload();
   if (!process.env.PIWORK_NO_NETMUX) {

@@ -18,8 +18,13 @@ def test_the_guest_timings_are_taken_in_seconds() -> None:
         "guest_go": 0.004,
     }
     assert guest_timings({"ev": "first-output", "ms": 950}) == {"guest_first_output": 0.95}
-    assert guest_timings({"ev": "preloaded", "ms": 2300, "codeCache": "on"}) == {
-        "guest_preloaded": 2.3
+    assert guest_timings({"ev": "preloaded", "ms": 2300, "node": 280, "codeCache": "on"}) == {
+        "guest_preloaded": 2.3,
+        "guest_launcher_node": 0.28,
+    }
+    assert guest_timings({"ev": "ready", "bootId": "b", "ms": {"node": 1700, "main": 210}}) == {
+        "guest_supervisor_node": 1.7,
+        "guest_supervisor_main": 0.21,
     }
 
 
@@ -33,6 +38,9 @@ def test_the_guest_timings_are_taken_in_seconds() -> None:
         {"ev": "first-output", "ms": 10**12},
         {"ev": "first-output", "ms": {"x": 1}},
         {"ev": "preloaded"},
+        {"ev": "preloaded", "ms": -5, "node": "280"},
+        {"ev": "ready", "ms": {"node": -1, "main": [3]}},
+        {"ev": "ready", "ms": 1700},
         {"ev": "exit", "ms": 5},
     ],
 )

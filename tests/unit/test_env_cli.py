@@ -10,9 +10,9 @@ from unittest import mock
 import pytest
 
 from piwork.cli.main import main
-from piwork.config import get_paths
+from piwork.config import Paths, get_paths
 from piwork.env import store_for
-from piwork.env.store import MAX_CHAIN_LAYERS
+from piwork.env.store import MAX_CHAIN_LAYERS, EnvStore
 from piwork.policy.rules import Action, Verdict
 from piwork.policy.store import PolicyStore
 
@@ -42,17 +42,23 @@ def test_allow_registries_saves_exactly_the_registry_rules_and_prints_them(
         assert f"{r.id}: {r.describe()}" in out
 
 
-@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
-def test_list_show_reset_and_rm_of_a_folders_environment(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def _tasks_on_a_folder(tmp_path: Path, names: list[str]) -> tuple[Paths, EnvStore, Path]:
+    """A folder ``proj`` and one prepared environment disk per task name, in order."""
     paths = get_paths()
     store = store_for(paths)
     folder = tmp_path / "proj"
     folder.mkdir()
-    for name in ("t1", "t2"):
+    for name in names:
         (paths.tasks / name).mkdir(parents=True)
         store.prepare(paths.tasks / name, folder, size=1 << 26)
+    return paths, store, folder
+
+
+@pytest.mark.skipif(shutil.which("qemu-img") is None, reason="needs qemu-img")
+def test_list_show_reset_and_rm_of_a_folders_environment(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    _, store, folder = _tasks_on_a_folder(tmp_path, ["t1", "t2"])
     assert main(["env", "list"]) == 0
     listed = capsys.readouterr().out
     assert (
@@ -74,13 +80,9 @@ def test_list_show_reset_and_rm_of_a_folders_environment(
 def test_show_says_the_chain_length_and_a_merged_layer(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    paths = get_paths()
-    store = store_for(paths)
-    folder = tmp_path / "proj"
-    folder.mkdir()
-    for i in range(MAX_CHAIN_LAYERS + 1):
-        (paths.tasks / f"t{i}").mkdir(parents=True)
-        store.prepare(paths.tasks / f"t{i}", folder, size=1 << 26)
+    paths, store, folder = _tasks_on_a_folder(
+        tmp_path, [f"t{i}" for i in range(MAX_CHAIN_LAYERS + 1)]
+    )
     assert main(["env", "show", str(folder), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["chain_length"] == MAX_CHAIN_LAYERS == shown["max_chain_length"]

@@ -7,6 +7,7 @@ given a new script per test.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -164,6 +166,37 @@ class ScriptedAsker:
     ) -> object:
         self.questions.append((method, title))
         return self.answer(title) if callable(self.answer) else self.answer
+
+
+async def bash_task(
+    paths: Paths, folder: Path, command: str, *, timeout: float = 1200
+) -> tuple[str, str]:
+    """One task on ``folder`` whose agent runs ``command`` in bash (every ask
+    allowed once): (what the model got back from bash, the task's id)."""
+    from piwork.models.scripted import ChatRequest, Script, ToolCalls, bash
+    from piwork.policy import Choice
+    from piwork.runner import RunEvent, RunRequest, TaskSession
+
+    server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
+    events: list[RunEvent] = []
+    async with server:
+        req = RunRequest(
+            prompt=None,
+            folder=folder,
+            model="scripted/scripted",
+            extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
+        )
+        asker = ScriptedAsker(permission=Choice.ALLOW_ONCE)
+        async with TaskSession(req, events.append, asker, paths=paths) as session:  # type: ignore[arg-type]
+            server.script = cast(Script, per_prompt(ToolCalls([bash(command)]), Text("done")))
+            outcome = await asyncio.wait_for(session.run_prompt("go"), timeout)
+            assert session.task is not None
+            task_id = session.task.id
+    assert outcome.ok, outcome
+    last = server.chat_requests[-1]
+    result = ChatRequest(body=last.body, headers=last.headers).tool_exchanges()[0].result or ""
+    print(f"--- task {task_id}'s bash ---\n{result}")
+    return result, task_id
 
 
 def private_paths(home: Path) -> Paths:

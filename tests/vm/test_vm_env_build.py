@@ -20,7 +20,6 @@ answers, as the terminal would) and, allowed, gets through the egress proxy.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import subprocess
@@ -31,11 +30,9 @@ import pytest
 
 from piwork.config import Paths
 from piwork.env import store_for
-from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
 from piwork.policy import Choice
-from piwork.runner import RunEvent, RunRequest, TaskSession
 
-from .conftest import ScriptedAsker, per_prompt, piwork_cli, private_paths, scripted_provider
+from .conftest import ScriptedAsker, bash_task, piwork_cli, private_paths
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
 
@@ -107,30 +104,12 @@ async def test_env_build_then_a_task_uses_it_cached_rebuild_and_failing_step(
     assert f"starts from layer {rec.head}" in built.stdout
 
     # ---- 2: a task on the folder starts from the layer
-    server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
-    events: list[RunEvent] = []
-    asker = ScriptedAsker(permission=Choice.ALLOW_ONCE)
     check = (
         'cat /opt/tool/data.txt; echo "GREETING=$GREETING"; cat /opt/tool/ran.txt; '
         'tool.sh; echo "cwd $PWD"; ls /opt/tool/conf; cat /opt/tool/conf/*; '
         "cd / && env -u PIWORK_BUILD_ENV bash -c 'echo \"outside $PWD\"'"
     )
-    async with server:
-        req = RunRequest(
-            prompt=None,
-            folder=folder,
-            model="scripted/scripted",
-            extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
-        )
-        async with TaskSession(req, events.append, asker, paths=paths) as session:  # type: ignore[arg-type]
-            server.script = cast(Script, per_prompt(ToolCalls([bash(check)]), Text("done")))
-            outcome = await asyncio.wait_for(session.run_prompt("check"), 900)
-            assert session.task is not None
-            task_id = session.task.id
-    assert outcome.ok, outcome
-    last = server.chat_requests[-1]
-    result = ChatRequest(body=last.body, headers=last.headers).tool_exchanges()[0].result or ""
-    print("--- the task's bash ---\n" + result)
+    result, task_id = await bash_task(paths, folder, check, timeout=900)
     assert DATA.strip() in result
     assert "GREETING=hello from ENV" in result
     assert "ran as 0 in /opt/tool: hello from ENV" in result

@@ -11,46 +11,16 @@ file byte for byte from its own VM.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import cast
 
 import pytest
 
-from piwork.config import Paths
 from piwork.env import store_for
 from piwork.env.store import MAX_CHAIN_LAYERS
-from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
-from piwork.policy import Choice
-from piwork.runner import RunEvent, RunRequest, TaskSession
 
-from .conftest import ScriptedAsker, per_prompt, private_paths, scripted_provider
+from .conftest import bash_task, private_paths
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
-
-
-async def run_task(paths: Paths, folder: Path, command: str) -> tuple[str, str]:
-    """(the agent's bash output, the task id) of one task on ``folder``."""
-    server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
-    events: list[RunEvent] = []
-    async with server:
-        req = RunRequest(
-            prompt=None,
-            folder=folder,
-            model="scripted/scripted",
-            extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
-        )
-        asker = ScriptedAsker(permission=Choice.ALLOW_ONCE)
-        async with TaskSession(req, events.append, asker, paths=paths) as session:  # type: ignore[arg-type]
-            server.script = cast(Script, per_prompt(ToolCalls([bash(command)]), Text("done")))
-            outcome = await asyncio.wait_for(session.run_prompt("go"), 1200)
-            assert session.task is not None
-            task_id = session.task.id
-    assert outcome.ok, outcome
-    last = server.chat_requests[-1]
-    return ChatRequest(body=last.body, headers=last.headers).tool_exchanges()[
-        0
-    ].result or "", task_id
 
 
 async def test_many_tasks_on_a_folder_keep_a_bounded_chain_and_everything_installed(
@@ -65,7 +35,7 @@ async def test_many_tasks_on_a_folder_keep_a_bounded_chain_and_everything_instal
     for i in range(n):
         # What a task installs: a file in the guest's root (the writable disk), with a
         # line per earlier task it saw, so the last one proves each was there for each.
-        out, task_id = await run_task(
+        out, task_id = await bash_task(
             paths,
             folder,
             f"cat /opt/chain/*.txt 2>/dev/null | wc -l; mkdir -p /opt/chain && "
@@ -78,7 +48,7 @@ async def test_many_tasks_on_a_folder_keep_a_bounded_chain_and_everything_instal
     print("chain length per task:", lengths)
     assert max(lengths) <= MAX_CHAIN_LAYERS
     assert lengths[-1] == 1  # the task that went past the bound sits on one merged layer
-    out, task_id = await run_task(paths, folder, "cat /opt/chain/*.txt")
+    out, task_id = await bash_task(paths, folder, "cat /opt/chain/*.txt")
     assert out.strip().splitlines() == [f"task {i} was here" for i in range(n)], out
     env = store.task_env(paths.tasks / task_id)
     assert env is not None

@@ -13,20 +13,15 @@ build); ``piwork env reset`` gives the next task Debian again.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import cast
 
 import pytest
 
 from piwork.config import Paths
 from piwork.env import store_for
-from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
-from piwork.policy import Choice
-from piwork.runner import RunEvent, RunRequest, TaskSession
 from tests.oci_archive import busybox_image
 
-from .conftest import ScriptedAsker, per_prompt, piwork_cli, private_paths, scripted_provider
+from .conftest import bash_task, piwork_cli, private_paths
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
 
@@ -37,25 +32,8 @@ CHECK = (
 )
 
 
-async def run_task(paths: Paths, folder: Path, command: str) -> str:
-    server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
-    events: list[RunEvent] = []
-    async with server:
-        req = RunRequest(
-            prompt=None,
-            folder=folder,
-            model="scripted/scripted",
-            extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
-        )
-        asker = ScriptedAsker(permission=Choice.ALLOW_ONCE)
-        async with TaskSession(req, events.append, asker, paths=paths) as session:  # type: ignore[arg-type]
-            server.script = cast(Script, per_prompt(ToolCalls([bash(command)]), Text("done")))
-            outcome = await asyncio.wait_for(session.run_prompt("check"), 1200)
-    assert outcome.ok, outcome
-    last = server.chat_requests[-1]
-    result = ChatRequest(body=last.body, headers=last.headers).tool_exchanges()[0].result or ""
-    print("--- the task's bash ---\n" + result)
-    return result
+async def _bash(paths: Paths, folder: Path, command: str) -> str:
+    return (await bash_task(paths, folder, command))[0]
 
 
 async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Path) -> None:
@@ -74,7 +52,7 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
     again = piwork_cli(paths, "env", "import", str(archive), str(folder))
     assert f"image {rec.image} (cached)" in again.stdout
 
-    result = await run_task(paths, folder, 'echo "cfg=$IMG_CONFIG wd=$PIWORK_WORKDIR"; ' + CHECK)
+    result = await _bash(paths, folder, 'echo "cfg=$IMG_CONFIG wd=$PIWORK_WORKDIR"; ' + CHECK)
     assert "cfg=from-the-image wd=/srv/app" in result
     assert MARKER.decode().strip() in result
     assert "NO-DEBIAN" in result  # the pack's Debian image is not under it
@@ -94,7 +72,7 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
     assert rec2 is not None and rec2.image == rec.image and rec2.head is not None
     layer = store_for(paths).layer(rec2.head)
     assert layer is not None and layer.image == rec.image
-    result = await run_task(
+    result = await _bash(
         paths, folder, 'cat /etc/built.txt; echo "var=$IMG_VAR cfg=$IMG_CONFIG"; ' + CHECK
     )
     assert "built on imported image marker 7f3a" in result
@@ -102,6 +80,6 @@ async def test_an_imported_image_is_the_tasks_userland_until_reset(tmp_path: Pat
 
     # Back to the pack's Debian workbench.
     assert piwork_cli(paths, "env", "reset", str(folder)).returncode == 0
-    result = await run_task(paths, folder, "cat /etc/debian_version; cat /etc/piwork-marker 2>&1")
+    result = await _bash(paths, folder, "cat /etc/debian_version; cat /etc/piwork-marker 2>&1")
     assert "No such file" in result and MARKER.decode().strip() not in result
     assert result.split()[0][:2].isdigit()  # e.g. 12.x

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -26,6 +26,9 @@ from piwork.pack import ensure_pack, load_manifest
 from piwork.pack.manifest import Manifest
 from piwork.vm.accel import probe
 from piwork.vm.command import GATEWAY_GUEST_ADDR, Transport
+
+if TYPE_CHECKING:
+    from piwork.runner import RunRequest
 
 SCRIPTED_PROVIDER = "scripted"
 
@@ -168,6 +171,19 @@ class ScriptedAsker:
         return self.answer(title) if callable(self.answer) else self.answer
 
 
+def scripted_request(server: ScriptedModelServer, folder: Path, **options: Any) -> RunRequest:
+    """A task on ``folder`` whose model is ``server`` (through the gateway, as a provider)."""
+    from piwork.runner import RunRequest
+
+    return RunRequest(
+        prompt=None,
+        folder=folder,
+        model="scripted/scripted",
+        extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
+        **options,
+    )
+
+
 async def bash_task(
     paths: Paths, folder: Path, command: str, *, timeout: float = 1200
 ) -> tuple[str, str]:
@@ -175,18 +191,13 @@ async def bash_task(
     allowed once): (what the model got back from bash, the task's id)."""
     from piwork.models.scripted import ChatRequest, Script, ToolCalls, bash
     from piwork.policy import Choice
-    from piwork.runner import RunEvent, RunRequest, TaskSession
+    from piwork.runner import RunEvent, TaskSession
 
     server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
     events: list[RunEvent] = []
     async with server:
-        req = RunRequest(
-            prompt=None,
-            folder=folder,
-            model="scripted/scripted",
-            extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
-        )
         asker = ScriptedAsker(permission=Choice.ALLOW_ONCE)
+        req = scripted_request(server, folder)
         async with TaskSession(req, events.append, asker, paths=paths) as session:  # type: ignore[arg-type]
             server.script = cast(Script, per_prompt(ToolCalls([bash(command)]), Text("done")))
             outcome = await asyncio.wait_for(session.run_prompt("go"), timeout)

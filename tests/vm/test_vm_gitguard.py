@@ -38,9 +38,9 @@ import pytest
 from piwork.config import get_paths
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.models.scripted import write as write_tool
-from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
+from piwork.runner import EventKind, RunEvent, TaskSession
 
-from .conftest import scripted_provider
+from .conftest import scripted_request
 
 pytestmark = [
     pytest.mark.vm,
@@ -221,14 +221,7 @@ async def test_guest_root_cannot_change_the_persons_git_metadata(
         model_id="scripted",
     )
     async with server:
-        req = RunRequest(
-            prompt=None,
-            folder=folder,
-            model="scripted/scripted",
-            extra_providers=(scripted_provider(server),),  # type: ignore[arg-type]
-            assume_yes=True,
-            boot_stall_timeout=180.0,
-        )
+        req = scripted_request(server, folder, assume_yes=True, boot_stall_timeout=180.0)
         async with TaskSession(req, events.append, paths=get_paths()) as session:
             assert session.task is not None
             task_dir = session.task.dir

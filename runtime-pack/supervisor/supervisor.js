@@ -517,6 +517,16 @@ function spawnWorkbench(mode, t0) {
   });
 }
 
+/** pi's arguments from a start op. */
+function taskArgv(msg) {
+  return Array.isArray(msg.argv) ? msg.argv.map(String) : [];
+}
+
+/** Whether a preloaded launcher's process is still there (not exited, not killed). */
+function launcherAlive(entry) {
+  return entry.child.exitCode === null && entry.child.signalCode === null;
+}
+
 function startPi(msg) {
   if (pi || heldLines) {
     outbox.event({ ev: "error", message: pi ? `pi is already running (pid ${pi.pid})` : "pi is starting" });
@@ -527,10 +537,8 @@ function startPi(msg) {
   const t0 = performance.now();
   // A primed pi takes the task's env now, while the folders are mounted (its cwd
   // after: a directory entered before its mount would stay the one beneath).
-  const early = preloaded && preloaded.primed && msg.bind === true && preloaded.child.exitCode === null ? preloaded : null;
-  if (early) {
-    const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
-    early.ctl.write(`${JSON.stringify({ op: "bind", argv, env: childEnv(msg.env) })}\n`);
+  if (preloaded && preloaded.primed && msg.bind === true && launcherAlive(preloaded)) {
+    preloaded.ctl.write(`${JSON.stringify({ op: "bind", argv: taskArgv(msg), env: childEnv(msg.env) })}\n`);
   }
   prepareTask(msg, () => launchPi(msg, t0));
 }
@@ -542,7 +550,7 @@ function launchPi(msg, t0) {
     heldLines = null;
     outbox.event({ ev: "error", message });
   };
-  const argv = Array.isArray(msg.argv) ? msg.argv.map(String) : [];
+  const argv = taskArgv(msg);
   const env = childEnv(msg.env);
   const cwd = typeof msg.cwd === "string" && msg.cwd ? msg.cwd : "/root";
   try {
@@ -557,7 +565,7 @@ function launchPi(msg, t0) {
     killGroup(entry.child);
     entry = null;
   }
-  if (!entry || entry.child.exitCode !== null || entry.child.signalCode !== null) {
+  if (!entry || !launcherAlive(entry)) {
     try {
       entry = fs.existsSync(LAUNCHER) ? spawnLauncher() : null;
     } catch (err) {

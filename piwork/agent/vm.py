@@ -624,8 +624,13 @@ class AgentVm(PiDoor):
                 )
             self.timings["pi_model"] = time.monotonic() - t
         except RpcError as exc:
-            tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
-            raise PiGone(f"pi could not take the task's session and model: {exc}\n{tail}") from exc
+            raise PiGone(
+                f"pi could not take the task's session and model: {exc}\n{self._stderr_text()}"
+            ) from exc
+
+    def _stderr_text(self) -> str:
+        """pi's last stderr lines, indented, for an error that says why pi is gone."""
+        return "\n".join("  | " + line for line in self.stderr_tail[-20:])
 
     async def _unless_pi_exits(self, aw: Any, doing: str) -> Any:
         """``await aw``, unless pi exits first: then PiGone, saying how, with its stderr."""
@@ -638,8 +643,7 @@ class AgentVm(PiDoor):
             if not fut.done():
                 discard(fut)
         if fut not in done:
-            tail = "\n".join("  | " + line for line in self.stderr_tail[-20:])
-            raise PiGone(f"pi exited {doing}: {exited.result()}\n{tail}")
+            raise PiGone(f"pi exited {doing}: {exited.result()}\n{self._stderr_text()}")
         return fut.result()
 
     async def sync_folder(self) -> object:

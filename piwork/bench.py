@@ -261,7 +261,6 @@ def _stages(label: str, session: TaskSession) -> dict[str, float]:
         ):
             if isinstance(boot.get(stage), float):
                 marks.append((f"  boot: {what}, since QEMU's launch", boot[stage]))
-    if label == "cold":
         # The guest's own clocks (each from its process's start). Under TCG the
         # boot's first node process also pays for translating node itself.
         for key, what in (

@@ -7,6 +7,7 @@ secret is ever put here (keys stay in the host's model gateway).
 
 from __future__ import annotations
 
+import functools
 import platform
 import re
 import shutil
@@ -97,6 +98,18 @@ GUEST_HZ = 250
 _BOGOMIPS_RE = re.compile(r"^bogomips\s*:\s*([0-9]+(?:\.[0-9]+)?)\s*$", re.MULTILINE)
 
 
+@functools.cache
+def _this_hosts_lpj() -> int | None:
+    """:func:`host_lpj` of this machine, read once (its TSC does not change)."""
+    if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+        return None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            return host_lpj(fh.read())
+    except OSError:
+        return None
+
+
 def host_lpj(cpuinfo: str | None = None) -> int | None:
     """The guest's loops-per-jiffy under TCG on this x86-64 Linux host, or None.
 
@@ -113,13 +126,7 @@ def host_lpj(cpuinfo: str | None = None) -> int | None:
     host, whose /proc/cpuinfo says it; elsewhere the guest calibrates as before.
     """
     if cpuinfo is None:
-        if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
-            return None
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-                cpuinfo = fh.read()
-        except OSError:
-            return None
+        return _this_hosts_lpj()
     m = _BOGOMIPS_RE.search(cpuinfo)
     if m is None:
         return None

@@ -171,6 +171,18 @@ class ScriptedAsker:
         return self.answer(title) if callable(self.answer) else self.answer
 
 
+async def prompt_events(agent: AgentVm, text: str, *, timeout: float) -> list[object]:
+    """Every RPC event pi sends while it runs the prompt ``text`` to its end."""
+    events: list[object] = []
+    unsubscribe = agent.rpc.add_listener(events.append)
+    try:
+        await agent.rpc.prompt(text)
+        await agent.rpc.wait_idle(timeout=timeout)
+    finally:
+        unsubscribe()
+    return events
+
+
 def scripted_request(server: ScriptedModelServer, folder: Path, **options: Any) -> RunRequest:
     """A task on ``folder`` whose model is ``server`` (through the gateway, as a provider)."""
     from piwork.runner import RunRequest

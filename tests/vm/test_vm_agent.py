@@ -25,7 +25,14 @@ from piwork.vm.accel import probe
 from piwork.vm.command import VmSpec
 from piwork.vm.machine import BootStalled, VirtualMachine
 
-from .conftest import agent_config, make_task_dirs, per_prompt, pid_alive, write_models_json
+from .conftest import (
+    agent_config,
+    make_task_dirs,
+    per_prompt,
+    pid_alive,
+    prompt_events,
+    write_models_json,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -45,13 +52,7 @@ async def test_a_file_the_agent_writes_appears_in_the_host_folder(
         ToolCalls([bash("cat from-guest.txt && uname -r")]),
         Text("done"),
     )
-    events: list[object] = []
-    unsubscribe = shared_agent.rpc.add_listener(events.append)
-    try:
-        await shared_agent.rpc.prompt("write the file")
-        await shared_agent.rpc.wait_idle(timeout=120)
-    finally:
-        unsubscribe()
+    events = await prompt_events(shared_agent, "write the file", timeout=120)
     work = shared_agent.cfg.dirs.work
     assert work is not None
     assert (work / "from-guest.txt").read_text() == "written inside the VM\n"

@@ -40,6 +40,7 @@ from .conftest import (
     agent_config,
     make_task_dirs,
     private_paths,
+    prompt_events,
 )
 
 pytestmark = pytest.mark.vm
@@ -125,13 +126,7 @@ async def test_pi_resizes_a_wide_png_before_the_model_sees_it(
     vision_agent: AgentVm, model_server: ScriptedModelServer
 ) -> None:
     model_server.script = [ToolCalls([read("wide.png")]), Text("seen")]
-    events: list[object] = []
-    unsubscribe = vision_agent.rpc.add_listener(events.append)
-    try:
-        await vision_agent.rpc.prompt("look at wide.png")
-        await vision_agent.rpc.wait_idle(timeout=300)
-    finally:
-        unsubscribe()
+    events = await prompt_events(vision_agent, "look at wide.png", timeout=300)
     ends = [e for e in events if isinstance(e, m.ToolExecutionEnd)]
     assert [e.tool_name for e in ends] == ["read"], ends
     assert not ends[0].is_error, m.tool_outcome(ends[0]).text

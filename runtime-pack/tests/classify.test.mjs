@@ -692,6 +692,9 @@ describe("security review: commands that were reads and delete, overwrite or run
     ]) {
       assert.equal(bash(cmd.split("@WORK@").join(work)).action, "outside-scope", cmd);
     }
+    // a command named like an Object property (`constructor`) opens no compound
+    const r = bash(`cd ${work}; if false; then cd src; constructor; fi; echo x > ../f`);
+    assert.ok(r.effects.some((e) => e.op === "write" && e.action === "outside-scope"), JSON.stringify(r.effects));
     assert.equal(bash("if true; then echo x > o.txt; fi; echo y > p.txt").action, "write", "no cd in the branch");
     assert.equal(bash("cd src && for f in a; do echo > o; done; echo x > p").action, "write", "no cd in the loop");
   });

@@ -2125,7 +2125,7 @@ function compoundKeywords(cmd) {
   const out = [];
   for (const w of cmd.words) {
     if (w.quoted || w.dynamic) break;
-    if (w.text in COMPOUND_END || COMPOUND_CLOSERS.has(w.text)) out.push(w.text);
+    if (Object.hasOwn(COMPOUND_END, w.text) || COMPOUND_CLOSERS.has(w.text)) out.push(w.text);
     else if (!KEYWORDS.has(w.text)) break;
     if (w.text === "for" || w.text === "select" || w.text === "case") break; // the header's own words follow
   }
@@ -2136,7 +2136,7 @@ function compoundKeywords(cmd) {
 function changesDirectory(cmd) {
   for (const w of cmd.words) {
     if (w.quoted || w.dynamic) return false;
-    if (KEYWORDS.has(w.text) || w.text in COMPOUND_END || w.text === "builtin" || w.text === "command") continue;
+    if (KEYWORDS.has(w.text) || Object.hasOwn(COMPOUND_END, w.text) || w.text === "builtin" || w.text === "command") continue;
     if (/^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/.test(w.text)) continue;
     return w.text === "cd" || w.text === "pushd" || w.text === "popd";
   }

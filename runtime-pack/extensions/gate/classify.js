@@ -732,6 +732,8 @@ const SYSTEM_BIN = new Set(["/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr
 const DECLARE = new Set(["export", "declare", "typeset", "local", "readonly"]);
 
 // Keywords that may prefix a command and are otherwise no-ops for us.
+// `NAME=`, `NAME+=`, `NAME[i]=`: a variable assignment before a command (or alone)
+const ASSIGNMENT = /^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/;
 const KEYWORDS = new Set(["if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}", "esac", "time", "in"]);
 
 // Wrappers: the real command follows (after the wrapper's own options).
@@ -1046,7 +1048,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
 
   // leading assignments and keywords
   while (words.length && (KEYWORDS.has(words[0].text) && !words[0].quoted)) words.shift();
-  while (words.length && /^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/.test(words[0].text) && !words[0].text.startsWith("=")) {
+  while (words.length && ASSIGNMENT.test(words[0].text) && !words[0].text.startsWith("=")) {
     const bad = unsafeAssignment(words[0].text);
     if (bad) effects.push(effect("exec", { command: command0, reason: bad }));
     words.shift();
@@ -2137,7 +2139,7 @@ function changesDirectory(cmd) {
   for (const w of cmd.words) {
     if (w.quoted || w.dynamic) return false;
     if (KEYWORDS.has(w.text) || Object.hasOwn(COMPOUND_END, w.text) || w.text === "builtin" || w.text === "command") continue;
-    if (/^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/.test(w.text)) continue;
+    if (ASSIGNMENT.test(w.text)) continue;
     return w.text === "cd" || w.text === "pushd" || w.text === "popd";
   }
   return false;

@@ -698,6 +698,18 @@ describe("security review: commands that were reads and delete, overwrite or run
     assert.equal(bash("if true; then echo x > o.txt; fi; echo y > p.txt").action, "write", "no cd in the branch");
     assert.equal(bash("cd src && for f in a; do echo > o; done; echo x > p").action, "write", "no cd in the loop");
   });
+  test("a command named like an Object property is an unknown command, not a wrapper or a crash", () => {
+    // `name in WRAPPERS` found Object.prototype's keys: `constructor -o x`
+    // threw inside the classifier, and the person was asked with its TypeError.
+    for (const name of ["constructor", "toString", "valueOf", "hasOwnProperty", "__proto__", "isPrototypeOf", "__defineGetter__"]) {
+      for (const cmd of [`${name} -o x`, `${name} a.txt`, `${name} rm -rf /`, `echo hi | ${name} -n 1`, `sudo ${name} -o x`]) {
+        const r = bash(cmd);
+        assert.equal(r.needsDecision, true, cmd);
+        assert.ok(!r.effects.some((e) => /could not classify/.test(e.reason)), `${cmd}: ${JSON.stringify(r.effects)}`);
+        assert.ok(r.effects.some((e) => e.reason === `runs ${name} (side effects unknown)`), `${cmd}: ${JSON.stringify(r.effects)}`);
+      }
+    }
+  });
   test("csplit's prefix names where it writes", () => {
     for (const cmd of ["csplit -f ../elsewhere/x a.txt 1", "csplit --prefix=../elsewhere/x a.txt 1", "csplit -f../elsewhere/x a.txt 1", "csplit -b '/../../x%02d' a.txt 1"]) {
       notAutoRead(cmd);

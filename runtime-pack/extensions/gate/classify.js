@@ -734,6 +734,8 @@ const DECLARE = new Set(["export", "declare", "typeset", "local", "readonly"]);
 // Keywords that may prefix a command and are otherwise no-ops for us.
 // `NAME=`, `NAME+=`, `NAME[i]=`: a variable assignment before a command (or alone)
 const ASSIGNMENT = /^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/;
+/** obj[key] if obj has it as its own property: a command's name is never looked up on Object.prototype. */
+const own = (obj, key) => (Object.hasOwn(obj, key) ? obj[key] : undefined);
 const KEYWORDS = new Set(["if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}", "esac", "time", "in"]);
 
 // Wrappers: the real command follows (after the wrapper's own options).
@@ -852,7 +854,7 @@ const OPTS_WITH_ARG = {
   shred: ["-n", "--iterations", "-s", "--size", "--random-source"],
 };
 function optsFor(name) {
-  return new Set(OPTS_WITH_ARG[name] ?? []);
+  return new Set(own(OPTS_WITH_ARG, name) ?? []);
 }
 
 const GIT_NETWORK = new Set(["clone", "fetch", "pull", "push", "ls-remote", "submodule", "remote", "archive", "request-pull", "send-email", "lfs"]);
@@ -1079,7 +1081,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
   }
 
   // privilege wrappers: classify what they run, and flag the elevation
-  if (name in PRIV_WRAPPERS) {
+  if (Object.hasOwn(PRIV_WRAPPERS, name)) {
     effects.push(effect("exec", { command, reason: `runs a command as another user (${name})` }));
     const inner = unwrap(words, PRIV_WRAPPERS[name], ctx);
     if (name === "su") {
@@ -1091,7 +1093,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
     return;
   }
   if ((name === "command" || name === "type" || name === "hash") && words.slice(1).some((w) => w.text === "-v" || w.text === "-V")) return;
-  if (name in WRAPPERS) {
+  if (Object.hasOwn(WRAPPERS, name)) {
     const spec = WRAPPERS[name];
     const inner = unwrap(words, spec, ctx);
     if (inner === null) {
@@ -1332,7 +1334,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
   }
 
   // network tools
-  if (name in NETWORK_TOOLS) {
+  if (Object.hasOwn(NETWORK_TOOLS, name)) {
     for (const e of netEffects(words, command, `${name} reaches the network`)) effects.push(e);
     if (name === "curl" || name === "wget") {
       const outFlags = name === "curl" ? ["-o", "--output"] : ["-O", "--output-document"];
@@ -1343,7 +1345,7 @@ function classifySimpleCommand(cmd, ctx, effects) {
     return;
   }
   const pmName = name === "python" || name === "python3" ? pythonModule(words) : name;
-  if (pmName && pmName in PACKAGE_MANAGERS) {
+  if (pmName && Object.hasOwn(PACKAGE_MANAGERS, pmName)) {
     const pm = PACKAGE_MANAGERS[pmName];
     const argv = pmName === name ? words : words.slice(words.findIndex((w) => w.text === "-m") + 1);
     const sub = positionals(argv, new Set(["-C", "--prefix", "--cwd", "-w", "--workspace", "--manifest-path", "-p", "--package", "-r", "--requirement"]))[0];
@@ -1599,7 +1601,7 @@ function classifyAssigningBuiltin(name, words, ctx, effects, command) {
     effects.push(effect("exec", { command, reason: `${name} -i evaluates assigned values as arithmetic (bash runs command substitutions in them)` }));
     return;
   }
-  const flagOk = {
+  const flagOk = own({
     export: /^-[fnp]+$/,
     declare: /^[-+][aAfFgiIlprtux]+$/,
     typeset: /^[-+][aAfFgiIlprtux]+$/,
@@ -1610,7 +1612,7 @@ function classifyAssigningBuiltin(name, words, ctx, effects, command) {
     readarray: /^-[t]+$/,
     let: /^$/,
     alias: /^-p$/,
-  }[name];
+  }, name);
   const withArg = new Set(name === "read" ? ["-a", "-d", "-i", "-n", "-N", "-p", "-t", "-u"] : name === "mapfile" || name === "readarray" ? ["-d", "-n", "-O", "-s", "-u"] : []);
   if (name === "alias" && args.some((w) => w.text !== "-p")) {
     effects.push(effect("exec", { command, reason: "alias defines a command" }));

@@ -15,31 +15,52 @@ from collections.abc import Sequence
 from piwork import __version__
 from piwork.errors import describe
 
-COMMAND_MODULES: tuple[str, ...] = (
-    "piwork.cli.run_cmd",
-    "piwork.cli.pack_cmd",
-    "piwork.cli.doctor_cmd",
-    "piwork.cli.tasks_cmd",
-    "piwork.cli.policy_cmd",
-    "piwork.cli.auth_cmd",
-    "piwork.cli.models_cmd",
-    "piwork.cli.bench_cmd",
-    "piwork.cli.changes_cmd",
-    "piwork.cli.preview_cmd",
-    "piwork.cli.env_cmd",
-    "piwork.cli.hosts_cmd",
-    "piwork.gui.cli",
-)
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    # module: the top-level commands its register() adds
+    "piwork.cli.run_cmd": ("run", "resume"),
+    "piwork.cli.pack_cmd": ("pack",),
+    "piwork.cli.doctor_cmd": ("doctor",),
+    "piwork.cli.tasks_cmd": ("tasks",),
+    "piwork.cli.policy_cmd": ("policy",),
+    "piwork.cli.auth_cmd": ("auth",),
+    "piwork.cli.models_cmd": ("models",),
+    "piwork.cli.bench_cmd": ("bench",),
+    "piwork.cli.changes_cmd": ("changes", "undo"),
+    "piwork.cli.preview_cmd": ("preview",),
+    "piwork.cli.env_cmd": ("env",),
+    "piwork.cli.hosts_cmd": ("hosts",),
+    "piwork.gui.cli": ("gui",),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _modules_for(argv: Sequence[str] | None) -> list[str]:
+    """The command modules a parse of ``argv`` needs (all of them if ``argv`` is None).
+
+    Importing every command module costs ~0.8 s (the runner, aiohttp, pydantic
+    models), which `piwork tasks list` or the app (`piwork` alone) should not
+    pay. The command is the first word that is not an option (the top-level
+    parser's options take no value); a word that names no command loads them
+    all, so argparse lists the choices.
+    """
+    if argv is None:
+        return list(COMMAND_MODULES)
+    word = next((a for a in argv if not a.startswith("-")), None)
+    if word is None:
+        # `piwork` alone (the app) needs none; `piwork --help` lists them all.
+        return list(COMMAND_MODULES) if argv else []
+    owners = [m for m, names in COMMAND_MODULES.items() if word in names]
+    return owners or list(COMMAND_MODULES)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv`` (only the modules it needs), or for every command if None."""
     parser = argparse.ArgumentParser(
         prog="piwork",
         description="Run the pi coding agent in a QEMU VM sandbox, headless.",
     )
     parser.add_argument("--version", action="version", version=f"piwork {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in _modules_for(argv):
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -51,16 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.command is None and not (sys.argv[1:] if argv is None else list(argv)):
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(words)
+    args = parser.parse_args(words)
+    if args.command is None and not words:
         # `piwork` alone opens the desktop app (`piwork gui`).
         from piwork.gui.cli import open_app
 
         return open_app()
     func = getattr(args, "func", None)
     if func is None:
-        parser.print_help()
+        build_parser().print_help()  # every command, as `piwork --help`
         return 2
     try:
         return int(func(args))

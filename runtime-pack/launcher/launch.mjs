@@ -46,8 +46,14 @@ const PI_DIR =
 const t0 = performance.now();
 const require = createRequire(`${PI_DIR}/package.json`);
 
-const ctl = new net.Socket({ fd: 3, readable: true, writable: true });
-const say = (obj) => ctl.write(`${JSON.stringify(obj)}\n`);
+// The control channel: fd 3 both ways (a socket pair, when the supervisor
+// spawns this process), or fd 3 in and fd 4 out (two FIFOs, when /init started
+// it at boot: runtime-pack/launcher/boot.sh).
+const CTL_FIFOS = process.env.PIWORK_LAUNCHER_CTL === "fifo";
+delete process.env.PIWORK_LAUNCHER_CTL;
+const ctl = new net.Socket({ fd: 3, readable: true, writable: !CTL_FIFOS });
+const ctlOut = CTL_FIFOS ? new net.Socket({ fd: 4, readable: false, writable: true }) : ctl;
+const say = (obj) => ctlOut.write(`${JSON.stringify(obj)}\n`);
 
 const CODE_CACHE = process.env.PIWORK_CODE_CACHE || "/opt/piwork/node-cache";
 
@@ -303,11 +309,16 @@ ctl.on("data", (chunk) => {
       // Closed once what was said is out; never what keeps pi's process alive
       // (pi in print mode ends when nothing else is left to do).
       ctl.unref();
-      ctl.end(() => ctl.destroy());
+      ctlOut.unref();
+      ctlOut.end(() => {
+        ctlOut.destroy();
+        ctl.destroy();
+      });
     }
   }
 });
 ctl.on("error", () => process.exit(71));
+if (ctlOut !== ctl) ctlOut.on("error", () => process.exit(71));
 ctl.on("end", () => {
   if (state !== "running") process.exit(0); // the supervisor went away first
 });

@@ -17,7 +17,11 @@ const NODE_START_MS = performance.now();
 process.env.UV_THREADPOOL_SIZE = process.env.UV_THREADPOOL_SIZE || "8";
 
 const fs = require("node:fs");
+const net = require("node:net");
 const path = require("node:path");
+const os = require("node:os");
+const { EventEmitter } = require("node:events");
+const { Duplex } = require("node:stream");
 const { spawn, spawnSync } = require("node:child_process");
 
 const PI_CLI =
@@ -33,14 +37,134 @@ const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs
 const NODE_FLAGS = ["--liftoff-only"];
 const EXTENSIONS_DIR = process.env.PIWORK_EXTENSIONS_DIR || "/opt/piwork/extensions";
 
-// The launcher's load of pi is the longest part of a cold start, so the
-// launcher starts here, before the rest of this file and its modules load
-// (~0.2 s of a cold boot under TCG; the guest has two CPUs). main() adopts it
-// (preload). Only when run as the supervisor, and not with PIWORK_NO_PRELOAD.
-let earlyLauncher = require.main === module && !process.env.PIWORK_NO_PRELOAD ? startLauncherProcess() : null;
+/**
+ * Say "adopted" on boot.sh's FIFO: it is about to wait there (opening it to
+ * read), or has stopped waiting because the launcher died (then it writes
+ * the status). Never blocks: an open with no reader fails, and is tried again
+ * for up to 2 s.
+ */
+function tellBootSh(fifo, statusFile) {
+  const nap = new Int32Array(new SharedArrayBuffer(4));
+  for (let i = 0; i < 100; i++) {
+    if (fs.existsSync(statusFile)) return; // the launcher has ended and boot.sh with it
+    let fd = null;
+    try {
+      fd = fs.openSync(fifo, fs.constants.O_WRONLY | fs.constants.O_NONBLOCK);
+      fs.writeSync(fd, "\n");
+      return;
+    } catch (err) {
+      if (err.code !== "ENXIO") {
+        log(`cannot tell boot.sh: ${err.message}`);
+        return;
+      }
+    } finally {
+      if (fd !== null) fs.closeSync(fd);
+    }
+    Atomics.wait(nap, 0, 0, 20);
+  }
+  log("boot.sh did not wait for the adoption");
+}
 
-const net = require("node:net");
-const os = require("node:os");
+/**
+ * A launcher this process did not spawn (boot.sh's), seen as a ChildProcess
+ * is: pid, stdin, stdout, stderr, stdio[3] (the control channel, one stream
+ * both ways), exitCode, signalCode, kill(), and "exit" then "close" with the
+ * status boot.sh read with `wait`, once stdout and stderr are closed.
+ */
+class AdoptedLauncher extends EventEmitter {
+  constructor(pid, statusFile, { stdin, stdout, stderr, ctlIn, ctlOut }) {
+    super();
+    this.pid = pid;
+    this.exitCode = null;
+    this.signalCode = null;
+    this.stdin = stdin;
+    this.stdout = stdout;
+    this.stderr = stderr;
+    this.stdio = [stdin, stdout, stderr, Duplex.from({ readable: ctlOut, writable: ctlIn })];
+    this._statusFile = statusFile;
+    this._ended = false;
+    for (const s of [stdin, ctlIn]) s.on("error", () => {});
+    // Not our child: no SIGCHLD. Its end is seen when a stream it held closes,
+    // or by looking (boot.sh reaps it at once, so a dead pid is gone).
+    const check = () => this._check();
+    for (const s of [stdout, stderr, ctlOut]) s.on("close", check);
+    this._timer = setInterval(check, 250);
+    this._timer.unref();
+  }
+
+  _check() {
+    if (this._ended) return;
+    try {
+      process.kill(this.pid, 0);
+      return; // still there
+    } catch (err) {
+      if (err.code === "EPERM") return;
+    }
+    this._ended = true;
+    clearInterval(this._timer);
+    // As Node does for a child that exited: drain unread output so the streams close.
+    let open = 0;
+    const closed = () => {
+      if (--open === 0) this._readStatus(Date.now());
+    };
+    for (const s of [this.stdout, this.stderr]) {
+      if (s.closed || s.destroyed) continue;
+      open++;
+      s.once("close", closed);
+      if (!s.readableFlowing) s.resume();
+    }
+    if (open === 0) this._readStatus(Date.now());
+  }
+
+  _readStatus(since) {
+    let text = null;
+    try {
+      text = fs.readFileSync(this._statusFile, "utf8").trim();
+    } catch {
+      if (Date.now() - since < 5000) {
+        setTimeout(() => this._readStatus(since), 20);
+        return;
+      }
+    }
+    const status = Number(text);
+    if (text === null || text === "" || !Number.isInteger(status)) {
+      this.exitCode = -1; // unknown, but certainly not running
+    } else if (status > 128) {
+      const n = status - 128;
+      this.signalCode = Object.keys(os.constants.signals).find((k) => os.constants.signals[k] === n) || `SIG${n}`;
+    } else {
+      this.exitCode = status;
+    }
+    this.stdin.destroy();
+    this.stdio[3].destroy();
+    this.emit("exit", this.exitCode, this.signalCode);
+    this.emit("close", this.exitCode, this.signalCode);
+  }
+
+  kill(signal = "SIGTERM") {
+    try {
+      process.kill(this.pid, signal);
+      return true;
+    } catch {
+      return false;
+    }
+  }
+}
+
+// Where /init's boot.sh left the launcher it started at boot (runtime-pack/launcher/boot.sh).
+const BOOT_LAUNCHER_DIR = process.env.PIWORK_BOOT_LAUNCHER_DIR || "/run/piwork/launcher";
+
+// The launcher's load of pi is the longest part of a cold start. /init starts
+// one at boot, beside this process, and it is adopted here; without one it is
+// spawned here, before the rest of this file and its modules load (~0.2 s of
+// a cold boot under TCG). main() takes it over (preload). Only when run as the
+// supervisor; with PIWORK_NO_PRELOAD the boot's launcher is stopped instead.
+let earlyLauncher = null;
+if (require.main === module) {
+  const adopted = adoptBootLauncher(!process.env.PIWORK_NO_PRELOAD);
+  if (!process.env.PIWORK_NO_PRELOAD) earlyLauncher = adopted || startLauncherProcess();
+}
+
 const crypto = require("node:crypto");
 const netmux = require("./netmux.js");
 const serial = require("./port.js");
@@ -205,6 +329,68 @@ function startLauncherProcess() {
     stdio: ["pipe", "pipe", "pipe", "pipe"],
     detached: true, // own process group: stop kills pi and its tools together
   });
+}
+
+/**
+ * The launcher /init started at boot (boot.sh), as a child-like object the
+ * rest of this file uses like a spawned one (pid, stdin, stdout, stderr,
+ * stdio[3], exitCode, signalCode, kill, "close"); null if there is none, or it
+ * was adopted already (a supervisor restarted after a crash starts its own).
+ * Either way boot.sh is told to let go of the FIFOs; with `keep` false the
+ * launcher's group is killed.
+ */
+function adoptBootLauncher(keep) {
+  const dir = BOOT_LAUNCHER_DIR;
+  const at = (name) => path.join(dir, name);
+  let pid;
+  try {
+    // Once per boot: the rename is the claim.
+    fs.renameSync(at("pid"), at("pid.adopted"));
+    pid = Number(fs.readFileSync(at("pid.adopted"), "utf8").trim());
+  } catch {
+    return null;
+  }
+  const fds = [];
+  let child = null;
+  try {
+    if (!Number.isInteger(pid) || pid <= 1) throw new Error(`bad pid ${pid}`);
+    if (keep) {
+      // Non-blocking: boot.sh holds every FIFO both ways until told, but if the
+      // launcher died it has let go, and a blocking open would wait forever
+      // (O_NONBLOCK: an open for writing with no reader fails, ENXIO).
+      const { O_RDONLY, O_WRONLY, O_NONBLOCK } = fs.constants;
+      const open = (name, flags) => {
+        const fd = fs.openSync(at(name), flags | O_NONBLOCK);
+        fds.push(fd);
+        return fd;
+      };
+      const stdin = new net.Socket({ fd: open("in", O_WRONLY), readable: false, writable: true });
+      const stdout = new net.Socket({ fd: open("out", O_RDONLY), readable: true, writable: false });
+      const stderr = new net.Socket({ fd: open("err", O_RDONLY), readable: true, writable: false });
+      const ctlIn = new net.Socket({ fd: open("ctl-in", O_WRONLY), readable: false, writable: true });
+      const ctlOut = new net.Socket({ fd: open("ctl-out", O_RDONLY), readable: true, writable: false });
+      child = new AdoptedLauncher(pid, at("status"), { stdin, stdout, stderr, ctlIn, ctlOut });
+    }
+  } catch (err) {
+    for (const fd of fds) {
+      try {
+        fs.closeSync(fd);
+      } catch {
+        /* already a socket's */
+      }
+    }
+    log(`cannot adopt the boot's launcher: ${err.message}`);
+    child = null;
+  }
+  if (!child && Number.isInteger(pid) && pid > 1) {
+    try {
+      process.kill(-pid, "SIGKILL");
+    } catch {
+      /* gone already */
+    }
+  }
+  tellBootSh(at("adopted"), at("status"));
+  return child;
 }
 
 /** A launcher entry for `child` (a new launcher's process unless given one). */

@@ -3,7 +3,7 @@
 // reconnect, a host disconnect never closes pi's stdin, control ops work.
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -523,4 +523,155 @@ test("a task bound without an extension the prime ran does not get it; one the p
       assert.deepEqual(marks, [`prime ${path.join(tmp, "prime-cwd")}`]); // not called for the task
     });
   }
+});
+
+// ------------------------------------------------------------ boot.sh
+// /init starts pi's launcher at boot (runtime-pack/launcher/boot.sh), beside
+// the supervisor, which adopts it through FIFOs: here with the host's sh, the
+// real launcher and the real pi.
+const BOOT_SH = path.join(here, "..", "launcher", "boot.sh");
+const PI_DIR = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
+
+function bootLauncher(t) {
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-boot-"));
+  const dir = path.join(tmp, "launcher");
+  const env = {
+    ...process.env,
+    PIWORK_BOOT_LAUNCHER_DIR: dir,
+    PIWORK_NODE: process.execPath,
+    PIWORK_LAUNCHER: path.join(here, "..", "launcher", "launch.mjs"),
+    PIWORK_PI_DIR: PI_DIR,
+    PIWORK_EXTENSIONS_DIR: path.join(here, "..", "extensions"),
+    // the supervisor's own settings, which boot.sh must not hand the launcher
+    PIWORK_TRANSPORT: "virtio",
+    UV_THREADPOOL_SIZE: "8",
+  };
+  const r = spawnSync("/bin/sh", [BOOT_SH], { env, timeout: 30000, encoding: "utf8" });
+  assert.equal(r.status, 0, r.stderr);
+  const pid = Number(fs.readFileSync(path.join(dir, "pid"), "utf8"));
+  t.after(() => {
+    try {
+      process.kill(-pid, "SIGKILL");
+    } catch {
+      /* gone */
+    }
+    fs.rmSync(tmp, { recursive: true, force: true });
+  });
+  return { tmp, dir, pid, env: { PIWORK_BOOT_LAUNCHER_DIR: dir, PIWORK_LAUNCHER: env.PIWORK_LAUNCHER, PIWORK_PI_DIR: PI_DIR, PIWORK_EXTENSIONS_DIR: env.PIWORK_EXTENSIONS_DIR } };
+}
+
+function alive(pid) {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+async function until(pred, ms, what) {
+  const deadline = Date.now() + ms;
+  while (!pred()) {
+    if (Date.now() > deadline) throw new Error(`timed out: ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+test("the launcher boot.sh started is adopted: pi runs through its FIFOs, and its end reaches the host", async (t) => {
+  const boot = bootLauncher(t);
+  assert.ok(alive(boot.pid));
+  // its environment is the one a spawned launcher gets
+  const environ = fs.readFileSync(`/proc/${boot.pid}/environ`, "utf8").split("\0");
+  assert.ok(environ.some((e) => e.startsWith("PIWORK_WARM_EXTENSIONS=") && e.includes("permission-gate.ts")), environ.join(" "));
+  assert.ok(!environ.some((e) => /^(PIWORK_TRANSPORT|UV_THREADPOOL_SIZE)=/.test(e)), environ.join(" "));
+  const { proc, port } = await startSupervisor(boot.env);
+  t.after(() => proc.kill("SIGKILL"));
+  const c = await connect(port);
+  c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
+  await c.waitFor(ev("preloaded"), 60000);
+  assert.ok(fs.existsSync(path.join(boot.dir, "pid.adopted")), "not claimed");
+  const cwd = path.join(boot.tmp, "work");
+  const env = { HOME: boot.tmp, PI_CODING_AGENT_DIR: path.join(boot.tmp, "agent"), TASK_MARK: "t1" };
+  const argv = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
+  c.send(`!${JSON.stringify({ op: "start", argv, env, cwd })}`);
+  const started = JSON.parse((await c.waitFor(ev("started"))).payload.slice(1));
+  assert.equal(started.pid, boot.pid, "the supervisor spawned its own launcher");
+  assert.equal(started.preloaded, true);
+  c.send(JSON.stringify({ id: "s1", type: "bash", command: "pwd; echo $TASK_MARK; echo oops >&2" }));
+  const reply = await c.waitFor(piLine((o) => o.type === "response" && o.id === "s1"), 30000);
+  assert.deepEqual(JSON.parse(reply.payload).data.output.trim().split("\n").slice(0, 2), [cwd, "t1"]);
+  // stop: pi's group gets the signal; the exit the host hears is boot.sh's `wait` status
+  c.send('!{"op":"stop","signal":"KILL"}');
+  const exit = JSON.parse((await c.waitFor(ev("exit"), 15000)).payload.slice(1));
+  assert.deepEqual([exit.code, exit.signal], [null, "SIGKILL"]);
+  assert.equal(fs.readFileSync(path.join(boot.dir, "status"), "utf8").trim(), "137");
+  assert.ok(!alive(boot.pid));
+  // the next start spawns a launcher as before
+  c.send(`!${JSON.stringify({ op: "start", argv, env, cwd })}`);
+  const second = (l) => ev("started")(l) && c.lines.filter(ev("started"))[1] === l;
+  const again = JSON.parse((await c.waitFor(second, 60000)).payload.slice(1));
+  assert.notEqual(again.pid, boot.pid);
+  c.close();
+});
+
+test("a boot launcher that dies before the start is seen as gone, and the start spawns one", async (t) => {
+  const boot = bootLauncher(t);
+  const { proc, port } = await startSupervisor(boot.env);
+  t.after(() => proc.kill("SIGKILL"));
+  const c = await connect(port);
+  c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
+  await until(() => fs.existsSync(path.join(boot.dir, "pid.adopted")), 15000, "adoption");
+  process.kill(-boot.pid, "SIGKILL"); // nobody reads its stdout yet: only looking can tell
+  await until(() => fs.existsSync(path.join(boot.dir, "status")), 15000, "boot.sh's status");
+  const cwd = path.join(boot.tmp, "work");
+  const argv = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
+  await new Promise((r) => setTimeout(r, 600)); // the supervisor looks every 250 ms
+  c.send(`!${JSON.stringify({ op: "start", argv, env: { HOME: boot.tmp }, cwd })}`);
+  const started = JSON.parse((await c.waitFor(ev("started"), 60000)).payload.slice(1));
+  assert.notEqual(started.pid, boot.pid);
+  c.send(JSON.stringify({ id: "s2", type: "bash", command: "echo fine" }));
+  const reply = await c.waitFor(piLine((o) => o.type === "response" && o.id === "s2"), 60000);
+  assert.equal(JSON.parse(reply.payload).data.output.trim(), "fine");
+  c.close();
+});
+
+test("a restarted supervisor does not adopt the boot's launcher again; with PIWORK_NO_PRELOAD it is stopped", async (t) => {
+  const boot = bootLauncher(t);
+  const first = await startSupervisor(boot.env);
+  await until(() => fs.existsSync(path.join(boot.dir, "pid.adopted")), 15000, "adoption");
+  first.proc.kill("SIGKILL");
+  // its stdin's only writer is gone: pi's launcher sees the end and exits
+  await until(() => !alive(boot.pid), 30000, "the orphaned launcher to exit");
+  const second = await startSupervisor(boot.env);
+  t.after(() => second.proc.kill("SIGKILL"));
+  const c = await connect(second.port);
+  c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
+  await c.waitFor(ev("preloaded"), 60000); // its own
+
+  const other = bootLauncher(t);
+  const refusing = await startSupervisor({ ...other.env, PIWORK_NO_PRELOAD: "1" });
+  t.after(() => refusing.proc.kill("SIGKILL"));
+  await until(() => !alive(other.pid), 15000, "PIWORK_NO_PRELOAD to stop the boot's launcher");
+  await until(() => fs.existsSync(path.join(other.dir, "status")), 15000, "boot.sh to finish");
+});
+
+test("a boot launcher that died before the supervisor came is not waited for", async (t) => {
+  const boot = bootLauncher(t);
+  process.kill(-boot.pid, "SIGKILL");
+  // busybox sh's boot.sh then stops waiting for the adoption and finishes; dash's
+  // waits on (its child a zombie till then): either way nothing may block
+  await new Promise((r) => setTimeout(r, 300));
+  const t0 = Date.now();
+  const { proc, port } = await startSupervisor(boot.env);
+  t.after(() => proc.kill("SIGKILL"));
+  assert.ok(Date.now() - t0 < 1500, `the supervisor took ${Date.now() - t0} ms to listen`);
+  const c = await connect(port);
+  c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
+  await c.waitFor(ev("hello"));
+  await new Promise((r) => setTimeout(r, 600)); // it looks every 250 ms
+  const argv = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
+  c.send(`!${JSON.stringify({ op: "start", argv, env: { HOME: boot.tmp }, cwd: path.join(boot.tmp, "w") })}`);
+  const started = JSON.parse((await c.waitFor(ev("started"), 60000)).payload.slice(1));
+  assert.notEqual(started.pid, boot.pid);
+  c.close();
 });

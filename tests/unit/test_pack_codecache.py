@@ -164,6 +164,11 @@ def test_the_supervisor_starts_pi_with_the_flags_the_cache_was_built_with() -> N
     assert tuple(json.loads(m.group(1))) == codecache.NODE_FLAGS
     assert source.count("...NODE_FLAGS") == 2  # the launcher and the plain pi start
     assert set(codecache.NODE_FLAGS) <= set(codecache.BUILD_FLAGS)
+    # and the launcher /init starts at boot (a shell script: the flags are spelled out)
+    boot = (repo_root() / "runtime-pack" / "launcher" / "boot.sh").read_text()
+    m = re.search(r'setsid "\$NODE" (.*?) "\$LAUNCHER"', boot)
+    assert m, "boot.sh starts no launcher"
+    assert tuple(m.group(1).split()) == codecache.NODE_FLAGS
 
 
 def test_pack_holds_the_code_cache_and_the_guest_node_accepts_it(guest_tree: Path) -> None:

@@ -262,9 +262,10 @@ def _stages(label: str, session: TaskSession) -> dict[str, float]:
             if isinstance(boot.get(stage), float):
                 marks.append((f"  boot: {what}, since QEMU's launch", boot[stage]))
         # The guest's own clocks (each from its process's start). Under TCG the
-        # boot's first node process also pays for translating node itself.
+        # boot's first node processes (the supervisor and the launcher /init
+        # starts beside it) also pay for translating node itself.
         for key, what in (
-            ("guest_supervisor_node", "supervisor: node's own start (the boot's first node)"),
+            ("guest_supervisor_node", "supervisor: node's own start (beside the launcher's)"),
             ("guest_supervisor_main", "supervisor: its modules and main() to its hello"),
             ("guest_launcher_node", "launcher: node's own start"),
             ("guest_preloaded", "launcher loading pi (from its own start)"),

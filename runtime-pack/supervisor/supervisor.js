@@ -358,25 +358,32 @@ function adoptBootLauncher(keep) {
       // Non-blocking: boot.sh holds every FIFO both ways until told, but if the
       // launcher died it has let go, and a blocking open would wait forever
       // (O_NONBLOCK: an open for writing with no reader fails, ENXIO).
+      // Every end is opened before any becomes a stream, so a failure leaves
+      // only plain descriptors to close.
       const { O_RDONLY, O_WRONLY, O_NONBLOCK } = fs.constants;
-      const open = (name, flags) => {
-        const fd = fs.openSync(at(name), flags | O_NONBLOCK);
-        fds.push(fd);
-        return fd;
-      };
-      const stdin = new net.Socket({ fd: open("in", O_WRONLY), readable: false, writable: true });
-      const stdout = new net.Socket({ fd: open("out", O_RDONLY), readable: true, writable: false });
-      const stderr = new net.Socket({ fd: open("err", O_RDONLY), readable: true, writable: false });
-      const ctlIn = new net.Socket({ fd: open("ctl-in", O_WRONLY), readable: false, writable: true });
-      const ctlOut = new net.Socket({ fd: open("ctl-out", O_RDONLY), readable: true, writable: false });
-      child = new AdoptedLauncher(pid, at("status"), { stdin, stdout, stderr, ctlIn, ctlOut });
+      const ends = { in: O_WRONLY, out: O_RDONLY, err: O_RDONLY, "ctl-in": O_WRONLY, "ctl-out": O_RDONLY };
+      const fd = {};
+      for (const [name, flags] of Object.entries(ends)) {
+        fd[name] = fs.openSync(at(name), flags | O_NONBLOCK);
+        fds.push(fd[name]);
+      }
+      const stream = (name) =>
+        new net.Socket({ fd: fd[name], readable: ends[name] === O_RDONLY, writable: ends[name] === O_WRONLY });
+      fds.length = 0; // the streams own them now
+      child = new AdoptedLauncher(pid, at("status"), {
+        stdin: stream("in"),
+        stdout: stream("out"),
+        stderr: stream("err"),
+        ctlIn: stream("ctl-in"),
+        ctlOut: stream("ctl-out"),
+      });
     }
   } catch (err) {
     for (const fd of fds) {
       try {
         fs.closeSync(fd);
       } catch {
-        /* already a socket's */
+        /* nothing to do */
       }
     }
     log(`cannot adopt the boot's launcher: ${err.message}`);

@@ -400,9 +400,9 @@ function adoptBootLauncher(keep) {
   return child;
 }
 
-/** A launcher entry for `child` (a new launcher's process unless given one). */
+/** A launcher entry for `child` (a new launcher's process unless given one); null if there is no launcher. */
 function spawnLauncher(child = startLauncherProcess()) {
-  if (!child) throw new Error(`no launcher at ${LAUNCHER}`);
+  if (!child) return null;
   const entry = {
     child,
     ctl: child.stdio[3],
@@ -437,13 +437,14 @@ function preload() {
   const early = earlyLauncher;
   earlyLauncher = null;
   if (early && (preloaded || pi)) killGroup(early);
-  else if (!preloaded && !pi && (early || fs.existsSync(LAUNCHER))) {
+  else if (!preloaded && !pi) {
     try {
-      preloaded = spawnLauncher(early || startLauncherProcess());
+      preloaded = spawnLauncher(early || undefined);
     } catch (err) {
       log(`cannot preload pi: ${err.message}`);
       return;
     }
+    if (!preloaded) return; // no launcher in this pack
     const mine = preloaded;
     mine.child.on("close", (code, signal) => {
       if (preloaded === mine) {
@@ -777,7 +778,7 @@ function launchPi(msg, t0) {
   }
   if (!entry || !launcherAlive(entry)) {
     try {
-      entry = fs.existsSync(LAUNCHER) ? spawnLauncher() : null;
+      entry = spawnLauncher();
     } catch (err) {
       cannot(`cannot start pi: ${err.message}`);
       return;

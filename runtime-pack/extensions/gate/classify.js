@@ -731,11 +731,11 @@ const SYSTEM_BIN = new Set(["/bin", "/usr/bin", "/usr/local/bin", "/sbin", "/usr
 // Builtins that assign the variables their arguments name.
 const DECLARE = new Set(["export", "declare", "typeset", "local", "readonly"]);
 
-// Keywords that may prefix a command and are otherwise no-ops for us.
 // `NAME=`, `NAME+=`, `NAME[i]=`: a variable assignment before a command (or alone)
 const ASSIGNMENT = /^[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=/;
 /** obj[key] if obj has it as its own property: a command's name is never looked up on Object.prototype. */
 const own = (obj, key) => (Object.hasOwn(obj, key) ? obj[key] : undefined);
+// Keywords that may prefix a command and are otherwise no-ops for us.
 const KEYWORDS = new Set(["if", "then", "else", "elif", "fi", "do", "done", "while", "until", "!", "{", "}", "esac", "time", "in"]);
 
 // Wrappers: the real command follows (after the wrapper's own options).

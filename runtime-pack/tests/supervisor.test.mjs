@@ -15,6 +15,12 @@ import crypto from "node:crypto";
 const here = path.dirname(fileURLToPath(import.meta.url));
 const SUPERVISOR = path.join(here, "..", "supervisor", "supervisor.js");
 const FAKE_PI = path.join(here, "fixtures", "fake-pi.js");
+// The real launcher, pi and extensions, for the tests that load pi.
+const LAUNCHER = path.join(here, "..", "launcher", "launch.mjs");
+const PI_DIR = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
+const EXTENSIONS = path.join(here, "..", "extensions");
+// pi in RPC mode with nothing of its own to load.
+const BARE_RPC = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
 const require = createRequire(import.meta.url);
 const { LineSplitter, Outbox } = require(SUPERVISOR);
 
@@ -233,14 +239,13 @@ test("a second start while pi runs is refused; bad control lines are reported", 
 });
 
 test("the launcher loads the real pi before start, then runs it with the task's argv, env and cwd", async () => {
-  const piDir = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
   const os = await import("node:os");
   const fs = await import("node:fs");
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-launcher-"));
   const { proc, port } = await startSupervisor({
-    PIWORK_LAUNCHER: path.join(here, "..", "launcher", "launch.mjs"),
-    PIWORK_PI_DIR: piDir,
-    PIWORK_EXTENSIONS_DIR: path.join(here, "..", "extensions"),
+    PIWORK_LAUNCHER: LAUNCHER,
+    PIWORK_PI_DIR: PI_DIR,
+    PIWORK_EXTENSIONS_DIR: EXTENSIONS,
   });
   try {
     const c = await connect(port);
@@ -248,7 +253,7 @@ test("the launcher loads the real pi before start, then runs it with the task's 
     await c.waitFor(ev("preloaded"), 60000); // pi is loaded; no task is known yet
     const cwd = path.join(tmp, "work");
     const env = { HOME: tmp, PI_CODING_AGENT_DIR: path.join(tmp, "agent"), TASK_MARK: "t1" };
-    const argv = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
+    const argv = BARE_RPC;
     c.send(`!${JSON.stringify({ op: "start", argv, env, cwd })}`);
     const started = JSON.parse((await c.waitFor(ev("started"))).payload.slice(1));
     assert.equal(started.preloaded, true);
@@ -363,7 +368,6 @@ test("start without workbench runs no setup", async (t) => {
 // task: the task's env and cwd replace the prime's, and switch_session makes pi
 // build its session, models and extensions again from them.
 async function primedSupervisor(tmp) {
-  const piDir = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
   const extDir = path.join(tmp, "extensions");
   fs.mkdirSync(extDir);
   // A precompiled extension (X.ts + X.mjs) whose factory records the env and cwd it ran with.
@@ -376,8 +380,8 @@ async function primedSupervisor(tmp) {
       "}\n",
   );
   const { proc, port } = await startSupervisor({
-    PIWORK_LAUNCHER: path.join(here, "..", "launcher", "launch.mjs"),
-    PIWORK_PI_DIR: piDir,
+    PIWORK_LAUNCHER: LAUNCHER,
+    PIWORK_PI_DIR: PI_DIR,
     PIWORK_EXTENSIONS_DIR: extDir,
   });
   const c = await connect(port);
@@ -464,7 +468,7 @@ test("a start without bind never reuses a primed pi: a fresh one runs the task's
   withPrimed(async ({ c, tmp }) => {
     const cwd = path.join(tmp, "work");
     const env = { HOME: tmp, PI_CODING_AGENT_DIR: path.join(tmp, "agent2"), TASK_MARK: "t2", MARK_FILE: path.join(tmp, "marks") };
-    c.send(`!${JSON.stringify({ op: "start", argv: ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"], env, cwd })}`);
+    c.send(`!${JSON.stringify({ op: "start", argv: BARE_RPC, env, cwd })}`);
     const started = JSON.parse((await c.waitFor(ev("started"), 30000)).payload.slice(1));
     assert.equal(started.primed, false);
     c.send(JSON.stringify({ id: "b", type: "bash", command: "pwd; echo $TASK_MARK" }));
@@ -473,10 +477,9 @@ test("a start without bind never reuses a primed pi: a fresh one runs the task's
 
 test("a prime that fails is said, and the VM can still start a task the ordinary way", async () => {
   const tmp = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "piwork-prime-")));
-  const piDir = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
   const { proc, port } = await startSupervisor({
-    PIWORK_LAUNCHER: path.join(here, "..", "launcher", "launch.mjs"),
-    PIWORK_PI_DIR: piDir,
+    PIWORK_LAUNCHER: LAUNCHER,
+    PIWORK_PI_DIR: PI_DIR,
     PIWORK_EXTENSIONS_DIR: path.join(tmp, "none"),
   });
   try {
@@ -486,12 +489,12 @@ test("a prime that fails is said, and the VM can still start a task the ordinary
     // A working directory that cannot be made (beneath a file): the launcher exits.
     fs.writeFileSync(path.join(tmp, "file"), "");
     const env = { HOME: tmp, PI_CODING_AGENT_DIR: path.join(tmp, "agent") };
-    c.send(`!${JSON.stringify({ op: "prime", argv: ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"], env, cwd: path.join(tmp, "file", "cwd") })}`);
+    c.send(`!${JSON.stringify({ op: "prime", argv: BARE_RPC, env, cwd: path.join(tmp, "file", "cwd") })}`);
     const primed = JSON.parse((await c.waitFor(ev("primed"), 60000)).payload.slice(1));
     assert.equal(primed.ok, false);
     assert.match(primed.error, /exited while priming/);
     await c.waitFor(ev("preloaded"), 60000); // a new, unprimed pi is loaded
-    c.send(`!${JSON.stringify({ op: "start", argv: ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"], env, cwd: tmp, bind: true })}`);
+    c.send(`!${JSON.stringify({ op: "start", argv: BARE_RPC, env, cwd: tmp, bind: true })}`);
     const started = JSON.parse((await c.waitFor(ev("started"), 30000)).payload.slice(1));
     assert.equal(started.primed, false);
     c.close();
@@ -530,7 +533,6 @@ test("a task bound without an extension the prime ran does not get it; one the p
 // the supervisor, which adopts it through FIFOs: here with the host's sh, the
 // real launcher and the real pi.
 const BOOT_SH = path.join(here, "..", "launcher", "boot.sh");
-const PI_DIR = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
 
 function bootLauncher(t) {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-boot-"));
@@ -539,9 +541,9 @@ function bootLauncher(t) {
     ...process.env,
     PIWORK_BOOT_LAUNCHER_DIR: dir,
     PIWORK_NODE: process.execPath,
-    PIWORK_LAUNCHER: path.join(here, "..", "launcher", "launch.mjs"),
+    PIWORK_LAUNCHER: LAUNCHER,
     PIWORK_PI_DIR: PI_DIR,
-    PIWORK_EXTENSIONS_DIR: path.join(here, "..", "extensions"),
+    PIWORK_EXTENSIONS_DIR: EXTENSIONS,
     // the supervisor's own settings, which boot.sh must not hand the launcher
     PIWORK_TRANSPORT: "virtio",
     UV_THREADPOOL_SIZE: "8",
@@ -557,7 +559,7 @@ function bootLauncher(t) {
     }
     fs.rmSync(tmp, { recursive: true, force: true });
   });
-  return { tmp, dir, pid, env: { PIWORK_BOOT_LAUNCHER_DIR: dir, PIWORK_LAUNCHER: env.PIWORK_LAUNCHER, PIWORK_PI_DIR: PI_DIR, PIWORK_EXTENSIONS_DIR: env.PIWORK_EXTENSIONS_DIR } };
+  return { tmp, dir, pid, env: { PIWORK_BOOT_LAUNCHER_DIR: dir, PIWORK_LAUNCHER: LAUNCHER, PIWORK_PI_DIR: PI_DIR, PIWORK_EXTENSIONS_DIR: EXTENSIONS } };
 }
 
 function alive(pid) {
@@ -577,10 +579,22 @@ async function until(pred, ms, what) {
   }
 }
 
+test("boot.sh takes from the launcher's environment what the supervisor's childEnv takes", () => {
+  const sup = fs.readFileSync(SUPERVISOR, "utf8");
+  const body = sup.slice(sup.indexOf("function childEnv("), sup.indexOf("\n}\n", sup.indexOf("function childEnv(")));
+  const removed = [...body.matchAll(/delete env\.([A-Z_]+);/g)].map((m) => m[1]).sort();
+  const unset = [...fs.readFileSync(BOOT_SH, "utf8").matchAll(/-u ([A-Z_]+)/g)].map((m) => m[1]).sort();
+  assert.ok(removed.length > 0);
+  assert.deepEqual(unset, removed);
+});
+
 test("the launcher boot.sh started is adopted: pi runs through its FIFOs, and its end reaches the host", async (t) => {
   const boot = bootLauncher(t);
   assert.ok(alive(boot.pid));
-  // its environment is the one a spawned launcher gets
+  // its environment is the one a spawned launcher gets (read once `env` and
+  // `setsid` have exec'd node: before, the process still has boot.sh's)
+  const node = fs.realpathSync(process.execPath);
+  await until(() => fs.readlinkSync(`/proc/${boot.pid}/exe`) === node, 15000, "the launcher to be node");
   const environ = fs.readFileSync(`/proc/${boot.pid}/environ`, "utf8").split("\0");
   assert.ok(environ.some((e) => e.startsWith("PIWORK_WARM_EXTENSIONS=") && e.includes("permission-gate.ts")), environ.join(" "));
   assert.ok(!environ.some((e) => /^(PIWORK_TRANSPORT|UV_THREADPOOL_SIZE)=/.test(e)), environ.join(" "));
@@ -592,7 +606,7 @@ test("the launcher boot.sh started is adopted: pi runs through its FIFOs, and it
   assert.ok(fs.existsSync(path.join(boot.dir, "pid.adopted")), "not claimed");
   const cwd = path.join(boot.tmp, "work");
   const env = { HOME: boot.tmp, PI_CODING_AGENT_DIR: path.join(boot.tmp, "agent"), TASK_MARK: "t1" };
-  const argv = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
+  const argv = BARE_RPC;
   c.send(`!${JSON.stringify({ op: "start", argv, env, cwd })}`);
   const started = JSON.parse((await c.waitFor(ev("started"))).payload.slice(1));
   assert.equal(started.pid, boot.pid, "the supervisor spawned its own launcher");
@@ -624,7 +638,7 @@ test("a boot launcher that dies before the start is seen as gone, and the start 
   process.kill(-boot.pid, "SIGKILL"); // nobody reads its stdout yet: only looking can tell
   await until(() => fs.existsSync(path.join(boot.dir, "status")), 15000, "boot.sh's status");
   const cwd = path.join(boot.tmp, "work");
-  const argv = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
+  const argv = BARE_RPC;
   await new Promise((r) => setTimeout(r, 600)); // the supervisor looks every 250 ms
   c.send(`!${JSON.stringify({ op: "start", argv, env: { HOME: boot.tmp }, cwd })}`);
   const started = JSON.parse((await c.waitFor(ev("started"), 60000)).payload.slice(1));
@@ -669,7 +683,7 @@ test("a boot launcher that died before the supervisor came is not waited for", a
   c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
   await c.waitFor(ev("hello"));
   await new Promise((r) => setTimeout(r, 600)); // it looks every 250 ms
-  const argv = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
+  const argv = BARE_RPC;
   c.send(`!${JSON.stringify({ op: "start", argv, env: { HOME: boot.tmp }, cwd: path.join(boot.tmp, "w") })}`);
   const started = JSON.parse((await c.waitFor(ev("started"), 60000)).payload.slice(1));
   assert.notEqual(started.pid, boot.pid);

@@ -46,8 +46,8 @@ def _modules_for(argv: Sequence[str] | None) -> list[str]:
         return list(COMMAND_MODULES)
     word = next((a for a in argv if not a.startswith("-")), None)
     if word is None:
-        # `piwork` alone (the app) needs none; `piwork --help` lists them all.
-        return list(COMMAND_MODULES) if argv else []
+        # `piwork --help` lists them all; `piwork` alone (the app) and `--version` need none.
+        return list(COMMAND_MODULES) if {"-h", "--help"} & set(argv) else []
     owners = [m for m, names in COMMAND_MODULES.items() if word in names]
     return owners or list(COMMAND_MODULES)
 

@@ -44,6 +44,14 @@ def test_every_command_parses_with_only_its_module() -> None:
         assert _commands(build_parser([command])) <= everything
 
 
+def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser(["--help"]).parse_args(["--help"])
+    out = capsys.readouterr().out
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("    ") and line.split()}
+    assert {c for names in COMMAND_MODULES.values() for c in names} <= listed, out
+
+
 def test_a_word_that_names_no_command_loads_them_all_so_argparse_lists_them(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -69,7 +77,7 @@ def _imported_after(argv: list[str]) -> dict[str, bool]:
 
 
 def test_tasks_policy_and_the_app_do_not_import_the_runner() -> None:
-    for argv in (["tasks", "list"], ["policy", "list"], []):
+    for argv in (["tasks", "list"], ["policy", "list"], [], ["--version"]):
         loaded = _imported_after(argv)
         assert not loaded["piwork.runner"], argv
         assert not loaded["aiohttp"], argv

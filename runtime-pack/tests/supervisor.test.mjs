@@ -534,7 +534,7 @@ test("a task bound without an extension the prime ran does not get it; one the p
 // real launcher and the real pi.
 const BOOT_SH = path.join(here, "..", "launcher", "boot.sh");
 
-function bootLauncher(t) {
+async function bootLauncher(t) {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-boot-"));
   const dir = path.join(tmp, "launcher");
   const env = {
@@ -551,6 +551,16 @@ function bootLauncher(t) {
   const r = spawnSync("/bin/sh", [BOOT_SH], { env, timeout: 30000, encoding: "utf8" });
   assert.equal(r.status, 0, r.stderr);
   const pid = Number(fs.readFileSync(path.join(dir, "pid"), "utf8"));
+  // boot.sh returns once the pid is known, maybe before `env` and `setsid` have
+  // exec'd node: until then the process has boot.sh's environment and group.
+  const node = fs.realpathSync(process.execPath);
+  const isNode = () => {
+    try {
+      return fs.readlinkSync(`/proc/${pid}/exe`) === node;
+    } catch {
+      return false;
+    }
+  };
   t.after(() => {
     try {
       process.kill(-pid, "SIGKILL");
@@ -559,6 +569,7 @@ function bootLauncher(t) {
     }
     fs.rmSync(tmp, { recursive: true, force: true });
   });
+  await until(isNode, 15000, "boot.sh's launcher to be node");
   return { tmp, dir, pid, env: { PIWORK_BOOT_LAUNCHER_DIR: dir, PIWORK_LAUNCHER: LAUNCHER, PIWORK_PI_DIR: PI_DIR, PIWORK_EXTENSIONS_DIR: EXTENSIONS } };
 }
 
@@ -589,12 +600,9 @@ test("boot.sh takes from the launcher's environment what the supervisor's childE
 });
 
 test("the launcher boot.sh started is adopted: pi runs through its FIFOs, and its end reaches the host", async (t) => {
-  const boot = bootLauncher(t);
+  const boot = await bootLauncher(t);
   assert.ok(alive(boot.pid));
-  // its environment is the one a spawned launcher gets (read once `env` and
-  // `setsid` have exec'd node: before, the process still has boot.sh's)
-  const node = fs.realpathSync(process.execPath);
-  await until(() => fs.readlinkSync(`/proc/${boot.pid}/exe`) === node, 15000, "the launcher to be node");
+  // its environment is the one a spawned launcher gets
   const environ = fs.readFileSync(`/proc/${boot.pid}/environ`, "utf8").split("\0");
   assert.ok(environ.some((e) => e.startsWith("PIWORK_WARM_EXTENSIONS=") && e.includes("permission-gate.ts")), environ.join(" "));
   assert.ok(!environ.some((e) => /^(PIWORK_TRANSPORT|UV_THREADPOOL_SIZE)=/.test(e)), environ.join(" "));
@@ -629,7 +637,7 @@ test("the launcher boot.sh started is adopted: pi runs through its FIFOs, and it
 });
 
 test("a boot launcher that dies before the start is seen as gone, and the start spawns one", async (t) => {
-  const boot = bootLauncher(t);
+  const boot = await bootLauncher(t);
   const { proc, port } = await startSupervisor(boot.env);
   t.after(() => proc.kill("SIGKILL"));
   const c = await connect(port);
@@ -650,7 +658,7 @@ test("a boot launcher that dies before the start is seen as gone, and the start 
 });
 
 test("a restarted supervisor does not adopt the boot's launcher again; with PIWORK_NO_PRELOAD it is stopped", async (t) => {
-  const boot = bootLauncher(t);
+  const boot = await bootLauncher(t);
   const first = await startSupervisor(boot.env);
   await until(() => fs.existsSync(path.join(boot.dir, "pid.adopted")), 15000, "adoption");
   first.proc.kill("SIGKILL");
@@ -662,7 +670,7 @@ test("a restarted supervisor does not adopt the boot's launcher again; with PIWO
   c.send(`!${JSON.stringify({ op: "hello", after: 0 })}`);
   await c.waitFor(ev("preloaded"), 60000); // its own
 
-  const other = bootLauncher(t);
+  const other = await bootLauncher(t);
   const refusing = await startSupervisor({ ...other.env, PIWORK_NO_PRELOAD: "1" });
   t.after(() => refusing.proc.kill("SIGKILL"));
   await until(() => !alive(other.pid), 15000, "PIWORK_NO_PRELOAD to stop the boot's launcher");
@@ -670,7 +678,7 @@ test("a restarted supervisor does not adopt the boot's launcher again; with PIWO
 });
 
 test("a boot launcher that died before the supervisor came is not waited for", async (t) => {
-  const boot = bootLauncher(t);
+  const boot = await bootLauncher(t);
   process.kill(-boot.pid, "SIGKILL");
   // busybox sh's boot.sh then stops waiting for the adoption and finishes; dash's
   // waits on (its child a zombie till then): either way nothing may block

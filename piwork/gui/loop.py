@@ -21,14 +21,27 @@ back, :func:`timer_leak` measures it in a few microseconds; the app refuses to r
 loop on a leaking build (it would abort later and lose work), and
 ``tests/gui/test_event_loop.py`` runs 100,000 callbacks through :func:`new_loop` in a
 subprocess and checks that the process lives and ``None``'s count stays flat.
+
+Cyclic garbage is collected on the GUI thread only (:class:`GuiThreadCollector`).
+Python runs its cycle collector in whichever thread happens to allocate past the
+threshold: a worker (``asyncio.to_thread``, the transcript's sync thread, the child
+watcher) could free a QObject that lives on the GUI thread. Qt refuses to stop that
+object's timers from another thread ("Timers cannot be stopped from another thread")
+and frees it anyway, so the GUI thread later fires a timer at freed memory: a
+segfault with no Python frame to blame (it was seen in the full test run, in the
+VM-backed window tests, where a closed qasync loop's timer object is such a cycle).
+While the app's loop runs, automatic collection is off and a GUI-thread timer collects
+with the interpreter's own thresholds instead.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
+import threading
 
-from PySide6.QtCore import QCoreApplication, QObject
+from PySide6.QtCore import QCoreApplication, QObject, QTimer
 
 PROBE_TIMERS = 64
 
@@ -52,9 +65,81 @@ def timer_leak(n: int = PROBE_TIMERS) -> int:
     return lost if lost >= n // 2 else 0
 
 
+COLLECT_EVERY_MS = 200
+
+
+class GuiThreadCollector(QObject):
+    """Python's cyclic garbage collector, run on the GUI thread only, while held.
+
+    ``hold()`` turns automatic collection off (for every thread) and starts a GUI-thread
+    timer that collects the oldest generation whose count is over the interpreter's
+    threshold, as the automatic collector would. The last ``release()`` collects once
+    more on the GUI thread and gives automatic collection back as it was. Holds nest (the
+    app's loop holds it; the GUI tests hold it across loops)."""
+
+    def __init__(self, every_ms: int = COLLECT_EVERY_MS) -> None:
+        super().__init__()
+        self._holds = 0
+        self._was_enabled = True
+        self._timer = QTimer(self)
+        self._timer.setInterval(every_ms)
+        self._timer.timeout.connect(self.collect_due)
+
+    @property
+    def held(self) -> bool:
+        return self._holds > 0
+
+    def hold(self) -> None:
+        _require_gui_thread("hold")
+        if self._holds == 0:
+            self._was_enabled = gc.isenabled()
+            gc.disable()
+            self._timer.start()
+        self._holds += 1
+
+    def release(self) -> None:
+        _require_gui_thread("release")
+        if self._holds == 0:
+            raise RuntimeError("GuiThreadCollector.release() without a hold()")
+        self._holds -= 1
+        if self._holds == 0:
+            self._timer.stop()
+            gc.collect()
+            if self._was_enabled:
+                gc.enable()
+
+    def collect_due(self) -> int | None:
+        """Collect the oldest generation that is due; the generation collected, if any."""
+        counts = gc.get_count()
+        thresholds = gc.get_threshold()
+        due = [g for g in range(3) if thresholds[g] and counts[g] > thresholds[g]]
+        if not due:
+            return None
+        gc.collect(due[-1])
+        return due[-1]
+
+
+def _require_gui_thread(what: str) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(f"GuiThreadCollector.{what}() must run on the GUI (main) thread")
+
+
+_collector: GuiThreadCollector | None = None
+
+
+def gui_thread_collector() -> GuiThreadCollector:
+    """The process's one collector (created on first use, on the GUI thread)."""
+    global _collector
+    if _collector is None:
+        _require_gui_thread("create")
+        _collector = GuiThreadCollector()
+    return _collector
+
+
 def new_loop(app: QCoreApplication) -> asyncio.AbstractEventLoop:
     """The app's event loop: asyncio's selector loop driven by Qt (qasync), on a PySide6
-    build that has been checked not to leak per timer."""
+    build that has been checked not to leak per timer, with cyclic garbage collected on
+    the GUI thread for as long as the loop is open (:class:`GuiThreadCollector`)."""
     import qasync
 
     if sys.version_info < (3, 12):
@@ -68,5 +153,15 @@ def new_loop(app: QCoreApplication) -> asyncio.AbstractEventLoop:
                 "minutes of work. Install the pinned version: "
                 "pip install 'pyside6-essentials==6.11.3' (scripts/setup.sh does)."
             )
-    loop: asyncio.AbstractEventLoop = qasync.QEventLoop(app)
+    collector = gui_thread_collector()
+
+    class Loop(qasync.QEventLoop):  # type: ignore[misc]
+        def close(self) -> None:
+            was_closed = self.is_closed()
+            super().close()
+            if not was_closed:
+                collector.release()
+
+    loop: asyncio.AbstractEventLoop = Loop(app)
+    collector.hold()
     return loop

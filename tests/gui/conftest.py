@@ -30,6 +30,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [i for i in items if i not in soak]
 
 
+@pytest.fixture(scope="package", autouse=True)
+def gc_on_gui_thread(qapp: object) -> Iterator[None]:
+    """Cyclic garbage is collected on the GUI thread for all of tests/gui, between tests
+    too: a window a test left as garbage must not be freed later by a worker thread of
+    the next test (``piwork.gui.loop.GuiThreadCollector``; each loop also holds it)."""
+    from piwork.gui.loop import gui_thread_collector
+
+    collector = gui_thread_collector()
+    collector.hold()
+    yield
+    collector.release()
+
+
 @pytest.fixture
 def gui_paths(tmp_path: Path) -> Paths:
     """A private piwork home (tasks, policy, settings); the pack cache stays shared."""

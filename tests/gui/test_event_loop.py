@@ -103,3 +103,98 @@ def test_the_installed_pyside6_kills_timers_without_losing_none(qapp: object) ->
     from piwork.gui.loop import timer_leak
 
     assert timer_leak(1000) == 0
+
+
+# Cyclic garbage that owns running Qt timers, made while a worker thread allocates: the
+# interpreter's automatic collector would free some of it on the worker, and Qt then
+# fires a timer at freed memory (the full suite's intermittent segfault, exit 139).
+CYCLES = textwrap.dedent(
+    """
+    import asyncio, gc, json, sys, threading, weakref
+    from PySide6.QtCore import QTimer
+    from piwork.gui.app import make_app
+
+    guarded = sys.argv[1] == "guarded"
+    app = make_app(["piwork"])
+    if guarded:
+        from piwork.gui.loop import new_loop
+        loop = new_loop(app)
+    else:
+        import qasync
+        loop = qasync.QEventLoop(app)
+    asyncio.set_event_loop(loop)
+    main = threading.get_ident()
+    ran_on = []
+    gc.callbacks.append(lambda phase, info: phase == "start" and ran_on.append(
+        threading.get_ident()))
+    alive = weakref.WeakSet()
+    stop = threading.Event()
+
+    def churn():                                  # a busy worker: cyclic garbage
+        while not stop.is_set():
+            for _ in range(2000):
+                a = []
+                a.append(a)
+
+    async def scenario():
+        worker = threading.Thread(target=churn)
+        worker.start()
+        for _ in range(300):
+            for _ in range(20):
+                t = QTimer()
+                t.start(1)
+                t.me = t                          # only the cycle collector frees it
+                alive.add(t)
+            await asyncio.sleep(0.005)
+        stop.set()
+        worker.join()
+
+    loop.run_until_complete(scenario())
+    loop.close()
+    print("RESULT " + json.dumps({
+        "collections": len(ran_on),
+        "off_gui_thread": sum(1 for t in ran_on if t != main),
+        "alive": len(alive),
+        "auto_after_close": gc.isenabled(),
+    }), flush=True)
+    """
+)
+
+
+def _cycles(mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", CYCLES, mode],
+        env=dict(os.environ, QT_QPA_PLATFORM="offscreen"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    out: dict[str, int] = json.loads(line.removeprefix("RESULT "))
+    return out
+
+
+def test_cyclic_garbage_is_collected_on_the_gui_thread_only() -> None:
+    proc = _cycles("guarded")
+    assert proc.returncode == 0, f"the loop died (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    out = _result(proc)
+    assert out["collections"] > 0  # garbage was collected while the loop ran ...
+    assert out["off_gui_thread"] == 0  # ... never by the busy worker
+    assert out["alive"] == 0  # and none of the 6,000 timer cycles is left behind
+    assert out["auto_after_close"]  # closing the loop gives automatic collection back
+    assert "another thread" not in proc.stderr
+
+
+def test_without_the_collector_the_worker_frees_qt_objects() -> None:
+    """The same scenario on a bare qasync loop: the hazard is real (the worker collects,
+    Qt complains or the process dies), so the test above can fail."""
+    proc = _cycles("bare")
+    if proc.returncode == 0:
+        out = _result(proc)
+        assert out["off_gui_thread"] > 0
+        assert "Timers cannot be stopped from another thread" in proc.stderr
+    else:
+        assert proc.returncode < 0, proc.stderr[-3000:]  # killed by a signal (SIGSEGV)

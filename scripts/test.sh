@@ -5,8 +5,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-echo "== ruff" && .venv/bin/ruff check . && .venv/bin/ruff format --check .
-echo "== mypy" && .venv/bin/mypy
-echo "== import contract" && .venv/bin/lint-imports --no-cache
-echo "== node --test (guest side)" && node --test runtime-pack/tests/
-echo "== pytest" && exec .venv/bin/pytest -p no:cacheprovider "$@"
+# One command per line: under `set -e` a failure inside an `a && b` list (all but
+# its last command) does not stop the script, and a lint failure once went unseen.
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy"
+.venv/bin/mypy
+echo "== import contract"
+.venv/bin/lint-imports --no-cache
+echo "== node --test (guest side)"
+node --test runtime-pack/tests/
+echo "== pytest"
+exec .venv/bin/pytest -p no:cacheprovider "$@"

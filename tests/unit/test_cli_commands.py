@@ -48,7 +48,9 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         build_parser(["--help"]).parse_args(["--help"])
     out = capsys.readouterr().out
-    listed = {line.split()[0] for line in out.splitlines() if line.startswith("    ") and line.split()}
+    listed = {
+        line.split()[0] for line in out.splitlines() if line.startswith("    ") and line.split()
+    }
     assert {c for names in COMMAND_MODULES.values() for c in names} <= listed, out
 
 

@@ -267,8 +267,8 @@ def _stages(label: str, session: TaskSession) -> dict[str, float]:
         for key, what in (
             ("guest_supervisor_node", "supervisor: node's own start (beside the launcher's)"),
             ("guest_supervisor_main", "supervisor: its modules and main() to its hello"),
-            ("guest_launcher_node", "launcher: node's own start"),
-            ("guest_preloaded", "launcher loading pi (from its own start)"),
+            ("guest_launcher_node", "launcher: node's own start (+ restoring pi's snapshot)"),
+            ("guest_preloaded", "launcher: the rest of loading pi and the extensions"),
         ):
             if key in t:
                 marks.append((f"  guest: {what}", t[key]))

@@ -64,7 +64,16 @@ from pathlib import Path
 from piwork import __version__
 from piwork.config import get_paths, repo_root
 from piwork.fsutil import fsync_dir
-from piwork.pack import bundle, codecache, cpio, ingredients, node, rootfs, workbench
+from piwork.pack import (
+    bundle,
+    codecache,
+    cpio,
+    ingredients,
+    node,
+    rootfs,
+    snapshot,
+    workbench,
+)
 from piwork.pack.cache import (
     TMP_PREFIX,
     clean_stale_tmp,
@@ -133,7 +142,7 @@ def _stderr(msg: str) -> None:
 class Progress:
     """Prints one line per build step with its duration (to stderr by default)."""
 
-    def __init__(self, log: Log | None = None, total: int = 11) -> None:
+    def __init__(self, log: Log | None = None, total: int = 12) -> None:
         self.log = log or _stderr
         self.total = total
         self.n = 0
@@ -324,7 +333,16 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         tools = bundle.install_tools(w.source, work / "tools")
         pi_pkg = initrd / GUEST_PI / "node_modules" / node.PI_PACKAGE
         dropped = node.DROPPED_PACKAGES - {node.NODE_PACKAGE}
-        res = bundle.compile_guest(tools, pi_pkg, initrd / GUEST_ROOT / "extensions", dropped)
+        snap_cjs = work / "snapshot-bundle.cjs"
+        guest_entry = (pi_pkg / bundle.BUNDLE_REL / bundle.BUNDLE_ENTRY).relative_to(initrd)
+        guest_url = f"file:///{guest_entry.as_posix()}"
+        res = bundle.compile_guest(
+            tools,
+            pi_pkg,
+            initrd / GUEST_ROOT / "extensions",
+            dropped,
+            snapshot_bundle=(snap_cjs, guest_url),
+        )
         stats["pi_bundle_bytes"] = res.bundle_bytes
         stats["pi_bundle_modules"] = res.bundle_inputs
         progress.note(
@@ -361,6 +379,30 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
             )
         else:
             progress.note(f"skipped ({why}): the guest compiles from source, slower")
+
+    with progress.step("V8 startup snapshot of pi loaded (the pack's node)"):
+        if _host_runs_guest_binaries():
+            blob = initrd / GUEST_ROOT / "launcher" / snapshot.BLOB_NAME
+            snap = snapshot.build(
+                initrd / GUEST_NODE,
+                w.source / snapshot.SHIM,
+                snap_cjs,
+                guest_url,
+                initrd,
+                blob,
+                work / "snapshot",
+            )
+            stats["snapshot_bytes"] = snap.bytes
+            stats["snapshot_build_ms"] = int(snap.seconds * 1000)
+            home = work / "snapshot-smoke-home"
+            home.mkdir()
+            loaded = snapshot.smoke_test(initrd / GUEST_NODE, blob, initrd, _smoke_env(home), home)
+            progress.note(
+                f"{snapshot.BLOB_NAME}: {_mb(snap.bytes)} in {snap.seconds:.1f}s; restored "
+                f"and launched in {loaded.get('node')} ms on this host; {loaded.get('smoke')}"
+            )
+        else:
+            progress.note("skipped (host cannot run x86_64 Linux binaries): pi loads at boot")
 
     with progress.step("read-only disk image (erofs): /opt/piwork"):
         tree = work / "rootfs"

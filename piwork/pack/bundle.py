@@ -107,16 +107,27 @@ def external_patterns(dropped: frozenset[str]) -> list[str]:
 
 
 def compile_guest(
-    tools: Path, pi_dir: Path, extensions_dir: Path, dropped: frozenset[str]
+    tools: Path,
+    pi_dir: Path,
+    extensions_dir: Path,
+    dropped: frozenset[str],
+    snapshot_bundle: tuple[Path, str] | None = None,
 ) -> CompileResult:
-    """Bundle pi under ``pi_dir`` and compile every ``extensions_dir/*.ts`` beside itself."""
+    """Bundle pi under ``pi_dir`` and compile every ``extensions_dir/*.ts`` beside itself.
+
+    ``snapshot_bundle`` (output file, the guest's file URL of the bundle's entry.js): also
+    the same bundle as one CommonJS file, for the launcher's snapshot
+    (:mod:`piwork.pack.snapshot`)."""
     exts = sorted(extensions_dir.glob("*.ts")) if extensions_dir.is_dir() else []
-    job = {
+    job: dict[str, object] = {
         "piDir": str(pi_dir),
         "bundleDir": str(pi_dir / BUNDLE_REL),
         "external": external_patterns(dropped),
         "extensions": [{"src": str(p), "out": str(p.with_suffix(".mjs"))} for p in exts],
     }
+    if snapshot_bundle is not None:
+        job["snapshotBundle"] = str(snapshot_bundle[0])
+        job["snapshotImportMetaUrl"] = snapshot_bundle[1]
     job_file = tools / "job.json"
     job_file.write_text(json.dumps(job))
     try:

@@ -21,6 +21,9 @@
 DIR=${PIWORK_BOOT_LAUNCHER_DIR:-/run/piwork/launcher}
 NODE=${PIWORK_NODE:-/opt/piwork/node/bin/node}
 LAUNCHER=${PIWORK_LAUNCHER:-/opt/piwork/launcher/launch.mjs}
+# pi already loaded: the pack's V8 startup snapshot (snapshot-shim.cjs), which
+# imports $LAUNCHER once restored. Without it node runs $LAUNCHER, which loads pi.
+BLOB=${PIWORK_SNAPSHOT_BLOB:-/opt/piwork/launcher/pi.blob}
 EXTENSIONS=${PIWORK_EXTENSIONS_DIR:-/opt/piwork/extensions}
 
 [ -f "$LAUNCHER" ] && [ -x "$NODE" ] || exit 0
@@ -28,6 +31,11 @@ mkdir -p "$DIR" || exit 1
 cd "$DIR" || exit 1
 rm -f in out err ctl-in ctl-out adopted ready pid status
 mkfifo -m 600 in out err ctl-in ctl-out adopted ready || exit 1
+if [ -f "$BLOB" ] && [ -z "$PIWORK_NO_SNAPSHOT" ]; then
+    set -- --snapshot-blob "$BLOB"
+else
+    set -- "$LAUNCHER"
+fi
 WARM=
 for f in "$EXTENSIONS"/*.ts; do
     [ -f "$f" ] && WARM="${WARM:+$WARM:}$f"
@@ -38,8 +46,8 @@ done
     cd / || exit 1
     # --liftoff-only: NODE_FLAGS in supervisor.js (checked by tests/unit/test_pack_codecache.py).
     env -u PIWORK_TRANSPORT -u PIWORK_PORT -u UV_THREADPOOL_SIZE -u PIWORK_MODULES_MARK \
-        PIWORK_WARM_EXTENSIONS="$WARM" PIWORK_LAUNCHER_CTL=fifo \
-        setsid "$NODE" --liftoff-only "$LAUNCHER" \
+        PIWORK_WARM_EXTENSIONS="$WARM" PIWORK_LAUNCHER_CTL=fifo PIWORK_LAUNCHER_SCRIPT="$LAUNCHER" \
+        setsid "$NODE" --liftoff-only "$@" \
         <"$DIR/in" >"$DIR/out" 2>"$DIR/err" 3<"$DIR/ctl-in" 4>"$DIR/ctl-out" \
         5>&- 6>&- 7>&- 8>&- 9>&- &
     pid=$!

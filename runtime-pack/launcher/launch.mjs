@@ -23,6 +23,11 @@
 // switch_session: a restored VM skips main(), which TCG would otherwise
 // translate again on every restore.
 //
+// V8 startup snapshot (made by the pack builder, piwork/pack/snapshot.py): when
+// /init or the supervisor starts node with --snapshot-blob pi.blob, the heap
+// is restored with pi's modules already loaded (runtime-pack/launcher/
+// snapshot-shim.cjs), which then imports this file: pi is taken from there.
+//
 // V8 code cache (made by the pack builder, piwork/pack/codecache.py): Node's
 // compile cache entries for the bundle and the extensions, on the read-only
 // disk at /opt/piwork/node-cache. Node looks for them in a directory named
@@ -51,6 +56,7 @@ const require = createRequire(`${PI_DIR}/package.json`);
 // it at boot: runtime-pack/launcher/boot.sh).
 const CTL_FIFOS = process.env.PIWORK_LAUNCHER_CTL === "fifo";
 delete process.env.PIWORK_LAUNCHER_CTL;
+delete process.env.PIWORK_LAUNCHER_SCRIPT; // snapshot-shim.cjs's: where this file is
 const ctl = new net.Socket({ fd: 3, readable: true, writable: !CTL_FIFOS });
 const ctlOut = CTL_FIFOS ? new net.Socket({ fd: 4, readable: false, writable: true }) : ctl;
 const say = (obj) => ctlOut.write(`${JSON.stringify(obj)}\n`);
@@ -76,7 +82,12 @@ function useCodeCache() {
 const codeCache = useCodeCache();
 
 const BUNDLE = `${PI_DIR}/dist/core/piwork-bundle/entry.js`;
-const [{ main }, { EnvHttpProxyAgent, setGlobalDispatcher }] = fs.existsSync(BUNDLE)
+// Started from the pack's V8 startup snapshot (snapshot-shim.cjs), pi is loaded already.
+const SNAPSHOT = globalThis.__piworkSnapshot;
+delete globalThis.__piworkSnapshot;
+const [{ main }, { EnvHttpProxyAgent, setGlobalDispatcher }] = SNAPSHOT
+  ? [SNAPSHOT, SNAPSHOT]
+  : fs.existsSync(BUNDLE)
   ? await import(pathToFileURL(BUNDLE).href).then((m) => [m, m])
   : await Promise.all([
       import(pathToFileURL(`${PI_DIR}/dist/main.js`).href),
@@ -172,7 +183,13 @@ async function warmExtensions(paths) {
 const warm = (process.env.PIWORK_WARM_EXTENSIONS || "").split(":").filter(Boolean);
 await warmExtensions(await loadCompiled(warm));
 // ms: loading pi; node: node's own start before this module ran
-say({ ev: "loaded", ms: Math.round(performance.now() - t0), node: Math.round(t0), codeCache });
+say({
+  ev: "loaded",
+  ms: Math.round(performance.now() - t0),
+  node: Math.round(t0),
+  codeCache,
+  snapshot: SNAPSHOT ? Math.round(SNAPSHOT.restoredMs) : null,
+});
 
 function applyEnv(env) {
   // In place: native code (os.homedir, child processes) reads the real environ.

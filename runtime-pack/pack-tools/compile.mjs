@@ -106,12 +106,37 @@ function report(err) {
   return msgs.length ? msgs.join("\n") : String(err && err.stack ? err.stack : err);
 }
 
+// The same entry as one CommonJS file, for the launcher's V8 startup snapshot
+// (runtime-pack/launcher/snapshot-shim.cjs, piwork/pack/snapshot.py). A
+// snapshot's script cannot import(): pi's lazy imports become lazy require()s
+// of modules inlined here (esbuild's "dynamic-import" lowering), still run only
+// on first use. import.meta.url is the ES bundle's entry, so pi's path
+// arithmetic (package.json lookup, the lazy packages' ./paths) finds the same files.
+//   job.snapshotBundle: output file; job.snapshotImportMetaUrl: file URL of the
+//   ES bundle's entry.js as the guest sees it.
+async function snapshotBundle(entry) {
+  const r = await esbuild.build({
+    ...common,
+    banner: undefined,
+    format: "cjs",
+    stdin: { contents: entry, resolveDir: job.piDir, sourcefile: "piwork-entry.mjs", loader: "js" },
+    outfile: job.snapshotBundle,
+    supported: { "dynamic-import": false },
+    // Where the ES bundle's entry is in the guest (the build host stages it elsewhere).
+    define: { "import.meta.url": JSON.stringify(job.snapshotImportMetaUrl) },
+    external: job.external,
+    plugins: [lazyJiti, lazyPackages],
+    metafile: true,
+  });
+  return { bytes: fs.statSync(job.snapshotBundle).size, inputs: Object.keys(r.metafile.inputs).length };
+}
+
 async function main() {
   const out = { bundle: null, extensions: [] };
   fs.rmSync(job.bundleDir, { recursive: true, force: true });
   const entry = [
     `export { main } from ${JSON.stringify(path.join(job.piDir, "dist", "main.js"))};`,
-    'export { EnvHttpProxyAgent, setGlobalDispatcher } from "undici";',
+    'export { EnvHttpProxyAgent, setGlobalDispatcher, install } from "undici";',
   ].join("\n");
   const r = await esbuild.build({
     ...common,
@@ -130,6 +155,7 @@ async function main() {
     bytes: outputs.reduce((n, [, o]) => n + o.bytes, 0),
     inputs: Object.keys(r.metafile.inputs).length,
   };
+  if (job.snapshotBundle) out.snapshotBundle = await snapshotBundle(entry);
   for (const ext of job.extensions) {
     await esbuild.build({
       ...common,

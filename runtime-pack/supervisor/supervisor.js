@@ -29,6 +29,7 @@ const PI_CLI =
   "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
 const NODE = process.env.PIWORK_NODE || process.execPath;
 const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs";
+const SNAPSHOT_BLOB = process.env.PIWORK_SNAPSHOT_BLOB || "/opt/piwork/launcher/pi.blob";
 // V8 flags of pi's node; the pack's code cache is built with the same ones
 // (piwork/pack/codecache.py NODE_FLAGS, checked by a test). --liftoff-only: no
 // WebAssembly tier-up. Under TCG, Liftoff code asking to tier up (pi's image
@@ -323,9 +324,15 @@ function startLauncherProcess() {
   } catch {
     /* no extensions to warm */
   }
-  return spawn(NODE, [...NODE_FLAGS, LAUNCHER], {
+  // pi already loaded: the pack's V8 startup snapshot, which imports LAUNCHER once
+  // restored (launcher/snapshot-shim.cjs); without it node runs LAUNCHER, which loads pi.
+  const from =
+    fs.existsSync(SNAPSHOT_BLOB) && !process.env.PIWORK_NO_SNAPSHOT
+      ? ["--snapshot-blob", SNAPSHOT_BLOB]
+      : [LAUNCHER];
+  return spawn(NODE, [...NODE_FLAGS, ...from], {
     cwd: "/",
-    env: childEnv({ PIWORK_WARM_EXTENSIONS: warm.join(":") }),
+    env: childEnv({ PIWORK_WARM_EXTENSIONS: warm.join(":"), PIWORK_LAUNCHER_SCRIPT: LAUNCHER }),
     stdio: ["pipe", "pipe", "pipe", "pipe"],
     detached: true, // own process group: stop kills pi and its tools together
   });
@@ -420,7 +427,13 @@ function spawnLauncher(child = startLauncherProcess()) {
     }
     if (msg.ev === "loaded") {
       entry.loaded = true;
-      outbox.event({ ev: "preloaded", ms: msg.ms ?? null, node: msg.node ?? null, codeCache: msg.codeCache ?? null });
+      outbox.event({
+        ev: "preloaded",
+        ms: msg.ms ?? null,
+        node: msg.node ?? null,
+        codeCache: msg.codeCache ?? null,
+        snapshot: msg.snapshot ?? null,
+      });
     } else if (msg.ev === "bound" && entry.onBound) {
       entry.onBound();
     } else if (msg.ev === "settled" && entry.onSettled) {

@@ -85,10 +85,16 @@ def _lines(sock: socket.socket, deadline: float) -> Iterator[str]:
 
 
 def launch(
-    root: Path, go: dict[str, object], stdin: bytes, *node_flags: str, timeout: float = 120
+    root: Path,
+    go: dict[str, object],
+    stdin: bytes,
+    *node_flags: str,
+    timeout: float = 120,
+    script: str | None = LAUNCHER,
 ) -> tuple[dict[str, object], str, str]:
     """The real launcher in the guest tree, started as the supervisor starts it, then
-    told ``go``: its "loaded" message, pi's stdout and stderr."""
+    told ``go``: its "loaded" message, pi's stdout and stderr. ``script=None``: node runs
+    what ``node_flags`` say (``--snapshot-blob``), not launch.mjs itself."""
     ours, theirs = socket.socketpair()
     env = {
         "PATH": "/bin",
@@ -98,7 +104,7 @@ def launch(
         "PIWORK_WARM_EXTENSIONS": ":".join(f"/opt/piwork/extensions/{e}.ts" for e in EXTENSIONS),
     }
     cmd = ["unshare", "--user", "--map-root-user", f"--root={root}", "--wd=/tmp"]
-    cmd += [NODE, *node_flags, LAUNCHER]
+    cmd += [NODE, *node_flags, *([script] if script else [])]
     proc = subprocess.Popen(
         cmd,
         stdin=subprocess.PIPE,
@@ -166,7 +172,7 @@ def test_the_supervisor_starts_pi_with_the_flags_the_cache_was_built_with() -> N
     assert set(codecache.NODE_FLAGS) <= set(codecache.BUILD_FLAGS)
     # and the launcher /init starts at boot (a shell script: the flags are spelled out)
     boot = (repo_root() / "runtime-pack" / "launcher" / "boot.sh").read_text()
-    m = re.search(r'setsid "\$NODE" (.*?) "\$LAUNCHER"', boot)
+    m = re.search(r'setsid "\$NODE" (.*?) "\$@"', boot)
     assert m, "boot.sh starts no launcher"
     assert tuple(m.group(1).split()) == codecache.NODE_FLAGS
 

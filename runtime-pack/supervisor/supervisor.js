@@ -30,6 +30,10 @@ const PI_CLI =
 const NODE = process.env.PIWORK_NODE || process.execPath;
 const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs";
 const SNAPSHOT_BLOB = process.env.PIWORK_SNAPSHOT_BLOB || "/opt/piwork/launcher/pi.blob";
+// A launcher from the snapshot that ends before saying "loaded" (a blob this
+// node cannot restore) means the next ones load pi themselves: slower, not broken.
+// (Declared up here: the first launcher starts before the rest of this file runs.)
+let snapshotUnusable = false;
 // V8 flags of pi's node; the pack's code cache is built with the same ones
 // (piwork/pack/codecache.py NODE_FLAGS, checked by a test). --liftoff-only: no
 // WebAssembly tier-up. Under TCG, Liftoff code asking to tier up (pi's image
@@ -326,10 +330,7 @@ function startLauncherProcess() {
   }
   // pi already loaded: the pack's V8 startup snapshot, which imports LAUNCHER once
   // restored (launcher/snapshot-shim.cjs); without it node runs LAUNCHER, which loads pi.
-  const from =
-    fs.existsSync(SNAPSHOT_BLOB) && !process.env.PIWORK_NO_SNAPSHOT
-      ? ["--snapshot-blob", SNAPSHOT_BLOB]
-      : [LAUNCHER];
+  const from = useSnapshot() ? ["--snapshot-blob", SNAPSHOT_BLOB] : [LAUNCHER];
   return spawn(NODE, [...NODE_FLAGS, ...from], {
     cwd: "/",
     env: childEnv({ PIWORK_WARM_EXTENSIONS: warm.join(":"), PIWORK_LAUNCHER_SCRIPT: LAUNCHER }),
@@ -407,6 +408,10 @@ function adoptBootLauncher(keep) {
   return child;
 }
 
+function useSnapshot() {
+  return !snapshotUnusable && !process.env.PIWORK_NO_SNAPSHOT && fs.existsSync(SNAPSHOT_BLOB);
+}
+
 /** A launcher entry for `child` (a new launcher's process unless given one); null if there is no launcher. */
 function spawnLauncher(child = startLauncherProcess()) {
   if (!child) return null;
@@ -418,6 +423,13 @@ function spawnLauncher(child = startLauncherProcess()) {
     onBound: null,
     onSettled: null,
   };
+  const fromSnapshot = useSnapshot();
+  child.on("close", (code, signal) => {
+    if (!entry.loaded && fromSnapshot && !snapshotUnusable) {
+      snapshotUnusable = true;
+      log(`the launcher from ${SNAPSHOT_BLOB} ended before pi was loaded (${code ?? signal}); later ones load pi themselves`);
+    }
+  });
   const split = new LineSplitter((line) => {
     let msg;
     try {

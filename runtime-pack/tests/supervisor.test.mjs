@@ -41,6 +41,39 @@ const SECRET_FILE = path.join(SECRET_DIR, "secret");
 fs.writeFileSync(SECRET_FILE, SECRET, { mode: 0o600 });
 process.on("exit", () => fs.rmSync(SECRET_DIR, { recursive: true, force: true }));
 
+test("a snapshot blob node cannot restore costs only speed: pi starts from its cli", async (t) => {
+  const os = await import("node:os");
+  const fs = await import("node:fs");
+  const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "piwork-blob-"));
+  const blob = path.join(tmp, "pi.blob");
+  fs.writeFileSync(blob, Buffer.alloc(4096, 0x5a)); // damaged: not a snapshot at all
+  const { proc, port } = await startSupervisor({
+    PIWORK_LAUNCHER: LAUNCHER,
+    PIWORK_PI_DIR: PI_DIR,
+    PIWORK_EXTENSIONS_DIR: EXTENSIONS,
+    PIWORK_SNAPSHOT_BLOB: blob,
+  });
+  t.after(() => {
+    proc.kill("SIGKILL");
+    fs.rmSync(tmp, { recursive: true, force: true });
+  });
+  const c = await connect(port);
+  c.send('!{"op":"hello","after":0}');
+  await c.waitFor(ev("ready"));
+  await new Promise((r) => setTimeout(r, 1000)); // the launcher's node has failed by now
+  const argv = JSON.stringify(BARE_RPC);
+  c.send(`!{"op":"start","argv":${argv},"env":{"HOME":"${tmp}"},"cwd":"${tmp}"}`);
+  const started = JSON.parse((await c.waitFor(ev("started"), 30000)).payload.slice(1));
+  assert.equal(started.preloaded, false);
+  c.send('{"type":"get_state","id":"1"}');
+  // The start's launcher loaded the real pi itself (the blob's had died first).
+  const reply = await c.waitFor(piLine((o) => o.type === "response" && o.id === "1"), 60000);
+  assert.equal(JSON.parse(reply.payload).success, true);
+  const loaded = c.lines.filter(ev("preloaded")).map((l) => JSON.parse(l.payload.slice(1)));
+  assert.ok(loaded.length === 1 && loaded[0].snapshot === null, JSON.stringify(loaded));
+  c.close();
+});
+
 async function startSupervisor(extraEnv = {}) {
   const port = await freePort();
   const proc = spawn(process.execPath, [SUPERVISOR], {

@@ -130,6 +130,40 @@ def check_report(report: dict[str, list[str]]) -> int:
     return sum(1 for x in at_load if x.startswith(("stdout: ", "stderr: ")))
 
 
+BUILD_DIR = Path("/opt/piwork-snapshot")
+"""Where the build's script and blob are, in the build's own mount namespace."""
+
+
+def _private_opt(stage_root: Path, binds: dict[Path, Path], pid: bool) -> list[str] | None:
+    """A command prefix that runs in a private mount namespace where /opt holds only
+    ``binds`` (namespace path -> host path) and /opt/piwork is the stage; None where
+    ``unshare`` is not allowed."""
+    userns = [] if os.geteuid() == 0 else ["--map-root-user"]
+    all_binds = {Path("/") / GUEST_ROOT: stage_root / GUEST_ROOT, **binds}
+    mount = " && ".join(
+        ["mount -t tmpfs piwork /opt"]
+        + [
+            f"mkdir -p {inside} && mount --bind {host} {inside}"
+            for inside, host in all_binds.items()
+        ]
+    )
+    prefix = ["unshare", "--mount", "--propagation", "private"]
+    prefix += ["--pid", "--fork"] if pid else []
+    prefix += [*userns, "bash", "-c"]
+    probe = subprocess.run([*prefix, mount], capture_output=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        return None
+    return [*prefix, f'{mount} && exec "$0" "$@"']
+
+
+def _inside(path: Path, stage_root: Path) -> Path:
+    """``path`` as the build's namespace sees it (the stage is at /opt/piwork there)."""
+    try:
+        return Path("/") / GUEST_ROOT / path.relative_to(stage_root / GUEST_ROOT)
+    except ValueError:
+        return path
+
+
 def build(
     node_binary: Path,
     shim: Path,
@@ -140,38 +174,55 @@ def build(
     work: Path,
 ) -> SnapshotResult:
     """Snapshot pi loaded from ``bundle_cjs`` into ``out_blob``; ``stage_root`` holds the
-    guest's tree (its ``opt/piwork``), where pi's reads of /opt/piwork/... go;
-    ``bundle_url``: see :func:`compose`."""
+    guest's tree (its ``opt/piwork``); ``bundle_url``: see :func:`compose`.
+
+    Where it may (``unshare``), the build runs in its own mount and PID namespaces with
+    the stage at /opt/piwork and its files at :data:`BUILD_DIR`: the paths and the pid
+    in the heap are then the same on every build, and so is the blob. Elsewhere pi's
+    reads of /opt/piwork/... go to the stage (the shim) and the blob varies a little."""
     work.mkdir(parents=True, exist_ok=True)
     script = work / "snapshot-entry.cjs"
     script.write_text(
         compose(shim.read_text(), bundle_cjs.read_text(), lazy_data(node_binary, work), bundle_url)
     )
-    report = work / "snapshot-report.json"
-    env = {
-        **GUEST_ENV,
-        "PIWORK_SNAPSHOT_ROOT": str(stage_root),
-        "PIWORK_SNAPSHOT_REPORT": str(report),
-    }
-    out_blob.unlink(missing_ok=True)
+    blob = work / BLOB_NAME
+    blob.unlink(missing_ok=True)
+    prefix = _private_opt(stage_root, {BUILD_DIR: work}, pid=True)
+    if prefix is not None:
+        # Outside /opt the host's files are where they are (a test's node, say).
+        where, node = BUILD_DIR, _inside(node_binary, stage_root)
+        env = {**GUEST_ENV, "PIWORK_SNAPSHOT_REPORT": str(where / "snapshot-report.json")}
+    else:
+        prefix, where, node = [], work, node_binary
+        env = {
+            **GUEST_ENV,
+            "PIWORK_SNAPSHOT_ROOT": str(stage_root),
+            "PIWORK_SNAPSHOT_REPORT": str(where / "snapshot-report.json"),
+        }
     t0 = time.monotonic()
     _run(
         [
-            str(node_binary),
+            *prefix,
+            str(node),
             *NODE_FLAGS,
+            "--predictable",
+            "--random-seed=1",
+            "--hash-seed=1",
             "--snapshot-blob",
-            str(out_blob),
+            str(where / BLOB_NAME),
             "--build-snapshot",
-            str(script),
+            str(where / script.name),
         ],
         env=env,
         cwd=Path("/"),
         what="building pi's V8 startup snapshot (node --build-snapshot)",
     )
     seconds = time.monotonic() - t0
-    if not out_blob.is_file():
-        raise PackError(f"node --build-snapshot wrote no {out_blob}")
-    stdio = check_report(json.loads(report.read_text()))
+    if not blob.is_file():
+        raise PackError(f"node --build-snapshot wrote no {blob}")
+    stdio = check_report(json.loads((work / "snapshot-report.json").read_text()))
+    out_blob.parent.mkdir(parents=True, exist_ok=True)
+    blob.replace(out_blob)
     return SnapshotResult(out_blob, out_blob.stat().st_size, seconds, stdio)
 
 
@@ -186,14 +237,14 @@ def smoke_test(
     that is not allowed, only the restore and the launcher's start are checked."""
     guest = Path("/") / GUEST_ROOT
     staged = stage_root / GUEST_ROOT
-    rel = blob.relative_to(staged)
-    userns = [] if os.geteuid() == 0 else ["--map-root-user"]
-    mount = f"mount -t tmpfs piwork /opt && mkdir -p {guest} && mount --bind {staged} {guest}"
-    namespace = ["unshare", "--mount", "--propagation", "private", *userns, "bash", "-c"]
-    probe = subprocess.run([*namespace, mount], capture_output=True, timeout=30, check=False)
-    if probe.returncode == 0:
-        prefix = [*namespace, f'{mount} && exec "$0" "$@" 3<&{{fd}} {{fd}}<&-']
-        node_path, blob_path, extra_env = guest / node_binary.relative_to(staged), guest / rel, {}
+    namespace = _private_opt(stage_root, {}, pid=False)
+    if namespace is not None:
+        prefix = [*namespace[:-1], namespace[-1].replace('"$@"', '"$@" 3<&{fd} {fd}<&-')]
+        node_path, blob_path = (
+            guest / node_binary.relative_to(staged),
+            guest / blob.relative_to(staged),
+        )
+        extra_env: dict[str, str] = {}
     else:
         prefix = ["bash", "-c", 'exec "$0" "$@" 3<&{fd} {fd}<&-']
         node_path, blob_path = node_binary, blob
@@ -228,10 +279,10 @@ def smoke_test(
             loaded: dict[str, object] = json.loads(_read_line(ours))
             if loaded.get("ev") != "loaded" or loaded.get("snapshot") is None:
                 raise PackError(f"the snapshot's launcher said {loaded!r}, not loaded (snapshot)")
-            if probe.returncode != 0:
+            if namespace is None:
                 proc.kill()
                 proc.communicate()
-                loaded["smoke"] = "restored only: " + probe.stderr.decode().strip()[-200:]
+                loaded["smoke"] = "restored only (unshare not allowed here)"
                 return loaded
             go = {
                 "op": "go",

@@ -236,6 +236,17 @@ var __piworkWarned = [];
 process.removeAllListeners("warning");
 process.on("warning", (w) => __piworkWarned.push(String(w && w.message ? w.message : w).split("\n")[0]));
 
+// The same inputs make the same blob (the pack is checked for that): clocks
+// read while pi loads say 0, and what this build's command line was is not kept.
+var __piworkClocks = {
+  dateNow: Date.now,
+  perfNow: performance.now,
+  hrtime: process.hrtime,
+};
+Date.now = () => 0;
+performance.now = () => 0;
+process.hrtime = Object.assign((prev) => (prev ? [0, 0] : [0, 0]), { bigint: () => 0n });
+
 var __piworkStdio = {};
 for (const [k, fd] of [
   ["stdin", 0],
@@ -291,6 +302,11 @@ var __piworkExports = (function () {
 
 process.removeAllListeners("warning");
 for (const l of __piworkWarnings) process.on("warning", l);
+Date.now = __piworkClocks.dateNow;
+delete performance.now; // the prototype's again
+process.hrtime = __piworkClocks.hrtime;
+process.argv.splice(1);
+process.execArgv.splice(0);
 Object.assign(__piworkEvents.prototype, __piworkOn);
 Object.assign(__piworkFs, __piworkFsOrig);
 for (const k of ["stdin", "stdout", "stderr"]) Object.defineProperty(process, k, __piworkStdio[k]);

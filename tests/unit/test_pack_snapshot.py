@@ -213,7 +213,14 @@ def test_what_cannot_go_into_a_snapshot_fails_the_build(
         )
 
 
-def test_reads_of_the_guests_files_at_load_come_from_the_stage(tmp_path: Path) -> None:
+@pytest.mark.parametrize("namespace", [True, False], ids=["unshare", "no-unshare"])
+def test_reads_of_the_guests_files_at_load_come_from_the_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, namespace: bool
+) -> None:
+    """With unshare the stage is /opt/piwork in the build's namespace; without it (no user
+    namespaces) the shim sends pi's reads of /opt/piwork/... to the stage."""
+    if not namespace:
+        monkeypatch.setattr(snapshot, "_private_opt", lambda *_a, **_k: None)
     node = _need_pinned_node()
     stage, cjs = _stage(
         tmp_path,

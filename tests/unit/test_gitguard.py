@@ -175,7 +175,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().rsplit(") ", 1)[1].split()[0] != "Z"  # a zombie is gone
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):  # gone mid-read: reaped
         return False
 
 

@@ -178,8 +178,9 @@ def build(
 
     Where it may (``unshare``), the build runs in its own mount and PID namespaces with
     the stage at /opt/piwork and its files at :data:`BUILD_DIR`: the paths and the pid
-    in the heap are then the same on every build, and so is the blob. Elsewhere pi's
-    reads of /opt/piwork/... go to the stage (the shim) and the blob varies a little."""
+    in the heap are then the same on every build, and the blob differs only in node's own
+    start-up timings (3 bytes and a checksum). Elsewhere pi's reads of /opt/piwork/...
+    go to the stage (the shim) and the build's paths end up in the blob too."""
     work.mkdir(parents=True, exist_ok=True)
     script = work / "snapshot-entry.cjs"
     script.write_text(
@@ -190,15 +191,11 @@ def build(
     prefix = _private_opt(stage_root, {BUILD_DIR: work}, pid=True)
     if prefix is not None:
         # Outside /opt the host's files are where they are (a test's node, say).
-        where, node = BUILD_DIR, _inside(node_binary, stage_root)
-        env = {**GUEST_ENV, "PIWORK_SNAPSHOT_REPORT": str(where / "snapshot-report.json")}
+        where, node, redirect = BUILD_DIR, _inside(node_binary, stage_root), {}
     else:
         prefix, where, node = [], work, node_binary
-        env = {
-            **GUEST_ENV,
-            "PIWORK_SNAPSHOT_ROOT": str(stage_root),
-            "PIWORK_SNAPSHOT_REPORT": str(where / "snapshot-report.json"),
-        }
+        redirect = {"PIWORK_SNAPSHOT_ROOT": str(stage_root)}
+    env = {**GUEST_ENV, **redirect, "PIWORK_SNAPSHOT_REPORT": str(where / "snapshot-report.json")}
     t0 = time.monotonic()
     _run(
         [
@@ -235,15 +232,11 @@ def smoke_test(
     pi in the snapshot knows its files by their guest paths, so this runs in a private
     mount namespace (``unshare``) where ``stage_root``'s opt/piwork is /opt/piwork. Where
     that is not allowed, only the restore and the launcher's start are checked."""
-    guest = Path("/") / GUEST_ROOT
     staged = stage_root / GUEST_ROOT
     namespace = _private_opt(stage_root, {}, pid=False)
     if namespace is not None:
         prefix = [*namespace[:-1], namespace[-1].replace('"$@"', '"$@" 3<&{fd} {fd}<&-')]
-        node_path, blob_path = (
-            guest / node_binary.relative_to(staged),
-            guest / blob.relative_to(staged),
-        )
+        node_path, blob_path = _inside(node_binary, stage_root), _inside(blob, stage_root)
         extra_env: dict[str, str] = {}
     else:
         prefix = ["bash", "-c", 'exec "$0" "$@" 3<&{fd} {fd}<&-']

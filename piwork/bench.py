@@ -380,7 +380,7 @@ MEASUREMENTS: list[Measurement] = [
 ]
 
 # Modules with a ``measure(ctx) -> dict[str, float]`` function, run after the above.
-EXTRA_MEASUREMENT_MODULES = ["piwork.checkpoints.bench"]
+EXTRA_MEASUREMENT_MODULES = ["piwork.changes.bench"]
 
 
 def all_measurements() -> list[Measurement]:

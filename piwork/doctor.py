@@ -208,23 +208,6 @@ def check_qt_runtime() -> Check:
     )
 
 
-def check_git_guard() -> Check:
-    """Can QEMU run with the folder's .git read-only (piwork.vm.gitguard)?"""
-    from piwork.vm.gitguard import unavailable_reason
-
-    reason = unavailable_reason()
-    if reason is None:
-        return Check("git protection", True, "on: a folder's .git is read-only to the VM")
-    return Check(
-        "git protection",
-        True,
-        f"unavailable ({reason}): a folder holding a .git cannot be given to a task",
-        "allow unprivileged user namespaces (Debian: sysctl -w kernel.unprivileged_userns_clone=1;"
-        " Ubuntu 24.04: sysctl -w kernel.apparmor_restrict_unprivileged_userns=0)",
-        warning=True,
-    )
-
-
 def run_checks(paths: Paths) -> list[Check]:
     return [
         check_qemu(),
@@ -233,7 +216,6 @@ def run_checks(paths: Paths) -> list[Check]:
         check_git(),
         check_pack(),
         check_warm_start(),
-        check_git_guard(),
         check_disk(paths),
         check_qt_runtime(),
     ]

@@ -30,6 +30,9 @@ GUEST_STATE = "/mnt/state"
 GUEST_WORK = "/mnt/work"
 GUEST_OUTPUTS = "/mnt/outputs"
 GUEST_UPLOADS = "/mnt/uploads"
+LAYER_PORT = 1
+"""The netmux port a host-opened stream names to reach the guest's layer service
+(runtime-pack/supervisor/layer.js; below 1024, so never a preview)."""
 GUEST_SESSION = f"{GUEST_STATE}/session.jsonl"
 GUEST_AGENT_DIR = f"{GUEST_STATE}/agent"
 GUEST_EXTENSIONS = "/opt/piwork/extensions"
@@ -119,7 +122,10 @@ class TaskDirs:
             Share("pwup", self.uploads, readonly=True),
         ]
         if self.work is not None:
-            shares.append(Share("pwwork", self.work))
+            # Read-only: the guest never writes the person's folder. It sees the folder
+            # under a writable layer of its own, whose changes the host takes as change
+            # sets (docs/change-sets.md); QEMU refuses every write whatever guest root does.
+            shares.append(Share("pwwork", self.work, readonly=True, guard_git=False, mapped=False))
         return shares
 
     @property
@@ -150,6 +156,11 @@ class AgentVmConfig:
     template_root: Path | None = None  # default: next to the pack cache
     moved_aside_dir: Path | None = None
     """Where git metadata the guest created goes after the run (default: beside log_dir)."""
+    layer_disk: Path | None = None
+    """The task's own disk for the working folder's writable layer (qcow2, made on first
+    use; hot-plugged like ``env``). None: the layer lives in the guest's RAM."""
+    folder_cache: str = "loose"
+    """The 9p cache mode of the folder's read-only share (docs/change-sets.md)."""
     env: TaskEnv | None = None
     """The task's writable environment disk (piwork.env), hot-plugged after the VM is up;
     None with a workbench pack: the guest's installs live in RAM until power-off."""

@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -26,10 +27,9 @@ from piwork import sharefs
 from piwork.agent.door import PiDoor, PiGone, VmExit, guest_timings
 from piwork.agent.spec import (
     GUEST_AGENT_DIR,
-    GUEST_OUTPUTS,
     GUEST_SESSION,
     GUEST_STATE,
-    GUEST_UPLOADS,
+    LAYER_PORT,
     TASK_EXTENSIONS,
     AgentVmConfig,
     BootModeCallback,
@@ -42,6 +42,9 @@ from piwork.agent.spec import (
     vm_spec,
 )
 from piwork.aio import discard
+from piwork.changes.sources import LayerSource
+from piwork.changes.wire import MAX_LINE
+from piwork.env import store as env_store
 from piwork.env.store import BUILD_ENV_FILE
 from piwork.rpc.client import RpcClient, RpcError
 from piwork.rpc.framing import OversizedLine
@@ -69,6 +72,9 @@ from piwork.vm.template import (
 )
 
 log = logging.getLogger(__name__)
+
+LAYER_DISK_BYTES = 64 << 30
+"""The layer disk's virtual size (sparse: it takes what the agent wrote to the folder)."""
 
 
 class AgentVm(PiDoor):
@@ -125,6 +131,9 @@ class AgentVm(PiDoor):
         """Why such metadata could not be moved (it is then still in the folder)."""
         self._git_reported = 0
         self._env_lock = contextlib.ExitStack()
+        self._layer_attached = False
+        self._folder_source: LayerSource | None = None
+        self._started_ns = time.time_ns()
 
     # ------------------------------------------------------------ the run's door
     async def pause(self) -> None:
@@ -155,6 +164,10 @@ class AgentVm(PiDoor):
     @property
     def qemu_pid(self) -> int | None:
         return self.vm.pid
+
+    @property
+    def vm_alive(self) -> bool:
+        return self.vm.running
 
     def _new_netmux(self) -> NetMux:
         targets = {TARGET_GATEWAY: self.cfg.gateway_port}
@@ -257,14 +270,11 @@ class AgentVm(PiDoor):
     def pi_env(self) -> dict[str, str]:
         """pi's environment; the run adds the proxy variables (``cfg.extra_env``,
         built by ``piwork.run.environment``, the one home of the guest's addresses)."""
-        scope = [self.cfg.dirs.guest_cwd, GUEST_OUTPUTS]
         env = {
             "PI_CODING_AGENT_DIR": GUEST_AGENT_DIR,
             "PI_OFFLINE": "1",
             "HOME": f"{GUEST_STATE}/home",
             "PIWORK_TASK_ID": self.cfg.task_id,
-            "PIWORK_SCOPE_DIRS": ":".join(dict.fromkeys(scope)),
-            "PIWORK_READONLY_DIRS": GUEST_UPLOADS,
             "TERM": "dumb",
         }
         if self.cfg.manifest.workbench:
@@ -303,6 +313,7 @@ class AgentVm(PiDoor):
         self._vm_watch = asyncio.create_task(self._watch_vm(), name="agent-vm-watch")
         self.timings["supervisor_ready"] = time.monotonic() - t0
         await self._attach_env_disk()
+        await self._attach_layer_disk()
         self.timings["env_attached"] = time.monotonic() - t0
         await self.start_pi()
         self.timings["pi_started"] = time.monotonic() - t0
@@ -538,6 +549,61 @@ class AgentVm(PiDoor):
             {"driver": "scsi-hd", "bus": f"{ENV_SCSI_BUS}.0", "drive": "pwenv", "id": "pwenvdisk"},
         )
 
+    def _layer_disk_ready(self) -> Path | None:
+        """The task's layer disk (made empty on first use), or None: the layer is in RAM."""
+        disk = self.cfg.layer_disk
+        if disk is None or self.cfg.dirs.work is None or not self.cfg.manifest.workbench:
+            return None
+        if not disk.exists():
+            env_store.create_disk(disk, LAYER_DISK_BYTES, None)
+        return disk
+
+    async def _attach_layer_disk(self) -> None:
+        """Hot-plug the working folder's layer disk (as the environment disk, and for the
+        same reason: a saved template holds no writable disk)."""
+        disk = await asyncio.to_thread(self._layer_disk_ready)
+        self._layer_attached = disk is not None
+        if disk is None:
+            return
+        await self.vm.qmp_execute(
+            "blockdev-add",
+            {
+                "driver": "qcow2",
+                "node-name": "pwlayer",
+                "discard": "unmap",
+                "file": {"driver": "file", "filename": str(disk)},
+            },
+        )
+        await self.vm.qmp_execute(
+            "device_add",
+            {"driver": "scsi-hd", "bus": f"{ENV_SCSI_BUS}.0", "drive": "pwlayer",
+             "id": "pwlayerdisk", "product": "pwlayer"},
+        )  # fmt: skip
+
+    def folder_source(self) -> LayerSource | None:
+        """Where the agent's changes to the working folder come from (None: no folder)."""
+        if self.cfg.dirs.work is None:
+            return None
+        if self._folder_source is None:
+            self._folder_source = LayerSource(self._open_layer, started_ns=self._started_ns)
+        return self._folder_source
+
+    async def _open_layer(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A stream to the guest's layer service: a netmux stream the host opens."""
+        ours, theirs = socket.socketpair()
+        try:
+            mux_reader, mux_writer = await asyncio.open_connection(sock=theirs)
+        except BaseException:
+            ours.close()
+            theirs.close()
+            raise
+        done = await self.netmux.open_inbound(LAYER_PORT, mux_reader, mux_writer)
+        if done is None:
+            mux_writer.close()
+            ours.close()
+            raise OSError("the VM's network port cannot open a stream now")
+        return await asyncio.open_connection(sock=ours, limit=MAX_LINE + 1024)
+
     async def _watch_vm(self) -> None:
         """A VM that dies (kill -9, crash) takes pi with it: say so to every waiter.
 
@@ -577,6 +643,7 @@ class AgentVm(PiDoor):
             mount=True,
             clock=time.time(),
             bind=bind,
+            folder={"cache": self.cfg.folder_cache, "disk": self._layer_attached},
             # The guest builds the workbench root while pi starts (supervisor.js).
             **self._workbench_op(),
         )
@@ -646,29 +713,9 @@ class AgentVm(PiDoor):
             raise PiGone(f"pi exited {doing}: {exited.result()}\n{self._stderr_text()}")
         return fut.result()
 
-    async def sync_folder(self) -> object:
-        """The working folder is shared with this machine's VM: nothing to bring back.
-
-        A VM on another host (``piwork.hosts.vm.RemoteAgentVm``) copies its changes
-        here, three-way, before each model call.
-        """
-        return None
-
     def preview_mux(self) -> NetMux | None:
         """The netmux a preview opens host-side streams on (None before start)."""
         return self.netmux
-
-    def git_readonly_notice(self) -> str | None:
-        """What the person is told at start when the folder's git metadata is read-only."""
-        protection = self.vm.git_protection
-        if protection is None or not protection.readonly:
-            return None
-        return gitguard.readonly_notice(protection)
-
-    @property
-    def git_scan_seconds(self) -> float | None:
-        protection = self.vm.git_protection
-        return None if protection is None else protection.scan_seconds
 
     def take_git_reports(self) -> tuple[list[gitguard.MovedAside], str | None]:
         """What moved aside since the last call, and a failure to show: each reported once."""
@@ -678,20 +725,17 @@ class AgentVm(PiDoor):
         return moved, error
 
     async def move_aside_new_git(self) -> list[gitguard.MovedAside]:
-        """A ``.git`` the guest made (a new repo with a hostile config) leaves the folder.
+        """A ``.git`` (or bare-looking folder) the guest made in the task's outputs leaves it.
 
-        :meth:`stop` calls it once QEMU is gone; the runner also calls it at each
-        checkpoint, which shortens the time such a ``.git`` sits in the folder to
-        one turn (it is race-safe while the guest runs). Only the VM that ran the
-        task counts: its launch recorded the person's own entries (a VM that
-        never launched has no baseline, and nothing moves). Returns what moved
-        this time; everything moved so far is in :attr:`git_moved_aside`.
+        The outputs share is the one share of the person's the guest writes directly
+        (the working folder's changes are change sets): a repository there would run
+        the guest's code at the person's next ``git status`` in it. Called before each
+        model call and once QEMU is gone; returns what moved this time (everything
+        moved so far is in :attr:`git_moved_aside`).
         """
-        protection = self.vm.git_protection
-        if protection is None:
-            return []
         dest = self.cfg.moved_aside_dir or self.cfg.log_dir.parent / "moved-aside"
-        moved, failed = await asyncio.to_thread(gitguard.move_aside_new, protection, dest)
+        roots = [self.cfg.dirs.outputs] if self.cfg.dirs.outputs.is_dir() else []
+        moved, failed = await asyncio.to_thread(gitguard.move_aside, roots, dest)
         self.git_moved_aside += moved
         for item in moved:
             log.warning("%s", item.note())

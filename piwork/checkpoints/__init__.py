@@ -1,33 +1,30 @@
-"""Checkpoints: every change the agent makes to the working folder can be seen and undone.
+"""Checkpoints: every change piwork makes to the working folder can be seen and undone.
 
-Ignored files included; what the caps or git's own limits keep out of a
-checkpoint is noted and listed by ``piwork changes``, and undo never deletes it
-(see :mod:`piwork.checkpoints.shadow`).
-
-A per-task shadow git repository (``<task dir>/checkpoints``, outside every
-share the guest mounts) records the folder at task start, before each agent
-turn and at task end. Start here: :func:`list_checkpoints`,
-:func:`task_changes`, :func:`undo`; the runner uses :class:`RunRecorder`.
+The guest never writes the person's folder; piwork applies the agent's change
+sets (:mod:`piwork.changes`), and a checkpoint records the previous version of
+each path a change set touches, so its cost follows the change, not the folder,
+and no folder is too big for undo. This package is the history's public face
+for ``piwork changes`` / ``undo`` and the app's Turns view
+(:mod:`piwork.changes.history` holds the code).
 """
 
-from piwork.checkpoints.api import (
-    CHECKPOINTS_DIR,
+from piwork.changes.engine import CHANGES_DIR
+from piwork.changes.errors import CheckpointError, TaskRunning, UndoConflict
+from piwork.changes.history import (
+    MAX_FILES,
     Checkpoint,
     FileChange,
     GcResult,
-    RunRecorder,
-    TaskRunning,
-    UndoConflict,
     UndoResult,
     checkpoints_size,
     gc_task,
     list_checkpoints,
-    repo_for,
-    summarise,
     task_changes,
+    tree_size,
     undo,
 )
-from piwork.checkpoints.shadow import MAX_FILES, CheckpointError, ShadowRepo
+
+CHECKPOINTS_DIR = CHANGES_DIR
 
 __all__ = [
     "CHECKPOINTS_DIR",
@@ -36,16 +33,13 @@ __all__ = [
     "CheckpointError",
     "FileChange",
     "GcResult",
-    "RunRecorder",
-    "ShadowRepo",
     "TaskRunning",
     "UndoConflict",
     "UndoResult",
     "checkpoints_size",
     "gc_task",
     "list_checkpoints",
-    "repo_for",
-    "summarise",
     "task_changes",
+    "tree_size",
     "undo",
 ]

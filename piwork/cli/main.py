@@ -25,7 +25,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "piwork.cli.auth_cmd": ("auth",),
     "piwork.cli.models_cmd": ("models",),
     "piwork.cli.bench_cmd": ("bench",),
-    "piwork.cli.changes_cmd": ("changes", "undo"),
+    "piwork.cli.changes_cmd": ("changes", "undo", "apply"),
     "piwork.cli.preview_cmd": ("preview",),
     "piwork.cli.env_cmd": ("env",),
     "piwork.cli.hosts_cmd": ("hosts",),

@@ -31,7 +31,7 @@ from typing import IO, Any
 import orjson
 
 from piwork import __version__, sharefs
-from piwork.checkpoints import CheckpointError, ShadowRepo, checkpoints_size, gc_task
+from piwork.checkpoints import CheckpointError, checkpoints_size, gc_task, tree_size
 from piwork.env import EnvStore, allocated_bytes
 from piwork.fsutil import atomic_writer
 from piwork.tasks.model import ACTIVE_STATUSES, TaskStatus, iso_z, utc_now
@@ -81,13 +81,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.set_defaults(func=cmd_export)
 
-    p = sub.add_parser("gc", help="pack tasks' checkpoints and bound the space they use")
-    p.add_argument(
-        "--max-bytes",
-        type=int,
-        metavar="N",
-        help="per-task checkpoint bound (default: settings tasks.checkpointMaxBytes)",
+    p = sub.add_parser(
+        "gc", help="remove stored versions that no checkpoint or waiting change needs any more"
     )
+    p.add_argument("--max-bytes", type=int, metavar="N", help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_gc)
 
 
@@ -194,7 +191,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     problems: list[str] = []
     if args.json:
         out: dict[str, Any] = {"task": task.record.to_json_dict(), "dir": str(task.dir)}
-        out["bytes"], out["checkpointBytes"] = ShadowRepo.size_of(task.dir), checkpoints_size(task)
+        out["bytes"], out["checkpointBytes"] = tree_size(task.dir), checkpoints_size(task)
         out["environment"] = _env_json(task.dir)
         if args.transcript:
             out["transcript"], problems = _transcript_json(task)
@@ -256,14 +253,12 @@ def _mib(n: int) -> str:
 
 
 def _size_text(task: Task) -> str:
-    return (
-        f"{_mib(ShadowRepo.size_of(task.dir))} "
-        f"(checkpoints {_mib(checkpoints_size(task))}; `piwork tasks gc` packs them)"
-    )
+    return f"{_mib(tree_size(task.dir))} (checkpoints {_mib(checkpoints_size(task))})"
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    """Checkpoints: pack each stopped task's shadow repository and bound its size."""
+    """Checkpoints: drop stored versions nothing names (a checkpoint's cost already
+    follows what changed; none is dropped)."""
     with _open_store() as store:
         for task in store.list():
             try:

@@ -30,7 +30,8 @@ import asyncssh
 from qemu.qmp import QMPClient, Runstate
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
-from piwork.checkpoints.shadow import refused_prefix
+from piwork.changes.holds import refused_prefix
+from piwork.changes.sources import LayerSource
 from piwork.hosts import envdisk, orphans, store, templates
 from piwork.hosts.check import HostReport, run_check
 from piwork.hosts.connect import Confirm, connect
@@ -38,9 +39,8 @@ from piwork.hosts.packs import PackUpload, Progress, ensure_pack
 from piwork.hosts.remote import put_files, remote_root, run
 from piwork.hosts.store import Host, HostError
 from piwork.hosts.streams import RemoteEndpoint, RemoteNetMux, open_retrying
-from piwork.hosts.sync import Conflict, FolderSync, SyncResult
+from piwork.hosts.sync import FolderSync
 from piwork.hosts.watchdog import LEASE_SECONDS, ORPHANS_KEPT, RemoteQemu, sweep
-from piwork.vm import gitguard
 from piwork.vm.channel import GuestChannel
 from piwork.vm.command import ENV_SCSI_BUS, Transport, VmSpec, build_command, console_socket
 from piwork.vm.machine import (
@@ -198,9 +198,6 @@ class RemoteMachine:
         self.qemu = RemoteQemu(lambda: link.conn, link.root, self.argv, lease=lease, run_id=run_id)
         self.proc = _RemoteProc(self.qemu)
         self.qmp: QMPClient | None = None
-        self.git_protection: gitguard.Protection | None = None
-        """None: QEMU there never sees this machine's folder, only a copy; the copy's git
-        metadata never comes back (:mod:`piwork.hosts.sync` skips it)."""
         self.console = ConsoleLog(spec.console_log)
         self._console_task: asyncio.Task[None] | None = None
         self._console_writer: asyncio.StreamWriter | None = None
@@ -625,34 +622,32 @@ class RemoteAgentVm(AgentVm):
             self._env_hold.close()
         return not left_there
 
-    async def sync_folder(self) -> SyncResult | None:
-        """Bring the agent's changes to the working folder here (three-way; see hosts.sync).
+    def _layer_disk_ready(self) -> Path | None:
+        """The working folder's layer lives in the remote guest's RAM: the host takes its
+        changes before every model call and at the end (the copy there is gone after)."""
+        return None
 
-        The runner calls it before each model call is forwarded (the guest is waiting
-        for the model then, so its side is still) and the agent calls it at stop.
-        A failure is reported, not fatal: the next sync tries again.
-        """
+    def folder_source(self) -> LayerSource | None:
+        """The agent's changes to the copy of the folder there, through the same engine as
+        a local run (piwork.changes): three-way against the copy that was sent."""
         if self.folder_sync is None:
             return None
-
-        def conflict(c: Conflict) -> None:
-            if self.progress:
-                self.progress(c.describe())
-
-        try:
-            return await self.folder_sync.sync_back(self.link.conn, conflict)
-        except (asyncssh.Error, OSError, HostError) as exc:
-            if self.progress:
-                self.progress(f"could not bring the folder back from {self.link.host.name}: {exc}")
-            return None
+        if self._folder_source is None:
+            sync = self.folder_sync
+            self._folder_source = LayerSource(
+                self._open_layer, started_ns=self._started_ns, baseline=sync.baseline.get
+            )
+        return self._folder_source
 
     async def stop(self, *, graceful: bool = True) -> None:
         try:
             await super().stop(graceful=graceful)
         finally:
-            await self.sync_folder()
             with contextlib.suppress(asyncssh.Error, OSError):
                 await download_tree(self.link.conn, self.remote_dirs, self.cfg.dirs)
+            # What came back into the task's outputs: a repository the guest made there
+            # (bare, gitlink, hooks) leaves it, as in a local run (review-2 finding 4).
+            await self.move_aside_new_git()
             if await self._bring_env_back():
                 await self.link.conn.run(f"rm -rf -- {shlex.quote(self.rundir)}", check=False)
             else:  # QEMU has stopped: the sweep keeps the disk, removes the folder copy

@@ -228,35 +228,40 @@ def _default(action: Action, verdict: Verdict, note: str) -> Rule:
     )
 
 
+def _held(name: str, why: str) -> Rule:
+    return Rule(
+        action=Action.WRITE,
+        verdict=Verdict.ASK,
+        pattern=f"**/{name}",
+        id=f"default-write-{name.strip('.').replace('/', '-')}",
+        created="",
+        source=RuleSource.DEFAULT,
+        note=why,
+    )
+
+
+def _runnable_rules() -> tuple[Rule, ...]:
+    # The one list of what the host could be made to run from the folder
+    # (piwork.changes.holds.RUNNABLE): an agent's change there waits for the person.
+    from piwork.changes.holds import RUNNABLE
+
+    return tuple(_held(r.name, r.why) for r in RUNNABLE)
+
+
 DEFAULT_RULES: tuple[Rule, ...] = (
     _default(Action.READ, Verdict.ALLOW, "reads inside scope never ask"),
-    _default(Action.WRITE, Verdict.ALLOW, "writes and edits inside scope run (tracked as changes)"),
+    _default(
+        Action.WRITE, Verdict.ALLOW, "the agent's changes to files are applied (and undoable)"
+    ),
     _default(Action.DELETE, Verdict.ASK, "deletes always ask"),
     _default(Action.MOVE, Verdict.ASK, "moves and renames always ask"),
     _default(Action.OUTSIDE_SCOPE, Verdict.ASK, "anything outside the task's folders asks"),
     _default(Action.NETWORK, Verdict.ASK, "network asks on first use per domain"),
-    _default(Action.SHELL, Verdict.ASK, "commands with unknown side effects ask"),
+    _default(Action.SHELL, Verdict.ASK, "a command one of your rules names asks"),
     _default(Action.CONNECTOR, Verdict.ASK, "other tools ask"),
-    # Writes that make later "harmless" git commands run code (hooks, config
-    # such as core.fsmonitor/core.pager): asked, although in scope.
-    Rule(
-        action=Action.WRITE,
-        verdict=Verdict.ASK,
-        pattern="**/.git/hooks/**",
-        id="default-write-git-hooks",
-        created="",
-        source=RuleSource.DEFAULT,
-        note="git hooks run code on commit/checkout",
-    ),
-    Rule(
-        action=Action.WRITE,
-        verdict=Verdict.ASK,
-        pattern="**/.git/config",
-        id="default-write-git-config",
-        created="",
-        source=RuleSource.DEFAULT,
-        note="git config can name commands to run",
-    ),
+    # Changes the host could be made to run (git metadata, hooks, editors' and
+    # shells' folder integrations, virtual environments): they wait for the person.
+    *_runnable_rules(),
 )
 
 

@@ -62,6 +62,8 @@ from piwork.tasks import Task
 from piwork.vm.accel import AccelChoice, probe
 from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR, Transport
 
+LAYER_DISK = "layer.qcow2"
+"""The task's working-folder layer (piwork.changes): the agent's writes to the folder."""
 GUEST_GATEWAY_HOST = GATEWAY_GUEST_ADDR[0]
 """Where the guest reaches the model gateway (the netmux carries it to the host)."""
 GUEST_PROXY_URL = f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}"
@@ -161,7 +163,10 @@ class Environment:
         boot_stall_timeout: float,
         warm_start: bool,
         env: TaskEnv | None = None,
+        gate_ask: tuple[str, ...] = (),
     ) -> AgentVmConfig:
+        """``gate_ask``: command prefixes the person's rules ask (or refuse) before; the
+        gate sends those commands to the host (runtime-pack/extensions/gate)."""
         return AgentVmConfig(
             pack_dir=self.pack_dir,
             manifest=self.manifest,
@@ -179,11 +184,12 @@ class Environment:
             model=self.model_id,
             extensions=list(TASK_EXTENSIONS),
             extra_env={
-                "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
                 **guest_network_env(self.egress_token),
+                "PIWORK_GATE_ASK_COMMANDS": orjson.dumps(list(gate_ask)).decode(),
             },
             warm_start=warm_start,
             env=env,
+            layer_disk=task.dir / LAYER_DISK if folder is not None else None,
         )
 
     async def task_env(

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
+from piwork.changes.engine import Answer
 from piwork.config import Paths
 from piwork.env.registries import registry_offer
 from piwork.policy import GATE_CHOICES, AuditLog, Choice, DecidedBy, Decider, PolicyStore
@@ -32,7 +33,16 @@ from piwork.policy.request import (
     parse_request,
     validate_request,
 )
-from piwork.policy.rules import Action, Rule, Target, TaskContext, Verdict
+from piwork.policy.rules import (
+    Action,
+    Rule,
+    RuleSource,
+    Target,
+    TaskContext,
+    Verdict,
+    scope_applies,
+    winning_rule,
+)
 from piwork.preview import Previews
 from piwork.proxy.egress import (
     AllowNetError,
@@ -175,6 +185,10 @@ class PermissionBridge:
 
     async def answer_permission(self, perm: PermissionRequest) -> Choice:
         """Policy first; if it says ask, the person; the answer is persisted and audited."""
+        return (await self.decide_permission(perm))[0]
+
+    async def decide_permission(self, perm: PermissionRequest) -> tuple[Choice, str]:
+        """:meth:`answer_permission`, and who decided (``rule``, or a ``DecidedBy``)."""
         ctx = self.context
         perm = validate_request(perm, ctx)  # the guest's request is untrusted input
         # The policy read and the audit fsync happen off the event loop.
@@ -192,7 +206,7 @@ class PermissionBridge:
                 rule=decision.rule.describe() if decision.rule else None,
             )
             self.host.note("permission", {**base, "decision": choice.value, "by": "rule"})
-            return choice
+            return choice, "rule"
         # Front ends show exactly the rules each "Always" would store (host-derived),
         # and the package registries' rules when that one answer covers the request.
         shown = dataclasses.replace(perm, proposals=await asyncio.to_thread(self._proposals, perm))
@@ -236,7 +250,26 @@ class PermissionBridge:
             rules=[r.describe() for r in recorded.created_rules],
         )
         self.host.note("permission", {**base, "decision": answer.value, "by": by})
-        return answer
+        return answer, by
+
+    def ask_before_commands(self) -> tuple[str, ...]:
+        """Command prefixes this task's rules ask or refuse before (the person's shell
+        rules): the gate sends a bash call that may run one of them to the host."""
+        out: dict[str, None] = {}
+        for rule in self.decider.store.effective_rules():
+            if (
+                rule.action is Action.SHELL
+                and rule.pattern
+                and rule.source is RuleSource.USER
+                and rule.verdict in (Verdict.ASK, Verdict.DENY)
+                and scope_applies(rule.scope, self.context)
+            ):
+                out[" ".join(rule.pattern.split())] = None
+        return tuple(out)[:256]
+
+    def change_judge(self) -> ChangeJudge:
+        """The change-set engine's policy and questions (piwork.changes.engine.Judge)."""
+        return ChangeJudge(self)
 
     def _proposals(self, perm: PermissionRequest) -> dict[Choice, tuple[Rule, ...]]:
         proposals = self.decider.proposals(perm, self.context)
@@ -329,10 +362,55 @@ class PermissionBridge:
         )
 
 
+class ChangeJudge:
+    """What the agent changed in the folder, decided by the same policy, rules, audit log
+    and question as every other permission (``piwork.changes.engine.Judge``).
+
+    The request is built here, on the host, from the validated change set: its
+    targets name the exact paths (``/mnt/work/...``, as rules match them); an
+    "Always" answer stores exact-path rules (``persist_pattern``).
+    """
+
+    def __init__(self, bridge: PermissionBridge) -> None:
+        self.bridge = bridge
+
+    def verdicts(self, targets: list[Target]) -> list[tuple[Verdict, bool]]:
+        rules = self.bridge.decider.store.effective_rules()
+        out = []
+        for t in targets:
+            rule = winning_rule(rules, t, self.bridge.context)
+            verdict = rule.verdict if rule is not None else Verdict.ASK
+            out.append((verdict, rule is not None and rule.source is RuleSource.USER))
+        return out
+
+    async def ask(self, targets: list[Target], question: str) -> Answer:
+        order = (Action.DELETE, Action.MOVE, Action.WRITE)
+        action = next((a for a in order if any(t.action is a for t in targets)), Action.WRITE)
+        perm = PermissionRequest(
+            request_id=f"changes-{secrets.token_hex(4)}",
+            question=question,
+            options=tuple(c.value for c in GATE_CHOICES),
+            action=action,
+            tool="changes",
+            tool_call_id=None,
+            task_id=self.bridge.host.task_id,
+            cwd=None,
+            command=None,
+            paths=tuple(t.path for t in targets if t.path),
+            targets=tuple(targets),
+            payload={},
+        )
+        choice, by = await self.bridge.decide_permission(perm)
+        if by == DecidedBy.NO_TERMINAL:
+            return Answer.NOBODY
+        return Answer.ALLOW if choice.allows else Answer.DENY
+
+
 __all__ = [
     "AllowAsker",
     "Asker",
     "BridgeHost",
+    "ChangeJudge",
     "DenyAsker",
     "PermissionBridge",
     "allowed_domains",

@@ -8,18 +8,25 @@ going on would only pile records up in memory, so the run is asked to stop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from piwork.agent import Agent
-from piwork.checkpoints import RunRecorder
+from piwork.changes.engine import FolderChanges, Judge, Limits, Outcome, summary
+from piwork.changes.entry import display
+from piwork.changes.journal import Pending
 from piwork.rpc.framing import MalformedLine
 from piwork.run.digest import EventKind
 from piwork.tasks import Task, TaskStore
+from piwork.tasks.settings import load_task_settings
 from piwork.tasks.transcript import TranscriptFull, TranscriptWriteError, compact_pi_line
+from piwork.textsafe import sanitize
 
 
 class TranscriptNotes:
@@ -78,78 +85,150 @@ class TranscriptNotes:
 
 
 class FolderCheckpoints:
-    """The working folder's history for one run (``piwork.checkpoints``).
+    """The working folder's change sets for one run (:mod:`piwork.changes`).
 
-    The folder is recorded at task start, before every model call (the gateway
-    awaits :meth:`before_model_call` before forwarding, so a turn's tools cannot
-    have run yet: they need the reply) and at the end of each run. A failed
-    checkpoint is reported, not fatal: the task goes on without it.
+    The guest never writes the person's folder; what the agent changed in its
+    layer is taken, decided, checkpointed and applied here: before every model
+    call (the gateway awaits :meth:`before_model_call` before forwarding, so the
+    turn's tools have run and the next turn's cannot have started: they need the
+    reply), at the end of each run and before a finished task's VM is kept warm
+    (:meth:`end`). A failure is reported, not fatal: what was not taken stays in
+    the agent's layer and is taken with the next change set.
+
+    The changes taken at a model call are the previous turn's: a checkpoint
+    ``turn N`` holds what turn N's tools did.
     """
 
-    def __init__(self, emit: Callable[..., None], note: Callable[[str, Any], None]) -> None:
+    def __init__(
+        self,
+        emit: Callable[..., None],
+        note: Callable[[str, Any], None],
+        judge: Callable[[], Judge],
+        *,
+        turn_start_wait: float = 1.0,
+    ) -> None:
         self._emit = emit
         self._note = note
-        self._rec: RunRecorder | None = None
+        self._judge = judge
+        self.turn_start_wait = turn_start_wait
+        self.engine: FolderChanges | None = None
+        self.timings: list[float] = []
+        self._base = 0
+        self._started = 0
+        self._last_turn = 0
+        self._turn_seen = asyncio.Event()
+        self._told_waiting: set[str] = set()
 
     def begin(self, task: Task) -> None:
-        try:
-            self._rec = RunRecorder.for_task(task, self._on_changes)
-            if self._rec is not None:
-                self._rec.begin()  # overlaps the boot; the first model call waits for it
-        except Exception as exc:
-            self._rec = None
-            self._emit(EventKind.ERROR, message=f"checkpoints are off for this run: {exc}")
-
-    def turn_started(self) -> None:
-        if self._rec is not None:
-            self._rec.turn_started()
-
-    async def before_model_call(self) -> None:
-        await self._step(lambda rec: rec.before_model_call())
-
-    async def end(self, timings: dict[str, float]) -> None:
-        await self._step(lambda rec: rec.end())
-        if self._rec is not None and self._rec.timings:
-            timings["checkpoint_max"] = max(self._rec.timings)
-
-    async def _step(self, step: Callable[[RunRecorder], Awaitable[object]]) -> None:
-        if self._rec is None:
+        folder = task.record.working_folder
+        if folder is None:
             return
         try:
-            await step(self._rec)
+            settings = load_task_settings()
+            limits = Limits(max_before_bytes=settings.checkpoint_max_file_bytes)
+            self.engine = FolderChanges(task.dir, Path(folder), limits=limits)
+            cps = self.engine.journal.checkpoints()
+            self._base = self._last_turn = max((c.turn or 0 for c in cps), default=0)
+            if not cps:
+                self.engine.journal.add(Pending(None, "task start"))
+        except Exception as exc:
+            self.engine = None
+            self._emit(
+                EventKind.ERROR, message=f"the folder's change history is off for this run: {exc}"
+            )
+
+    def turn_started(self) -> None:
+        self._started += 1
+        self._turn_seen.set()
+
+    async def before_model_call(self, agent: Agent) -> None:
+        if self.engine is None:
+            return
+        if self._base + self._started <= self._last_turn:
+            self._turn_seen.clear()
+            # No new turn_start within the wait: a retry or a compaction call (same turn).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._turn_seen.wait(), self.turn_start_wait)
+        turn = max(self._base + self._started, self._last_turn, self._base + 1)
+        done = self._last_turn if self._last_turn > self._base else None
+        self._last_turn = turn
+        label = f"turn {done}" if done is not None else f"before turn {turn}"
+        await self._take(agent, done, label)
+
+    async def end(self, agent: Agent | None, timings: dict[str, float]) -> None:
+        """The last turn's changes (a no-op when nothing changed since)."""
+        if self.engine is not None and agent is not None:
+            done = self._last_turn if self._last_turn > self._base else None
+            if await self._take(agent, done, f"turn {done}" if done else "task end"):
+                with contextlib.suppress(Exception):
+                    self.engine.journal.add(Pending(None, "task end"))
+        if self.timings:
+            timings["checkpoint_max"] = max(self.timings)
+
+    async def _take(self, agent: Agent, turn: int | None, label: str) -> bool:
+        assert self.engine is not None
+        source = agent.folder_source()
+        if source is None:
+            return False
+        t = time.monotonic()
+        try:
+            out = await self.engine.take(source, self._judge(), turn=turn, label=label)
         except Exception as exc:
             self._emit(
                 EventKind.ERROR,
-                message=f"could not checkpoint the working folder ({exc}); "
-                "changes made from here on may not be undoable",
+                message=f"could not take the agent's changes to the folder ({exc}); they stay "
+                "in its layer and are taken with the next change set",
             )
+            return False
+        finally:
+            self.timings.append(time.monotonic() - t)
+        self._report(out, turn)
+        return out.checkpoint is not None and bool(out.applied)
 
-    def _on_changes(self, data: dict[str, Any]) -> None:
+    def _report(self, out: Outcome, turn: int | None) -> None:
+        if out.empty and not out.kept and not out.notes:
+            return
+        data = {"turn": turn, "checkpoint": out.checkpoint.id if out.checkpoint else None,
+                **summary(out)}  # fmt: skip
         self._note("changes", data)
         self._emit(EventKind.CHANGES, **data)
+        fresh = [w for w in out.waiting if w[0] not in self._told_waiting]
+        if fresh:
+            self._told_waiting.update(p for p, _s, _w in fresh)
+            shown = ", ".join(sanitize(display(p), one_line=True) for p, _s, _w in fresh[:5])
+            more = f" and {len(fresh) - 5} more" if len(fresh) > 5 else ""
+            self._emit(
+                EventKind.NOTICE,
+                message=f"waiting for you, not in your folder yet: {shown}{more} "
+                "(the agent keeps working with them; `piwork apply TASK` or the app applies them)",
+            )
+        for path, beside in out.conflicts:
+            where = (
+                f"; the agent's version is {sanitize(display(beside), one_line=True)}"
+                if beside
+                else ""
+            )
+            self._emit(
+                EventKind.NOTICE,
+                message=f"conflict: you changed {sanitize(display(path), one_line=True)} while "
+                f"the agent did; your version stays{where}",
+            )
+        for note in out.notes:
+            self._emit(EventKind.NOTICE, message=sanitize(note, one_line=True))
 
 
 class FolderGuard:
-    """What keeps the person's folder safe around each turn, through the agent door.
+    """The task's outputs share around each turn: a ``.git`` the guest made there is moved
+    aside (piwork.vm.gitguard) before the model call, and told once.
 
-    Before a model call: a VM on another host brings its folder changes here
-    (three-way, piwork.hosts.sync), and a ``.git`` the guest created is moved
-    aside (piwork.vm.gitguard); both come before the checkpoint, so the turn's
-    record sees the folder as the person will. Each move is told once.
-    """
+    (The working folder needs nothing here: the guest never writes it; its changes
+    are taken by :class:`FolderCheckpoints`.)"""
 
     def __init__(self, emit: Callable[..., None], note: Callable[[str, Any], None]) -> None:
         self._emit = emit
         self._note = note
 
-    def started(self, agent: Agent, timings: dict[str, float]) -> None:
-        if (scan := agent.git_scan_seconds) is not None:
-            timings["git_scan"] = scan
-        if (notice := agent.git_readonly_notice()) is not None:
-            self._emit(EventKind.NOTICE, message=notice)
-
     async def before_model_call(self, agent: Agent) -> None:
-        await agent.sync_folder()
         await agent.move_aside_new_git()
         self.report(agent)
 

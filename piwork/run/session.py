@@ -104,7 +104,7 @@ class TaskSession:
         self._paused = False
         self._closing = False
         self.transcript = TranscriptNotes(self.store, self.emit, self._disk_full)
-        self.checkpoints = FolderCheckpoints(self.emit, self.note)
+        self.checkpoints = FolderCheckpoints(self.emit, self.note, self.permissions.change_judge)
         self.guard = FolderGuard(self.emit, self.note)
         self.status = StatusRecorder(self.store, self.emit)
         self._abort_inflight: asyncio.Future[Any] | None = None
@@ -279,7 +279,8 @@ class TaskSession:
         r = self.req
         cfg = env.agent_config(task, folder, transport=r.transport, memory_mb=r.memory_mb,
                                cpus=r.cpus, boot_stall_timeout=r.boot_stall_timeout,
-                               warm_start=r.warm_start, env=task_env)  # fmt: skip
+                               warm_start=r.warm_start, env=task_env,
+                               gate_ask=self.permissions.ask_before_commands())  # fmt: skip
         await self._boot(cfg)
 
     async def _boot(self, cfg: AgentVmConfig) -> None:
@@ -298,7 +299,6 @@ class TaskSession:
         self.timings["boot_to_pi_ready"] = time.monotonic() - t
         self.timings["start_to_pi_ready"] = time.monotonic() - self.t0
         self.timings.update({f"vm_{k}": v for k, v in agent.timings.items()})
-        self.guard.started(agent, self.timings)
         self.emit(EventKind.READY, seconds=self.timings["start_to_pi_ready"],
                   session=state.session_file, messages=state.message_count)  # fmt: skip
 
@@ -314,7 +314,7 @@ class TaskSession:
         turn is recorded: the gateway holds the model call until both are done."""
         if self.agent is not None:
             await self.guard.before_model_call(self.agent)
-        await self.checkpoints.before_model_call()
+            await self.checkpoints.before_model_call(self.agent)
 
     async def _vm_start_failed(self, agent: Agent, exc: Exception) -> Exception:
         """A start that failed because QEMU exited says so, and what to do next."""
@@ -336,14 +336,15 @@ class TaskSession:
                 await self.previews.close()  # before the VM goes: connections refused from now
         try:
             if self.agent is not None:
+                # What the agent changed since the last change set, while its layer is
+                # still there to read (a no-op if the run already took it).
+                with contextlib.suppress(asyncio.CancelledError):
+                    if self.agent.vm_alive:
+                        await self.checkpoints.end(self.agent, self.timings)
                 await self.agent.stop(graceful=graceful)
                 self.guard.report(self.agent)
         finally:
             self.agent = None
-            # Record the end (a no-op if the run already did); a second Ctrl-C
-            # here must not skip the cleanup below.
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.checkpoints.end(self.timings)
             now = self.status.current(self.task_id)
             leaving = leaving_status(now, cancelled=cancelled, start_failure=self._start_failure)
             if leaving is not None:  # the task is still live: say how it was left
@@ -421,7 +422,7 @@ class TaskSession:
                 with contextlib.suppress(BaseException):
                     await work
             self.timings["prompt_to_idle"] = time.monotonic() - t
-            await self.checkpoints.end(self.timings)
+            await self.checkpoints.end(agent, self.timings)
             if self.usage is not None:
                 await self.usage.flush()
             return await self._finish()

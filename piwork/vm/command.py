@@ -44,6 +44,10 @@ class Share:
     guard_git: bool = True
     """Git metadata in it is read-only to QEMU, new ones moved aside (piwork.vm.gitguard).
     False only for piwork's private state, where nobody runs host git."""
+    mapped: bool = True
+    """9p ``mapped-xattr``: what the guest writes never gets a host mode, owner or device
+    node. A read-only share needs no mapping (QEMU refuses every write): ``none`` shows
+    the guest the host's own modes and links (the working folder, docs/change-sets.md)."""
 
 
 @dataclass
@@ -285,14 +289,15 @@ def build_command(spec: VmSpec) -> list[str]:
             "local",
             f"id=fs{i}",
             f"path={qemu_opt(str(share.host_path))}",
+            "multidevs=remap",
+        ]
+        if share.mapped:
             # Guest ownership and mode bits live in user.virtfs.* xattrs, never on
             # the host file: guest root cannot make setuid/setgid files or device
             # nodes on the host (docs/security.md). Host-side modes are fixed.
-            "security_model=mapped-xattr",
-            "fmode=0644",
-            "dmode=0755",
-            "multidevs=remap",
-        ]
+            opts[3:3] = ["security_model=mapped-xattr", "fmode=0644", "dmode=0755"]
+        else:
+            opts.insert(3, "security_model=none")
         if share.readonly:
             opts.append("readonly=on")
         argv += [

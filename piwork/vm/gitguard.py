@@ -1,60 +1,36 @@
-"""The person's git metadata in a shared folder: read-only for QEMU, new ones moved aside.
+"""A ``.git`` the guest makes in a share the host keeps (the task's outputs) is moved aside.
 
 Host git runs programs named in a repository's metadata (``core.fsmonitor``,
-hooks, ``diff.external``, ...). If the guest could write the working folder's
-``.git``, the person's next ``git status`` would run the guest's code on the
-host (SECURITY-REVIEW.md finding 1). A read-only mount inside the guest does
-not hold against guest root, so the protection is made on the host:
-
-* :func:`scan` finds every git metadata entry in a writable share before QEMU
-  starts: ``.git`` directories and ``.git`` files (gitlinks) at any depth,
-  the directory a gitlink points to when it is inside the share, and bare
-  repositories (a directory holding ``HEAD``, ``objects/`` and ``refs/``, as
-  git's own discovery checks); :func:`hooks_entries` adds a hooks directory
-  that ``core.hooksPath`` puts inside the share (``.githooks``);
-* :func:`launch_argv` runs QEMU through ``confine.py``, which bind-mounts each
-  of them read-only onto itself in a mount namespace only QEMU is in, so the
-  9p server answers EROFS, EBUSY (rename/remove of a mount point) whatever
-  the guest does;
-* the guest can still *create* a new ``.git`` (or a bare-looking directory)
-  where there was none: :func:`move_aside_new` moves every entry that was not
-  there at launch (by device and inode, so a directory the guest renamed is
-  still recognised as the person's) out of the folder once the VM has stopped.
+hooks, ...): a repository the guest made in a folder the person opens would
+run the guest's code at their next ``git status`` (or their editor's). The
+working folder needs nothing of this any more: the guest never writes it
+(piwork.changes: its changes arrive as change sets, and what is git metadata
+waits for the person). What is left is the task's outputs share, which the
+guest writes directly: :func:`move_aside` moves every ``.git`` (directory or
+file) and bare-looking directory (``HEAD`` + ``objects/`` + ``refs/``, git's own
+test) found there out of it, before each model call and once QEMU has stopped.
 
 Nothing here follows a link: the scan lists with ``follow_symlinks=False``,
-and with 9p ``mapped-xattr`` a link the guest makes is a plain host file.
+moves go through directory fds opened with ``O_NOFOLLOW``, and with 9p
+``mapped-xattr`` a link the guest makes is a plain host file.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import os
-import shutil
-import stat
-import subprocess
-import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from piwork.textsafe import sanitize
 
-CONFINE_SCRIPT = Path(__file__).with_name("confine.py")
-MAX_PROTECTED = 4096
-"""More git entries than this in one folder: refuse (each is one mount in QEMU's namespace)."""
-GITLINK_MAX_BYTES = 4096
-
-
-class GitGuardError(RuntimeError):
-    """The folder's git metadata cannot be protected: the VM is not started."""
-
 
 @dataclass(frozen=True)
 class GitEntry:
     path: Path
-    kind: str  # "dir" (.git dir), "file" (.git gitlink), "gitdir" (its target), "bare", "hooks"
+    kind: str  # "dir" (.git dir), "file" (.git gitlink), "bare"
     dev: int
     ino: int
 
@@ -94,28 +70,6 @@ def _entry(path: Path, kind: str) -> GitEntry | None:
     return GitEntry(path, kind, st.st_dev, st.st_ino)
 
 
-def _gitlink_target(link: Path, root: Path) -> Path | None:
-    """The directory a ``.git`` file names, if it is a directory inside ``root``."""
-    try:
-        fd = os.open(link, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, GITLINK_MAX_BYTES)
-    finally:
-        os.close(fd)
-    text = data.decode("utf-8", "replace").strip()
-    if not text.startswith("gitdir:"):
-        return None
-    target = Path(os.path.realpath(link.parent / text[len("gitdir:") :].strip()))
-    real_root = Path(os.path.realpath(root))
-    if target != real_root and real_root not in target.parents:
-        return None
-    return target if target.is_dir() and not target.is_symlink() else None
-
-
 def scan(root: Path) -> list[GitEntry]:
     """Every git metadata entry under ``root`` (not descending into them), links not followed.
 
@@ -148,187 +102,27 @@ def scan(root: Path) -> list[GitEntry]:
                 entry = _entry(path, kind)
                 if entry is not None:
                     found.append(entry)
-                if kind == "file":
-                    target = _gitlink_target(path, root)
-                    entry = _entry(target, "gitdir") if target is not None else None
-                    if entry is not None:
-                        found.append(entry)
             elif e.is_dir(follow_symlinks=False):
                 stack.append(path)
     return found
 
 
-def outermost(entries: Iterable[GitEntry]) -> list[Path]:
-    """The paths to mount read-only: one per entry, none inside another, sorted, unique."""
-    paths = sorted({e.path for e in entries})
-    kept: list[Path] = []
-    for p in paths:
-        if not any(k in p.parents for k in kept):
-            kept.append(p)
-    return kept
-
-
-@dataclass(frozen=True)
-class Protection:
-    """What one QEMU launch protects: the entries found, and the mounts made."""
-
-    roots: tuple[Path, ...]
-    entries: tuple[GitEntry, ...]
-    readonly: tuple[Path, ...]
-    scan_seconds: float
-
-
-def _git_config_get(args: list[str]) -> str | None:
-    """One value read by host git's own config parser (it only parses: nothing runs)."""
-    git = shutil.which("git")
-    if git is None:
-        return None
-    try:
-        proc = subprocess.run(
-            [git, "config", *args, "--get", "core.hooksPath"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    value = proc.stdout.strip()
-    return value if proc.returncode == 0 and value else None
-
-
-def _inside(path: Path, roots: Sequence[Path]) -> bool:
-    real = Path(os.path.realpath(path))
-    return any(real == r or r in real.parents for r in (Path(os.path.realpath(x)) for x in roots))
-
-
-def hooks_entries(entries: Sequence[GitEntry], roots: Sequence[Path]) -> list[GitEntry]:
-    """Hooks directories that ``core.hooksPath`` puts inside a share (e.g. ``.githooks``).
-
-    Git runs the executables there like those in ``.git/hooks``; without this an
-    existing executable hook in the working tree could be rewritten (9p keeps
-    the host mode). Read from each repository's own config and the person's
-    global one; a relative path is relative to the repository's working tree.
-    """
-    found: list[GitEntry] = []
-    if not any(e.kind == "dir" for e in entries):
-        return found
-    global_value = _git_config_get(["--global"])
-    for e in entries:
-        if e.kind != "dir":
-            continue
-        value = _git_config_get(["--file", str(e.path / "config")]) or global_value
-        if value is None:
-            continue
-        hooks = Path(os.path.expanduser(value))
-        hooks = hooks if hooks.is_absolute() else e.path.parent / hooks
-        if hooks.is_dir() and not hooks.is_symlink() and _inside(hooks, roots):
-            entry = _entry(Path(os.path.realpath(hooks)), "hooks")
-            if entry is not None:
-                found.append(entry)
-    return found
-
-
-def protect(roots: Sequence[Path]) -> Protection:
-    """Scan the writable shares; raise :class:`GitGuardError` if there are too many entries."""
-    t = time.monotonic()
-    entries = [e for r in roots for e in scan(r)]
-    entries += hooks_entries(entries, roots)
-    readonly = outermost(entries)
-    if len(readonly) > MAX_PROTECTED:
-        raise GitGuardError(
-            f"the folder holds {len(readonly)} git repositories (more than {MAX_PROTECTED}); "
-            "piwork mounts each one read-only for the VM and will not make that many mounts. "
-            "Give the task a smaller folder."
-        )
-    return Protection(tuple(roots), tuple(entries), tuple(readonly), time.monotonic() - t)
-
-
-def readonly_notice(protection: Protection) -> str:
-    """What the person is told at start: the agent cannot commit, and why."""
-    n = len(protection.readonly)
-    what = "the folder's .git is" if n == 1 else f"the folder's git metadata ({n} entries) is"
-    return (
-        f"{what} read-only for the agent (so nothing in the VM can change what host git "
-        "runs): it cannot commit, branch or change git config there; you commit on your machine"
-    )
-
-
-@functools.cache
-def unavailable_reason() -> str | None:
-    """Why QEMU cannot be confined on this host (None: it can). Asked once per process."""
-    if not sys.platform.startswith("linux"):
-        return f"mount namespaces are a Linux feature and this is {sys.platform}"
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-I", str(CONFINE_SCRIPT), "--check"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        return f"the namespace check could not run: {exc}"
-    if proc.returncode != 0:
-        return proc.stderr.strip().removeprefix("piwork-confine: ")[:300] or "unknown error"
-    return None
-
-
-def launch_argv(argv: list[str], protection: Protection) -> list[str]:
-    """``argv`` run inside QEMU's own mount namespace with the git entries read-only.
-
-    With nothing to protect and no namespaces on this host, ``argv`` runs as it
-    is (there is nothing a namespace would hold); with something to protect and
-    no namespaces, :class:`GitGuardError` (fail closed) says what to do.
-    """
-    reason = unavailable_reason()
-    if reason is not None:
-        if not protection.readonly:
-            return list(argv)
-        first = protection.readonly[0]
-        more = len(protection.readonly) - 1
-        raise GitGuardError(
-            f"the working folder has git metadata ({first}"
-            + (f" and {more} more" if more else "")
-            + ") that the VM must not be able to change, and piwork protects it by "
-            "running QEMU in a Linux user and mount namespace, which this host cannot "
-            f"make ({reason}). Allow unprivileged user namespaces (Debian: "
-            "`sysctl -w kernel.unprivileged_userns_clone=1`; Ubuntu 24.04: "
-            "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`), or give the "
-            "task a copy of the folder without its .git"
-        )
-    out = [sys.executable, "-I", str(CONFINE_SCRIPT), "--parent", str(os.getpid())]
-    for path in protection.readonly:
-        out += ["--ro", str(path)]
-    return [*out, "--", *argv]
-
-
-def move_aside_new(protection: Protection, dest: Path) -> tuple[list[MovedAside], list[str]]:
-    """Move git metadata that appeared since launch out of the shares, into ``dest``.
+def move_aside(roots: Sequence[Path], dest: Path) -> tuple[list[MovedAside], list[str]]:
+    """Move every git metadata entry under ``roots`` into ``dest``.
 
     Returns what moved, and what could not be moved (each with the reason).
-    An entry is the person's when its device and inode were seen at launch,
-    wherever it is now (the guest may rename a directory holding a repository;
-    it cannot move the mounted entry itself), and it is never touched.
-    Everything else is moved: into ``dest`` when it is on the same file system,
-    else renamed in place to a name git does not look for (a bare-looking
-    directory loses its ``HEAD`` instead), so nothing is copied or lost.
-
-    Safe while the VM runs: each move goes through directory fds opened
-    without following links, and renames the entry only if it is still the
-    inode the scan found (a guest swapping names in between makes it skip
-    that entry until the next call; the person's entries cannot be swapped
-    in, they are mount points in QEMU's namespace).
+    Into ``dest`` when it is on the same file system, else renamed in place to
+    a name git does not look for (a bare-looking directory loses its ``HEAD``
+    instead), so nothing is copied or lost. Safe while the VM runs: each move
+    goes through directory fds opened without following links, and renames the
+    entry only if it is still the inode the scan found (a guest swapping names
+    in between makes it skip that entry until the next call).
     """
-    known = {(e.dev, e.ino) for e in protection.entries}
     moved: list[MovedAside] = []
     failed: list[str] = []
     batch = dest / time.strftime("%Y%m%d-%H%M%S")
-    for root in protection.roots:
+    for root in roots:
         for entry in scan(root):
-            if (entry.dev, entry.ino) in known or entry.kind == "gitdir":
-                continue
             try:
                 now = _move_one(root, entry, batch / root.name)
             except OSError as exc:

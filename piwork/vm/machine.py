@@ -8,9 +8,8 @@ No QEMU outlives piwork: the child gets ``PR_SET_PDEATHSIG(SIGKILL)`` on Linux
 (via ``setpriv``, see :func:`tied_argv`), so even a ``kill -9`` of piwork takes
 QEMU with it, and ``__aexit__`` kills it on any exception or Ctrl-C.
 
-QEMU runs in its own mount namespace where every git metadata entry in a
-writable share is read-only (piwork.vm.gitguard, piwork/vm/confine.py): the
-guest cannot change the person's ``.git`` through 9p, whatever it does.
+The person's working folder is a read-only share (piwork.agent.spec): QEMU's 9p
+server refuses every write to it, whatever the guest does (docs/change-sets.md).
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from typing import Any
 from qemu.qmp import QMPClient
 
 from piwork import errors
-from piwork.vm import gitguard
 from piwork.vm.command import VmSpec, build_command, console_socket, host_lpj
 
 log = logging.getLogger(__name__)
@@ -224,10 +222,8 @@ class VirtualMachine:
         self._watch_task: asyncio.Task[None] | None = None
         self._stage_seen = asyncio.Event()
         self.console = ConsoleLog(spec.console_log)
-        self.git_protection: gitguard.Protection | None = None
-        """What this launch made read-only (None until launched)."""
         self.launch_argv: list[str] = list(self.argv)
-        """The argv actually started: QEMU's, wrapped by the namespace helper."""
+        """The argv actually started."""
 
     # ------------------------------------------------------------ launch
     async def __aenter__(self) -> VirtualMachine:
@@ -250,17 +246,8 @@ class VirtualMachine:
         if log_path.exists():
             os.replace(log_path, log_path.with_suffix(".prev.log"))
 
-    def _confine(self) -> tuple[gitguard.Protection, list[str]]:
-        writable = [s.host_path for s in self.spec.shares if s.guard_git and not s.readonly]
-        try:
-            protection = gitguard.protect(writable)
-            return protection, gitguard.launch_argv(self.argv, protection)
-        except gitguard.GitGuardError as exc:
-            raise VmError(f"the VM was not started: {exc}", argv=self.argv) from exc
-
     async def launch(self) -> None:
         self._prepare_files()
-        self.git_protection, self.launch_argv = await asyncio.to_thread(self._confine)
         self.started_at = time.monotonic()
         await self.console.start(console_socket(self.spec))  # QEMU connects to it at start
         stderr = self._stderr_path.open("wb")

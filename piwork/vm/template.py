@@ -119,7 +119,7 @@ def template_key(spec: VmSpec) -> dict[str, Any]:
         "kernel": spec.manifest.kernel,
         "rootfs": spec.manifest.rootfs,
         "workbench": spec.manifest.workbench,
-        "shares": [[s.tag, s.readonly] for s in spec.shares],
+        "shares": [[s.tag, s.readonly, s.mapped] for s in spec.shares],
         "extra_kernel_args": spec.extra_kernel_args,
     }
 

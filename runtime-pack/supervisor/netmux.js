@@ -99,7 +99,8 @@ class Mux {
       this.send(frame(T.CLOSE, id));
       return true;
     }
-    const sock = this.connect({ host: where.host, port: where.port, allowHalfOpen: true });
+    // {host, port} on the guest's loopback, or {path} of a unix socket the supervisor serves.
+    const sock = this.connect({ ...where, allowHalfOpen: true });
     this.track(id, sock);
     return true;
   }

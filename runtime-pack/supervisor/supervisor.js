@@ -172,6 +172,7 @@ if (require.main === module) {
 
 const crypto = require("node:crypto");
 const netmux = require("./netmux.js");
+const layer = require("./layer.js");
 const serial = require("./port.js");
 const { PortWatcher, MIN_PORT } = require("./ports.js");
 
@@ -181,7 +182,17 @@ const RING_LIMIT_BYTES = Number(process.env.PIWORK_RING_BYTES || 32 * 1024 * 102
 const NL = 0x0a;
 const BOOT_ID = crypto.randomBytes(8).toString("hex");
 // 9p tags the host may give the VM, and where they are mounted (on "start").
-const SHARES = { pwstate: "/mnt/state", pwwork: "/mnt/work", pwout: "/mnt/outputs", pwup: "/mnt/uploads" };
+// The working folder ("pwwork") is not mounted directly: folder.sh makes /mnt/work
+// the overlay of its read-only share and the agent's own layer (docs/change-sets.md).
+const SHARES = { pwstate: "/mnt/state", pwout: "/mnt/outputs", pwup: "/mnt/uploads" };
+const FOLDER_TAG = "pwwork";
+const FOLDER_SETUP = process.env.PIWORK_FOLDER_SETUP || path.join(__dirname, "folder.sh");
+const FOLDER_DIR = process.env.PIWORK_FOLDER_DIR || "/run/piwork/folder";
+// 9p cache modes the host may ask for the read-only lower layer.
+const FOLDER_CACHES = new Set(["none", "mmap", "loose", "fscache"]);
+// The netmux port a host-opened stream names to reach the layer service
+// (below 1024: never a preview; supervisor/layer.js).
+const LAYER_PORT = 1;
 // The workbench (a Debian root for the agent's bash; runtime-pack/workbench/).
 const WORKBENCH_SETUP = process.env.PIWORK_WORKBENCH_SETUP || "/opt/piwork/workbench/setup.sh";
 const WORKBENCH_DIR = process.env.PIWORK_WORKBENCH_DIR || "/run/workbench";
@@ -581,7 +592,7 @@ function mountedDirs() {
  * The shell commands that mount the 9p shares the VM has (after a restore they
  * are this task's folders). Tags come from sysfs and only known ones are used.
  */
-function shareMounts() {
+function shareMounts(folder) {
   const base = "/sys/bus/virtio/drivers/9pnet_virtio";
   let names = [];
   try {
@@ -598,6 +609,10 @@ function shareMounts() {
     } catch {
       continue;
     }
+    if (tag === FOLDER_TAG) {
+      if (!mounted.has("/mnt/work")) cmds.push(folderCommand(folder));
+      continue;
+    }
     const dir = Object.hasOwn(SHARES, tag) ? SHARES[tag] : null;
     if (!dir || mounted.has(dir)) continue;
     fs.mkdirSync(dir, { recursive: true });
@@ -606,6 +621,23 @@ function shareMounts() {
     cmds.push(`{ mount -t 9p -o ${opts} ${tag} ${dir} || echo "mount ${tag} failed" >&2; } &`);
   }
   return cmds;
+}
+
+/**
+ * The shell command that makes /mnt/work: the folder's share read-only under the
+ * agent's layer (folder.sh). `folder` is the start op's {cache, disk} (host text:
+ * only known values are used).
+ */
+function folderCommand(folder) {
+  const f = folder && typeof folder === "object" ? folder : {};
+  const cache = FOLDER_CACHES.has(f.cache) ? f.cache : "none";
+  try {
+    fs.mkdirSync(FOLDER_DIR, { recursive: true });
+    fs.writeFileSync(path.join(FOLDER_DIR, "want-disk"), f.disk === true ? "1" : "0");
+  } catch (err) {
+    log(`folder: ${err.message}`);
+  }
+  return `{ /bin/busybox sh ${FOLDER_SETUP} ${cache} || echo "the working folder could not be set up" >&2; } &`;
 }
 
 /** Wall-clock time is stale after a restore: the command that takes the host's. */
@@ -665,7 +697,7 @@ function prepareTask(msg, done) {
   const cmds = [];
   const clock = msg.clock ? clockCommand(msg.clock) : null;
   if (clock) cmds.push(clock);
-  if (msg.mount === true) cmds.push(...shareMounts());
+  if (msg.mount === true) cmds.push(...shareMounts(msg.folder));
   if (!cmds.length) return done();
   cmds.push("wait");
   const said = (err) => {
@@ -1215,7 +1247,12 @@ async function main() {
   if (!process.env.PIWORK_NO_NETMUX) {
     // A host-opened stream (a preview) connects to the guest's loopback, never to
     // a port below 1024 (the supervisor's own listeners, system services).
-    const resolve = (port) => (port >= MIN_PORT ? { host: ports.hostFor(port), port } : null);
+    // The one exception is the layer service's own port (a unix socket).
+    const layerService = layer.listen(log);
+    const resolve = (port) => {
+      if (port === LAYER_PORT) return { path: layerService.path };
+      return port >= MIN_PORT ? { host: ports.hostFor(port), port } : null;
+    };
     netmux.run(log, { resolve }).catch((err) => log(`netmux: ${err.stack || err}`));
   }
   const transport = process.env.PIWORK_TRANSPORT || "virtio";

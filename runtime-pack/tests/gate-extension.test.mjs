@@ -21,9 +21,8 @@ before(async () => {
   root = fs.realpathSync(fs.mkdtempSync(path.join(os.tmpdir(), "gate-ext-")));
   work = path.join(root, "work");
   fs.mkdirSync(work);
-  for (const k of ["PIWORK_SCOPE_DIRS", "PIWORK_READONLY_DIRS", "PIWORK_TASK_ID"]) saved[k] = process.env[k];
-  process.env.PIWORK_SCOPE_DIRS = `${work}:${path.join(root, "outputs")}`;
-  process.env.PIWORK_READONLY_DIRS = path.join(root, "uploads");
+  for (const k of ["PIWORK_GATE_ASK_COMMANDS", "PIWORK_TASK_ID"]) saved[k] = process.env[k];
+  process.env.PIWORK_GATE_ASK_COMMANDS = JSON.stringify(["make deploy", "curl", "git push"]);
   process.env.PIWORK_TASK_ID = "task-42";
   const jiti = createJiti(import.meta.url, { moduleCache: false });
   const factory = await jiti.import(EXTENSION, { default: true });
@@ -64,34 +63,34 @@ function payloadOf(title) {
   return JSON.parse(title.slice(open + C.MARKER_OPEN.length, title.length - C.MARKER_CLOSE.length));
 }
 
-test("reads in scope run without asking", async () => {
+test("pi's own tools run without asking, whatever they do to files", async () => {
   const { calls, ctx } = fakeCtx("Deny");
   assert.equal(await handler({ toolName: "read", toolCallId: "c1", input: { path: "a.txt" } }, ctx), undefined);
-  assert.equal(await handler({ toolName: "bash", toolCallId: "c2", input: { command: "ls -la && git status" } }, ctx), undefined);
+  assert.equal(await handler({ toolName: "bash", toolCallId: "c2", input: { command: "ls -la && rm -rf build" } }, ctx), undefined);
+  assert.equal(await handler({ toolName: "write", toolCallId: "c2b", input: { path: "/etc/hosts", content: "x" } }, ctx), undefined);
   assert.equal(calls.length, 0);
 });
 
-test("a delete asks with the payload in the title, the four options and ctx.signal", async () => {
+test("a command a rule asks before asks with the payload in the title, the four options and ctx.signal", async () => {
   const ac = new AbortController();
   const { calls, ctx } = fakeCtx("Allow once", { signal: ac.signal });
-  const res = await handler({ toolName: "bash", toolCallId: "c3", input: { command: "rm -r build" } }, ctx);
+  const res = await handler({ toolName: "bash", toolCallId: "c3", input: { command: "make deploy" } }, ctx);
   assert.equal(res, undefined, "allowed");
   assert.equal(calls.length, 1);
   assert.deepEqual(calls[0].options, ["Allow once", "Always allow in this folder", "Always allow everywhere", "Deny"]);
   assert.equal(calls[0].opts.signal, ac.signal);
   const p = payloadOf(calls[0].title);
-  assert.equal(p.action, "delete");
+  assert.equal(p.action, "shell");
   assert.equal(p.tool, "bash");
   assert.equal(p.taskId, "task-42");
   assert.equal(p.toolCallId, "c3");
   assert.equal(p.cwd, work);
-  assert.equal(p.command, "rm -r build");
-  assert.deepEqual(p.paths, [path.join(work, "build")]);
+  assert.equal(p.command, "make deploy");
 });
 
 test("Deny blocks with a reason that tells the model not to retry", async () => {
   const { ctx } = fakeCtx("Deny");
-  const res = await handler({ toolName: "write", toolCallId: "c4", input: { path: "/etc/hosts", content: "x" } }, ctx);
+  const res = await handler({ toolName: "bash", toolCallId: "c4", input: { command: "git push" } }, ctx);
   assert.equal(res.block, true);
   assert.match(res.reason, /denied by the user/i);
   assert.match(res.reason, /Do not retry/);
@@ -106,13 +105,13 @@ test("a cancelled dialog (abort/stop) blocks", async () => {
 
 test("an unexpected answer is not an allow", async () => {
   const { ctx } = fakeCtx("yes");
-  const res = await handler({ toolName: "bash", toolCallId: "c6", input: { command: "make" } }, ctx);
+  const res = await handler({ toolName: "bash", toolCallId: "c6", input: { command: "make deploy" } }, ctx);
   assert.equal(res.block, true);
 });
 
 test("without a UI, anything needing a decision is blocked", async () => {
   const { calls, ctx } = fakeCtx("Allow once", { hasUI: false });
-  const res = await handler({ toolName: "bash", toolCallId: "c7", input: { command: "mv a b" } }, ctx);
+  const res = await handler({ toolName: "bash", toolCallId: "c7", input: { command: "git push" } }, ctx);
   assert.equal(res.block, true);
   assert.equal(calls.length, 0);
 });
@@ -124,9 +123,9 @@ test("unknown tools are asked about as connector", async () => {
   assert.equal(payloadOf(calls[0].title).action, "connector");
 });
 
-test("malformed input still asks rather than runs", async () => {
+test("malformed input to a connector still asks rather than runs", async () => {
   const { calls, ctx } = fakeCtx("Deny");
-  const res = await handler({ toolName: "write", toolCallId: "c9", input: {} }, ctx);
+  const res = await handler({ toolName: "mcp_x", toolCallId: "c9", input: null }, ctx);
   assert.equal(res.block, true);
   assert.equal(calls.length, 1);
 });

@@ -41,6 +41,8 @@ mounted "$LOWER" || mount -t erofs -o ro "$dev" "$LOWER" || fail "cannot mount t
 
 # An imported image's SCSI disk says "pwimage" as its model; the environment disk does not.
 is_image() { read -r model < "$1/device/model" 2>/dev/null; [ "$model" = pwimage ]; }
+# The task's layer disk (the working folder's writable layer, supervisor/folder.sh) is not it either.
+is_layer() { read -r model < "$1/device/model" 2>/dev/null; [ "$model" = pwlayer ]; }
 BASE=$LOWER
 if [ "$MODE" = image ]; then
     i=0
@@ -58,7 +60,7 @@ if [ "$MODE" = disk ] || [ "$MODE" = image ]; then
     i=0
     disk=
     while [ -z "$disk" ] && [ $i -lt 300 ]; do
-        for d in /sys/block/sd*; do [ -e "$d" ] && ! is_image "$d" && disk=/dev/${d##*/}; done
+        for d in /sys/block/sd*; do [ -e "$d" ] && ! is_image "$d" && ! is_layer "$d" && disk=/dev/${d##*/}; done
         [ -n "$disk" ] || { sleep 0.05; i=$((i + 1)); }
     done
     [ -n "$disk" ] || fail "the task's environment disk did not appear within 15 s"

@@ -20,15 +20,8 @@ from piwork.rpc import models as m
 
 
 class NoVmDoors:
-    """The agent door's parts that need a VM (git guard, previews, a remote folder):
+    """The agent door's parts that need a VM (git guard, previews, the folder's layer):
     nothing behind them in a test double."""
-
-    def git_readonly_notice(self) -> str | None:
-        return None
-
-    @property
-    def git_scan_seconds(self) -> float | None:
-        return None
 
     async def move_aside_new_git(self) -> list[Any]:
         return []
@@ -39,8 +32,12 @@ class NoVmDoors:
     def preview_mux(self) -> None:
         return None
 
-    async def sync_folder(self) -> None:
+    def folder_source(self) -> None:
         return None
+
+    @property
+    def vm_alive(self) -> bool:
+        return True
 
 
 class FakeAgent(NoVmDoors):

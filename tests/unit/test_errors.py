@@ -9,7 +9,7 @@ import pytest
 from piwork import errors
 from piwork.agent import PiGone
 from piwork.auth.keys import KeyStoreError
-from piwork.checkpoints.shadow import CheckpointError
+from piwork.checkpoints import CheckpointError
 from piwork.cli.main import main
 from piwork.models.providers import ProviderConfigError
 from piwork.pack.errors import ManifestError

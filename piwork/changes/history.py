@@ -156,6 +156,9 @@ def task_changes(
         else:
             touches = journal.touches()
         net = _net(touches)
+    # Folders are the containers of what changed: listed only when one replaced a file.
+    net = {p: ba for p, ba in net.items() if Kind.FILE in (ba[0].kind, ba[1].kind)
+           or Kind.LINK in (ba[0].kind, ba[1].kind)}  # fmt: skip
     store = ObjectStore(task.dir / CHANGES_DIR / "objects")
     return describe(store, net, diffs=MAX_DIFFS if diffs else 0)
 

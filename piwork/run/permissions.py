@@ -137,6 +137,7 @@ class PermissionBridge:
         self.assume_yes = assume_yes
         self.allow_net = allow_net
         self.context = TaskContext()
+        self._change_judge: ChangeJudge | None = None
 
     def previews(self, task: Task) -> Previews:
         """The task's previews, decided under the same policy, audit log and ``--yes``."""
@@ -268,8 +269,11 @@ class PermissionBridge:
         return tuple(out)[:256]
 
     def change_judge(self) -> ChangeJudge:
-        """The change-set engine's policy and questions (piwork.changes.engine.Judge)."""
-        return ChangeJudge(self)
+        """The change-set engine's policy and questions (piwork.changes.engine.Judge), one
+        per session: a stop closes its open question (:meth:`ChangeJudge.cancel_questions`)."""
+        if self._change_judge is None:
+            self._change_judge = ChangeJudge(self)
+        return self._change_judge
 
     def _proposals(self, perm: PermissionRequest) -> dict[Choice, tuple[Rule, ...]]:
         proposals = self.decider.proposals(perm, self.context)
@@ -305,16 +309,21 @@ class PermissionBridge:
             with contextlib.suppress(Exception):
                 perm = parse_request(dialog) if isinstance(dialog, m.SelectRequest) else None
                 if perm is not None:
-                    self.decider.record_cancelled(perm, self.context)
-                    fields = dict(
-                        action=perm.action.value,
-                        tool=perm.tool,
-                        target=perm.summary,
-                        decision="cancelled",
-                        by=DecidedBy.CANCELLED,
-                    )
-                    self.host.emit(EventKind.PERMISSION, **fields, question=perm.question)
-                    self.host.note("permission", fields)
+                    self.cancelled_request(perm)
+
+    def cancelled_request(self, perm: PermissionRequest) -> None:
+        """One question a stop closed unanswered: audited, and front ends told it is gone."""
+        with contextlib.suppress(Exception):
+            self.decider.record_cancelled(perm, self.context)
+            fields = dict(
+                action=perm.action.value,
+                tool=perm.tool,
+                target=perm.summary,
+                decision="cancelled",
+                by=DecidedBy.CANCELLED,
+            )
+            self.host.emit(EventKind.PERMISSION, **fields, question=perm.question)
+            self.host.note("permission", fields)
 
     # ------------------------------------------------------------ the egress proxy
     async def domain_policy(self, host: str, port: int) -> bool:
@@ -373,6 +382,15 @@ class ChangeJudge:
 
     def __init__(self, bridge: PermissionBridge) -> None:
         self.bridge = bridge
+        self._stop = asyncio.Event()
+
+    def cancel_questions(self) -> None:
+        """The run stops: an open question about a change set is closed (the change waits,
+        audited and told as cancelled), and none is asked until :meth:`resume`."""
+        self._stop.set()
+
+    def resume(self) -> None:
+        self._stop.clear()
 
     def verdicts(self, targets: list[Target]) -> list[tuple[Verdict, bool]]:
         rules = self.bridge.decider.store.effective_rules()
@@ -400,7 +418,21 @@ class ChangeJudge:
             targets=tuple(targets),
             payload={},
         )
-        choice, by = await self.bridge.decide_permission(perm)
+        if self._stop.is_set():
+            return Answer.NOBODY
+        deciding = asyncio.ensure_future(self.bridge.decide_permission(perm))
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({deciding, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not deciding.done():
+            deciding.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await deciding
+            self.bridge.cancelled_request(perm)
+            return Answer.NOBODY
+        choice, by = deciding.result()
         if by == DecidedBy.NO_TERMINAL:
             return Answer.NOBODY
         return Answer.ALLOW if choice.allows else Answer.DENY

@@ -21,6 +21,7 @@ from piwork.agent import Agent
 from piwork.changes.engine import FolderChanges, Judge, Limits, Outcome, summary
 from piwork.changes.entry import display
 from piwork.changes.journal import Pending
+from piwork.changes.patches import export_commits
 from piwork.rpc.framing import MalformedLine
 from piwork.run.digest import EventKind
 from piwork.tasks import Task, TaskStore
@@ -112,6 +113,7 @@ class FolderCheckpoints:
         self._judge = judge
         self.turn_start_wait = turn_start_wait
         self.engine: FolderChanges | None = None
+        self._task_dir: Path | None = None
         self.timings: list[float] = []
         self._base = 0
         self._started = 0
@@ -127,6 +129,7 @@ class FolderCheckpoints:
             settings = load_task_settings()
             limits = Limits(max_before_bytes=settings.checkpoint_max_file_bytes)
             self.engine = FolderChanges(task.dir, Path(folder), limits=limits)
+            self._task_dir = task.dir
             cps = self.engine.journal.checkpoints()
             self._base = self._last_turn = max((c.turn or 0 for c in cps), default=0)
             if not cps:
@@ -162,6 +165,7 @@ class FolderCheckpoints:
             if await self._take(agent, done, f"turn {done}" if done else "task end"):
                 with contextlib.suppress(Exception):
                     self.engine.journal.add(Pending(None, "task end"))
+            await self._patches(agent)
         if self.timings:
             timings["checkpoint_max"] = max(self.timings)
 
@@ -184,6 +188,26 @@ class FolderCheckpoints:
             self.timings.append(time.monotonic() - t)
         self._report(out, turn)
         return out.checkpoint is not None and bool(out.applied)
+
+    async def _patches(self, agent: Agent) -> None:
+        """The agent's commits in the person's repositories, as patch files to apply."""
+        source = agent.folder_source()
+        if self.engine is None or source is None or self._task_dir is None:
+            return
+        try:
+            made = await export_commits(self.engine, source, self._task_dir)
+        except Exception as exc:
+            self._emit(EventKind.ERROR, message=f"could not export the agent's commits: {exc}")
+            return
+        for p in made:
+            where = sanitize(display(p.repo), one_line=True) or "the folder"
+            data = {"repo": display(p.repo), "file": str(p.file), "commits": p.commits}
+            self._note("patches", data)
+            self._emit(
+                EventKind.NOTICE,
+                message=f"the agent made {p.commits} commit(s) in {where} (in its copy; your "
+                f"repository is as it was): {p.file}; `git am {p.file}` applies them",
+            )
 
     def _report(self, out: Outcome, turn: int | None) -> None:
         if out.empty and not out.kept and not out.notes:

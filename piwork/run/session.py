@@ -398,6 +398,7 @@ class TaskSession:
             self.note("prompt", {"message": text})
             self.emit(EventKind.PROMPT, message=text)
             await self.set_status(TaskStatus.RUNNING)  # a no-op if it is already
+            self.permissions.change_judge().resume()
             t = time.monotonic()
             work = asyncio.ensure_future(self._prompt_and_wait(agent, text))
             limit = asyncio.ensure_future(self._limit_hit.wait())
@@ -457,6 +458,7 @@ class TaskSession:
     async def _abort_run(self) -> None:
         """Answer every open dialog (pi would hang on them), then abort the run."""
         assert self.agent is not None
+        self.permissions.change_judge().cancel_questions()  # a change set's question, too
         self.permissions.cancelled(await self.agent.cancel_open_dialogs())
         if self._paused:
             await self.resume_vm()

@@ -1,9 +1,11 @@
-"""The context panel's turns, diffs and undo on a real checkpoint repository (no VM).
+"""The context panel's turns, diffs and undo on real checkpoints (no VM).
 
-The checkpoints are taken by the runner's own recorder (``RunRecorder``) on a
-temporary folder, turn by turn as the runner does; the panel reads and undoes
-them through ``piwork.checkpoints`` (what ``piwork changes``/``undo`` use), in
-a worker thread under the app's qasync loop.
+The checkpoints are taken by the runner's own recorder (``FolderCheckpoints``) on
+a temporary folder, turn by turn as the runner does, from the agent's copy of
+the folder (``Recorded.view``: a directory standing in for the VM's layer, as
+``tests/unit/changes_double.py`` says); the panel reads and undoes them through
+``piwork.checkpoints`` (what ``piwork changes``/``undo`` use), in a worker
+thread under the app's qasync loop.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox, QTreeWidgetItem
 from pytestqt.qtbot import QtBot
 
-from piwork.checkpoints import RunRecorder, repo_for
+from piwork.changes.engine import Answer
 from piwork.config import Paths
 from piwork.gui import context as context_mod
 from piwork.gui.context import MAX_DIFF_LINES, RUNNING_TIP, ContextPanel
@@ -35,7 +37,9 @@ from piwork.policy import (
     TaskContext,
 )
 from piwork.run.pool import Pool
+from piwork.run.records import FolderCheckpoints
 from piwork.tasks import TaskStore
+from tests.unit.changes_double import Judge, MirrorLayer
 
 from .conftest import permission_request, until
 
@@ -64,18 +68,31 @@ class Recorded:
         finally:
             store.close()
         self.loop = loop
-        self.rec = RunRecorder(repo_for(self.task), on_event, turn_start_wait=0.01)
-        run(loop, self.rec.start())
+        self.layer = MirrorLayer(folder.with_name(folder.name + "-agent"), folder)
+        self.view = self.layer.view
+        """The agent's copy of the folder: what the agent writes, the test writes here."""
+        judge = Judge(answer=Answer.ALLOW)
+
+        def emit(kind: Any, **data: Any) -> None:
+            if kind.value == "changes":
+                on_event(data)
+
+        self.rec = FolderCheckpoints(emit, lambda _k, _d: None, lambda: judge,
+                                     turn_start_wait=0.01)  # fmt: skip
+        self.rec.begin(self.task)
+
+    def folder_source(self) -> MirrorLayer:
+        return self.layer
 
     def turn(self) -> None:
         async def go() -> None:
             self.rec.turn_started()
-            await self.rec.before_model_call()
+            await self.rec.before_model_call(self)  # type: ignore[arg-type]
 
         run(self.loop, go())
 
     def end(self) -> None:
-        run(self.loop, self.rec.end())
+        run(self.loop, self.rec.end(self, {}))  # type: ignore[arg-type]
 
 
 def two_turns(loop: asyncio.AbstractEventLoop, paths: Paths, folder: Path) -> str:
@@ -85,10 +102,10 @@ def two_turns(loop: asyncio.AbstractEventLoop, paths: Paths, folder: Path) -> st
     events: list[dict[str, Any]] = []
     recorded = Recorded(loop, paths, folder, "checkpoints in the window", events.append)
     recorded.turn()
-    (folder / "a.txt").write_text("ALPHA from turn one\nunchanged line\n")
-    (folder / "big.txt").write_text("".join(f"line {i}\n" for i in range(BIG)))
+    (recorded.view / "a.txt").write_text("ALPHA from turn one\nunchanged line\n")
+    (recorded.view / "big.txt").write_text("".join(f"line {i}\n" for i in range(BIG)))
     recorded.turn()
-    (folder / "b.txt").write_text("BRAVO from turn two\n")
+    (recorded.view / "b.txt").write_text("BRAVO from turn two\n")
     recorded.end()
     assert [e["turn"] for e in events] == [1, 2]
     return recorded.task.id
@@ -166,7 +183,7 @@ def test_turns_diff_bounds_and_undo_through_the_checkpoints_api(
     # A huge diff is bounded, with a note saying how big it is.
     panel.turns.setCurrentItem(item(panel, 1, "big.txt"))
     big = panel.diff_view.toPlainText().splitlines()
-    assert big[0].startswith(f"# diff too large, {BIG + 6:,} lines")  # 6 header lines
+    assert big[0].startswith(f"# diff too large, {BIG + 4:,} lines")  # 4 header lines
     assert len(big) == MAX_DIFF_LINES + 2 and big[-1] == big[0]
 
     # While the task's VM runs the buttons are off and say why; the API refuses too.
@@ -260,19 +277,20 @@ def test_everywhere_for_a_delete_asks_a_second_time_a_command_does_not(
 def test_a_running_turn_is_listed_only_once_the_task_stops(
     qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
 ) -> None:
-    """While the VM runs, reading the open turn would checkpoint the folder again on every
-    refresh: the panel lists closed turns then, and the open one once the task is off."""
+    """A turn's changes reach the folder (and its checkpoint) at the next model call or at
+    the end of the run: while the agent works on turn 2, the panel lists turn 1."""
     folder = tmp_path / "work"
     folder.mkdir()
     (folder / "a.txt").write_text("a\n")
     recorded = Recorded(qloop, gui_paths, folder, "open turn")
     task = recorded.task
     recorded.turn()
-    (folder / "a.txt").write_text("A\n")
-    recorded.turn()  # turn 2 is open: no checkpoint after it yet
-    (folder / "b.txt").write_text("b\n")
-    running = context_mod.load_turns(task.id, gui_paths, include_open=False)
+    (recorded.view / "a.txt").write_text("A\n")
+    recorded.turn()  # turn 2 is open: its changes are taken later
+    (recorded.view / "b.txt").write_text("b\n")
+    running = context_mod.load_turns(task.id, gui_paths)
     assert [t.turn for t in running.turns] == [1] and running.undone is None
+    recorded.end()
     stopped = context_mod.load_turns(task.id, gui_paths)
     assert {t.turn: [f.path for f in t.files] for t in stopped.turns} == {
         1: ["a.txt"],

@@ -433,3 +433,45 @@ def test_undo_restores_a_link_as_a_link(make_run: Any, tmp_path: Path) -> None:
     assert (run.folder / "out-link").is_symlink()
     assert os.readlink(run.folder / "out-link") == str(outside)
     assert outside.read_text() == "outside\n"
+
+
+def _git(cwd: Path, *args: str) -> str:
+    import subprocess
+
+    env = {"PATH": os.environ["PATH"], "HOME": str(cwd), "GIT_CONFIG_NOSYSTEM": "1"}
+    return subprocess.run(
+        ["git", "-c", "user.name=p", "-c", "user.email=p@x", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+
+
+def test_the_agents_commits_come_as_a_patch_and_its_git_metadata_never(make_run: Any) -> None:
+    run: Run = make_run()
+    f = run.folder
+    _git(f, "init", "-q", "-b", "main")
+    (f / "app.py").write_text("print(1)\n")
+    _git(f, "add", "-A")
+    _git(f, "commit", "-qm", "the person's commit")
+    git_before = tree_digest(f / ".git")
+    run.start()
+    run.turn()
+    (run.view / "app.py").write_text("print(2)\n")
+    _git(run.view, "commit", "-qam", "the agent's first commit")
+    (run.view / "new.py").write_text("x = 1\n")
+    _git(run.view, "add", "new.py")
+    _git(run.view, "commit", "-qm", "the agent's second commit")
+    _git(run.view, "config", "core.fsmonitor", "touch PWNED")
+    run.end()
+    assert tree_digest(f / ".git") == git_before  # the person's repository is as it was
+    assert (f / "app.py").read_text() == "print(2)\n"  # the working tree's changes apply
+    patch = run.task.dir / "patches" / "folder.patch"
+    assert patch.is_file(), run.notices
+    text = patch.read_text()
+    assert text.count("Subject: [PATCH") == 2 and "the agent's second commit" in text
+    assert any("2 commit(s)" in n and "git am" in n for n in run.notices)
+    # The person applies them to a clone of their repository.
+    clone = f.parent / "clone"
+    _git(f.parent, "clone", "-q", str(f), str(clone))
+    _git(clone, "am", "-q", str(patch))
+    assert "the agent's second commit" in _git(clone, "log", "--oneline")
+    assert (clone / "new.py").read_text() == "x = 1\n"

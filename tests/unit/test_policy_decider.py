@@ -210,13 +210,14 @@ def test_always_on_a_git_hooks_ask_stores_an_exact_path_not_a_blanket_write(
     decider: Decider,
 ) -> None:
     """Issue 17 finding 11: "Always allow in this folder" on a write that asked
-    because of the ``**/.git/hooks/**`` rule stored ``write`` with no pattern,
-    which (a user rule) outranked the .git ask-rules for every later path."""
+    because of a pattern rule (now ``**/.git``, the host-runnable list) stored
+    ``write`` with no pattern, which (a user rule) outranked the ask-rules for
+    every later path."""
     hook = "/mnt/work/.git/hooks/pre-commit"
     req = request(Target(Action.WRITE, op="write", path=hook))
     asked = decider.decide(req, CTX)
     assert asked.verdict is Verdict.ASK
-    assert asked.rule is not None and asked.rule.pattern == "**/.git/hooks/**"
+    assert asked.rule is not None and asked.rule.pattern == "**/.git"
     [proposed] = decider.proposed_rules(req, Choice.ALWAYS_FOLDER, CTX)
     d = decider.record_answer(req, Choice.ALWAYS_FOLDER, CTX)
     assert [r.key for r in d.created_rules] == [proposed.key]

@@ -155,7 +155,7 @@ def test_accepts_a_pydantic_model() -> None:
 
 NODE_SCRIPT = """
 const C = await import(process.argv[1]);
-const env = { PIWORK_SCOPE_DIRS: "/mnt/work:/mnt/outputs", PIWORK_TASK_ID: "t-9" };
+const env = { PIWORK_GATE_ASK_COMMANDS: JSON.stringify(["git push"]), PIWORK_TASK_ID: "t-9" };
 const config = { ...C.loadConfig(env), home: "/root" };
 const input = { command: process.argv[2] };
 const r = C.classifyToolCall("bash", input, { cwd: "/mnt/work", config });
@@ -167,7 +167,7 @@ process.stdout.write(JSON.stringify({ ...msg, options: C.OPTION_LIST }));
 
 def test_contract_with_the_real_gate() -> None:
     classify = repo_root() / "runtime-pack" / "extensions" / "gate" / "classify.js"
-    command = "rm -rf build </dev/null; echo '</piwork-permission>' && curl https://example.com"
+    command = "rm -rf build </dev/null; echo '</piwork-permission>' && git push origin main"
     out = subprocess.run(
         ["node", "--input-type=module", "-e", NODE_SCRIPT, str(Path(classify).as_uri()), command],
         check=True,
@@ -180,7 +180,7 @@ def test_contract_with_the_real_gate() -> None:
     assert req.command == command
     assert req.task_id == "t-9" and req.tool_call_id == "call-1"
     assert req.options == tuple(c.value for c in GATE_CHOICES)
-    actions = {t.action for t in req.targets}
-    assert {Action.DELETE, Action.NETWORK} <= actions
-    assert any(t.domain == "example.com" for t in req.targets)
-    assert "/mnt/work/build" in req.paths
+    # The gate asks only about the command a rule of the person's names (the folder's
+    # changes are decided on the host, from their effect: piwork.changes).
+    assert {t.action for t in req.targets} == {Action.SHELL}
+    assert [t.command for t in req.targets] == ["git push origin main"]

@@ -54,12 +54,16 @@ class TestDefaults:
     def test_defaults(self, action: Action, expected: Verdict) -> None:
         assert verdict([], Target(action=action)) is expected
 
-    def test_writes_to_git_hooks_and_config_ask(self) -> None:
-        hook = Target(Action.WRITE, path="/mnt/work/.git/hooks/pre-commit")
-        assert verdict([], hook) is Verdict.ASK
-        assert verdict([], Target(Action.WRITE, path="/mnt/work/sub/.git/config")) is Verdict.ASK
-        assert verdict([], Target(Action.WRITE, path="/mnt/work/.git/index")) is Verdict.ALLOW
-        assert verdict([], Target(Action.WRITE, path="/mnt/work/hooks/x")) is Verdict.ALLOW
+    def test_writes_to_what_the_host_could_run_ask(self) -> None:
+        """The one list (piwork.changes.holds.RUNNABLE) is the default rules' too."""
+        for path in (
+            ".git/hooks/pre-commit", "sub/.git/config", ".git/index", ".gitmodules",
+            ".husky/pre-commit", "a/.vscode/tasks.json", ".envrc", ".venv/pyvenv.cfg",
+            "node_modules/.bin/eslint", ".pre-commit-config.yaml", ".idea/x.xml",
+        ):  # fmt: skip
+            assert verdict([], Target(Action.WRITE, path=f"/mnt/work/{path}")) is Verdict.ASK, path
+        for path in ("hooks/x", "src/app.py", "node_modules/pkg/index.js", "gitignore"):
+            assert verdict([], Target(Action.WRITE, path=f"/mnt/work/{path}")) is Verdict.ALLOW
 
     def test_any_user_rule_beats_a_default(self) -> None:
         assert verdict([rule(Action.DELETE, Verdict.ALLOW)], delete()) is Verdict.ALLOW

@@ -186,3 +186,47 @@ async def test_ordinary_commands_ask_nothing_and_every_delete_is_asked_with_its_
     # The venv made in the folder waits, without a question.
     assert not (folder / ".venv").exists()
     assert ".venv" in {w.root for w in waiting_changes(task_id)}
+
+
+async def test_the_person_edits_during_a_run_and_both_versions_are_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three-way, as ``--host`` does: the person's version stays, the agent's lands beside
+    it, and a notice says so (tests/hosts/test_hosts_folder_sync.py: the same engine)."""
+    from piwork.runner import EventKind, RunEvent
+
+    monkeypatch.setenv("PIWORK_HOME", str(tmp_path / "home"))
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("v0\n")
+    (folder / "other.txt").write_text("o0\n")
+    server = ScriptedModelServer([Text("x")], model_id="scripted")
+    server.script = per_prompt_steps(  # type: ignore[assignment]
+        ToolCalls([bash(f"cd {W} && sleep 8 && echo agent > notes.txt && echo agent > other.txt")]),
+        Text("done"),
+    )
+    events: list[RunEvent] = []
+
+    def on_event(ev: RunEvent) -> None:
+        events.append(ev)
+        if ev.kind is EventKind.TOOL_START:  # while the agent's command runs
+            (folder / "notes.txt").write_text("the person's edit\n")
+
+    async with server:
+        req = scripted_request(server, folder, boot_stall_timeout=180.0)
+        async with TaskSession(req, on_event, paths=get_paths()) as session:
+            outcome = await session.run_prompt("edit the notes")
+            assert outcome.ok, outcome
+    assert (folder / "notes.txt").read_text() == "the person's edit\n"
+    assert (folder / "notes.txt.agent-1").read_text() == "agent\n"
+    assert (folder / "other.txt").read_text() == "agent\n"
+    notices = [str(e.data.get("message")) for e in events if e.kind is EventKind.NOTICE]
+    assert any("conflict" in n and "notes.txt" in n and "notes.txt.agent-1" in n for n in notices)
+
+
+def per_prompt_steps(*steps: Step) -> Any:
+    def choose(req: ChatRequest) -> Step:
+        i = req.assistant_turns_since_user
+        return steps[i] if i < len(steps) else Text("(done)")
+
+    return choose

@@ -1,7 +1,9 @@
 """The checkpoints issue's acceptance in one real VM run: the real pi, the gate, the
 host policy, a scripted model. The agent overwrites, truncates and deletes files
-across three turns (and makes a symlink pointing out of the folder); then
-``piwork changes`` and ``piwork undo`` work on what the host recorded.
+across three turns (and makes a symlink pointing out of the folder, which waits
+for the person); each turn's change set is applied at the next model call (the
+last at the end of the run), and ``piwork changes`` and ``piwork undo`` work on
+what the host recorded.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import asyncio
 import hashlib
 import json
 import os
-import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -60,24 +61,6 @@ def digest(root: Path) -> dict[str, str]:
             key = f"{st.st_mode:o}:{st.st_mtime_ns}:{hashlib.sha256(data).hexdigest()}"
             out[str(p.relative_to(root))] = key
     return out
-
-
-def link_as_seen_on_host(link: Path) -> str:
-    """The git mode the agent's ``ln -s /etc/hostname link-out`` must be recorded with.
-
-    With 9p ``security_model=none`` the guest's link is a host symlink (recorded
-    as a link, 120000). With ``mapped-xattr`` it is a host file holding the link
-    text, its type in the ``user.virtfs.mode`` xattr: recorded as that file
-    (100644), so it can be restored byte for byte. Either way the link's text,
-    never the host's /etc/hostname, is what the checkpoint holds.
-    """
-    if link.is_symlink():
-        assert os.readlink(link) == "/etc/hostname"
-        return "120000"
-    assert link.read_text() == "/etc/hostname"
-    mode = int.from_bytes(os.getxattr(link, "user.virtfs.mode", follow_symlinks=False), "little")
-    assert stat.S_ISLNK(mode), oct(mode)
-    return "100644"
 
 
 async def changes(home: Path, task_id: str, turn: int) -> dict[str, str]:
@@ -157,34 +140,28 @@ async def test_agent_changes_are_recorded_per_turn_and_undoable(
     assert (folder / "b.txt").read_text() == ""
     assert not (folder / "c.txt").exists() and not (folder / "e.txt").exists()
     assert (folder / "f.txt").read_text() == "foxtrot\n"
-    link = folder / "link-out"
-    link_mode = link_as_seen_on_host(link)
+    # A link pointing out of the folder waits for the person (it is not in the folder).
+    assert not (folder / "link-out").is_symlink() and not (folder / "link-out").exists()
+    code, out, err = await piwork(home, "changes", task_id, "--json")
+    waiting = {w["path"]: w["why"] for w in json.loads(out)["waiting"]}
+    assert waiting == {"link-out": "a link that points outside the folder"}, waiting
 
-    # The runner's per-turn events.
+    # The runner's per-turn events: each turn's change set, taken at the next model call.
     per_turn = {e.data["turn"]: e.data for e in events if e.kind is EventKind.CHANGES}
-    assert sorted(per_turn) == [1, 2, 3, 4]
+    assert sorted(per_turn) == [1, 2, 3]
     assert {f["path"]: f["status"] for f in per_turn[2]["files"]} == {
         "b.txt": "modified",
         "c.txt": "deleted",
     }
     assert (per_turn[2]["modified"], per_turn[2]["deleted"], per_turn[2]["added"]) == (1, 1, 0)
-    assert per_turn[4]["files"] == []
 
     # `piwork changes` lists exactly the effects, per turn.
-    assert await changes(home, task_id, 1) == {"a.txt": "modified", "link-out": "added"}
+    assert await changes(home, task_id, 1) == {"a.txt": "modified"}
     assert await changes(home, task_id, 2) == {"b.txt": "modified", "c.txt": "deleted"}
     assert await changes(home, task_id, 3) == {"e.txt": "deleted", "f.txt": "added"}
     code, out, err = await piwork(home, "changes", task_id)
     assert code == 0, err
     assert "-bravo, to be truncated" in out and "+alpha, overwritten by the agent" in out
-
-    # The link is recorded as a link (its text), never followed to the host's file.
-    shadow = paths.tasks / task_id / "checkpoints"
-    git = ["git", f"--git-dir={shadow}"]
-    entry = sh(*git, "ls-tree", "refs/heads/checkpoints", "link-out")
-    assert entry.startswith(f"{link_mode} blob "), entry
-    target = sh(*git, "cat-file", "-p", "refs/heads/checkpoints:link-out")
-    assert target == "/etc/hostname"
 
     # Undo turn 2 only.
     code, out, err = await piwork(home, "undo", task_id, "--turn", "2")
@@ -194,7 +171,6 @@ async def test_agent_changes_are_recorded_per_turn_and_undoable(
     assert (folder / "a.txt").read_text() == "alpha, overwritten by the agent\n"
     assert not (folder / "e.txt").exists()
     assert (folder / "f.txt").read_text() == "foxtrot\n"
-    assert link_as_seen_on_host(link) == link_mode
 
     # Undo the undo.
     before_undo = out.split("--to ")[1].split("`")[0]
@@ -203,7 +179,5 @@ async def test_agent_changes_are_recorded_per_turn_and_undoable(
     assert (folder / "b.txt").read_text() == ""
     assert not (folder / "c.txt").exists()
 
-    # The folder's own .git was never touched, and never recorded.
+    # The folder's own .git was never touched.
     assert digest(folder / ".git") == dot_git
-    names = sh(*git, "ls-tree", "-r", "--name-only", "refs/heads/checkpoints").split()
-    assert not any(n == ".git" or n.startswith(".git/") for n in names)

@@ -1,8 +1,8 @@
 """Issue 17's "every change is recorded" in one real VM run: the real pi, the gate,
-the host policy, a scripted model. The agent writes a name git refuses
-(``.GIT/x``, which used to make every later checkpoint and the undo fail),
-deletes the person's gitignored ``.env`` and ``data/``, and renames its draft
-over a recorded file. ``piwork undo`` brings every one of them back.
+the host policy, a scripted model. The agent writes ``.GIT/x`` (git takes it for
+``.git``: it waits for the person and never reaches the folder), deletes the
+person's gitignored ``.env`` and ``data/``, and renames its draft over a file of
+the person's. ``piwork undo`` brings every one of them back.
 """
 
 from __future__ import annotations
@@ -79,17 +79,16 @@ async def test_undo_restores_ignored_files_and_a_file_renamed_over(
     assert not (folder / ".env").exists() and not (folder / "data").exists()
     assert (folder / "report.md").read_text() == ORIGINALS["draft.md"]
     assert not (folder / "draft.md").exists()
-    assert (folder / ".GIT" / "x").is_file()
+    assert not (folder / ".GIT").exists()  # git metadata in any spelling: it waits
 
-    # Every checkpoint was taken despite .GIT/x; each turn shows exactly its effects.
+    # Each turn shows exactly its effects; .GIT waits for the person.
     code, out, err = await piwork(home, "changes", task_id, "--json")
     assert code == 0, err
     shown = json.loads(out)
     labels = [c["label"] for c in shown["checkpoints"]]
     assert labels[0] == "task start" and labels[-1] == "task end", labels
-    assert "before turn 2" in labels and "before turn 3" in labels, labels
-    notes = [n for c in shown["checkpoints"] for n in c["notes"]]
-    assert any(n.startswith(".GIT: a name git cannot record") for n in notes), notes
+    assert "turn 1" in labels and "turn 2" in labels, labels
+    assert {w["root"] for w in shown["waiting"]} == {".GIT"}
     assert await changes(home, task_id, 1) == {".env": "deleted"}
     assert await changes(home, task_id, 2) == {
         "data/rows.csv": "deleted",
@@ -99,12 +98,11 @@ async def test_undo_restores_ignored_files_and_a_file_renamed_over(
     }
     code, out, err = await piwork(home, "changes", task_id)
     assert code == 0, err
-    assert "not recorded" in out and ".GIT: a name git cannot record" in out
+    assert "waiting for you" in out and ".GIT/x" in out
 
     # Undo the whole task: everything is back, byte for byte.
     code, out, err = await piwork(home, "undo", task_id)
     assert code == 0, err
     for rel, text in ORIGINALS.items():
         assert (folder / rel).read_text() == text, rel
-    # .GIT/x is in no checkpoint: undo leaves it for the person (changes listed it).
-    assert (folder / ".GIT" / "x").is_file()
+    assert not (folder / ".GIT").exists()

@@ -3,8 +3,9 @@ extension, a scripted model, the host policy, and the person played by a
 ``ScriptedAsker``.
 
 Boots (TCG, ~30-40 s each): one shared session for prompt / deny / allow once /
-outside scope / "Always allow" / stop; a second run for "Always allow persists";
-two headless CLI runs (no terminal; ``--policy FILE``).
+outside the folder / "Always allow" / stop; a second run for "Always allow
+persists"; two headless CLI runs (no terminal; ``--policy FILE``). Deletes are
+asked from the change set of the turn that made them (issue 34).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import stat
-import struct
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -146,13 +145,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("perm-folder")
-    # Inside the folder, pointing out of it: in the guest this is the guest's /etc.
-    # Made as the agent's own `ln -s` leaves a link under 9p mapped-xattr (a plain
-    # host file holding the target, typed as a link in an xattr; docs/security.md):
-    # a link the person made on the host is not followed in the guest at all.
-    link = folder / "etc-link"
-    link.write_text("/etc")
-    os.setxattr(link, "user.virtfs.mode", struct.pack("<I", stat.S_IFLNK | 0o777))
+    # The person's link, pointing out of the folder: the read-only share shows it as
+    # a link (security_model=none), and in the guest it leads to the guest's /etc.
+    (folder / "etc-link").symlink_to("/etc")
     return folder
 
 
@@ -171,9 +166,23 @@ async def live(
 
 
 # --------------------------------------------------------------------------- one session
+#
+# The gate no longer asks about the folder (issue 34): what the agent changed
+# there arrives as a change set at the next model call, and a delete or a move
+# is asked then, by the host, naming the exact paths (tool "changes"). The
+# agent's copy keeps its change whatever the answer; the person's folder keeps
+# theirs unless they allow it.
 
 
-async def test_a_delete_is_prompted_and_deny_keeps_the_file_and_tells_the_model(
+def change_questions(person: Person) -> list[PermissionRequest]:
+    return [r for r in person.requests if r.tool == "changes"]
+
+
+def by_target(paths: Paths, task_id: str, target: str) -> list[dict[str, Any]]:
+    return [e for e in audit_entries(paths, task_id) if e["target"].endswith(target)]
+
+
+async def test_a_delete_is_asked_from_its_change_set_and_deny_keeps_the_file(
     live: Live,
 ) -> None:
     victim = live.folder / "victim.txt"
@@ -181,39 +190,28 @@ async def test_a_delete_is_prompted_and_deny_keeps_the_file_and_tells_the_model(
     outcome = await live.run(
         "delete victim.txt",
         ToolCalls([bash("rm victim.txt", id="call_rm_deny")]),
-        Text("I did not delete it."),
+        Text("I deleted it."),
         answer=Choice.DENY,
     )
     assert outcome.ok, outcome
     assert victim.read_text() == "precious\n"
 
-    # The person was asked exactly once, about a delete of that file.
+    # The person was asked exactly once, about a delete of that file, by the host.
     [req] = live.person.requests
-    assert req.action is Action.DELETE
-    assert req.tool == "bash" and req.command == "rm victim.txt"
-    assert req.tool_call_id == "call_rm_deny"
-    assert req.task_id == live.task_id
+    assert req.action is Action.DELETE and req.tool == "changes"
+    assert req.task_id == live.task_id and req.tool_call_id is None
     assert [(t.action, t.path) for t in req.targets] == [
         (Action.DELETE, f"{GUEST_WORK}/victim.txt")
     ]
-    assert "delete" in req.question and "rm victim.txt" in req.question
+    assert "delete: victim.txt" in req.question
     assert "<piwork-permission" not in req.question
-
-    # The model received the denial as the tool result.
-    [exchange] = last_exchanges(live.server)
-    assert exchange.id == "call_rm_deny"
-    assert exchange.result is not None
-    assert "Permission denied by the user" in exchange.result
-    assert "rm victim.txt" in exchange.result
-    assert [e["ok"] for e in live.tool_ends()] == [False]
+    # The command ran in the agent's copy: its tool result is the command's own.
+    assert [e["ok"] for e in live.tool_ends()] == [True]
 
     # Audited and in the transcript; nothing persisted.
-    [entry] = [
-        e for e in audit_entries(live.paths, live.task_id) if e["requestId"] == req.request_id
-    ]
+    [entry] = by_target(live.paths, live.task_id, "/victim.txt")
     assert entry["decision"] == "deny" and entry["decidedBy"] == "person"
-    assert entry["action"] == "delete" and entry["target"] == f"{GUEST_WORK}/victim.txt"
-    assert entry["toolCallId"] == "call_rm_deny" and entry["choice"] == "Deny"
+    assert entry["action"] == "delete" and entry["choice"] == "Deny"
     noted = transcript(live.paths, live.task_id, "permission")
     assert {"action": "delete", "decision": "Deny", "by": "person"}.items() <= noted[-1].items()
     assert policy_rules(live.paths) == []
@@ -232,72 +230,47 @@ async def test_allow_once_deletes_and_asks_again_next_time(live: Live) -> None:
     assert outcome.ok, outcome
     assert not (live.folder / "once-a.txt").exists()
     assert not (live.folder / "once-b.txt").exists()
-    assert [r.targets[0].path for r in live.person.requests] == [
+    assert [r.targets[0].path for r in change_questions(live.person)] == [
         f"{GUEST_WORK}/once-a.txt",
         f"{GUEST_WORK}/once-b.txt",
     ]
-    assert [e["ok"] for e in live.tool_ends()] == [True, True]
-    results = [x.result or "" for x in last_exchanges(live.server)]
-    assert not any("Permission" in r for r in results), results
     # "Allow once" is not remembered.
     assert policy_rules(live.paths) == []
-    allowed = [e for e in audit_entries(live.paths, live.task_id) if e["choice"] == "Allow once"]
-    assert [e["target"] for e in allowed][-2:] == [
-        f"{GUEST_WORK}/once-a.txt",
-        f"{GUEST_WORK}/once-b.txt",
-    ]
+    for name in ("once-a.txt", "once-b.txt"):
+        [entry] = by_target(live.paths, live.task_id, f"/{name}")
+        assert entry["choice"] == "Allow once" and entry["decidedBy"] == "person"
 
 
-async def test_an_outside_scope_write_through_a_symlink_in_the_folder_is_caught(
+async def test_what_the_agent_writes_outside_the_folder_is_its_own_and_a_link_out_waits(
     live: Live,
 ) -> None:
-    def answer(req: PermissionRequest) -> Choice:
-        # Deny the writes; let the final `ls` look at the guest's /etc so the
-        # test can see nothing was written there.
-        return Choice.ALLOW_ONCE if req.command and req.command.startswith("ls ") else Choice.DENY
-
+    """The guest's own file system (its /etc through the person's link, /tmp) is the
+    task's: nothing asks. A link the agent makes pointing out of the folder waits."""
     outcome = await live.run(
         "configure the system",
         ToolCalls([write("etc-link/piwork-evil.conf", "pwned\n", id="call_write_etc")]),
         ToolCalls([bash("echo pwned > etc-link/piwork-evil2.conf", id="call_bash_etc")]),
-        # A link made and written through in one command: up -> /mnt, the host's task state.
         ToolCalls([bash(f"mkdir -p a/b && cd a/b && {LN_TRICK}", id="call_ln_trick")]),
         ToolCalls([bash("ls /etc/piwork-evil.conf /etc/piwork-evil2.conf", id="call_ls")]),
-        Text("could not"),
-        answer=answer,
+        Text("done"),
+        answer=Choice.DENY,
     )
     assert outcome.ok, outcome
-    write_req, bash_req, ln_req, ls_req = live.person.requests
-    for req, op in ((write_req, "write"), (bash_req, "write")):
-        assert req.action is Action.OUTSIDE_SCOPE, req.payload
-        assert any(
-            t.action is Action.OUTSIDE_SCOPE and t.op == op and t.path is not None
-            and t.path.startswith("/etc/piwork-evil")
-            for t in req.targets
-        ), req.targets  # fmt: skip
-    assert write_req.tool == "write" and write_req.paths == ("/etc/piwork-evil.conf",)
-    assert "/etc/piwork-evil2.conf" in bash_req.paths
-    assert ln_req.action is Action.OUTSIDE_SCOPE, ln_req.targets
-    assert any(t.action is Action.OUTSIDE_SCOPE and t.path == "/mnt" for t in ln_req.targets)
-    assert ls_req.action is Action.OUTSIDE_SCOPE
-
+    assert live.person.requests == []
     by_id = {x.id: x.result or "" for x in last_exchanges(live.server)}
-    assert "Permission denied by the user" in by_id["call_write_etc"]
-    assert "Permission denied by the user" in by_id["call_bash_etc"]
-    assert "Permission denied by the user" in by_id["call_ln_trick"]
-    assert live.session.task is not None
-    assert not (live.session.task.state_dir / "pwned.txt").exists()
-    assert not (live.folder / "up").is_symlink()
-    # Nothing reached the guest's /etc.
-    assert "No such file" in by_id["call_ls"], by_id["call_ls"]
-    assert by_id["call_ls"].count("No such file") == 2
-    assert (live.folder / "etc-link").read_text() == "/etc"
-    denied = [
-        e
-        for e in audit_entries(live.paths, live.task_id)
-        if e["action"] == "outside-scope" and e["decision"] == "deny"
-    ]
-    assert {e["toolCallId"] for e in denied} >= {"call_write_etc", "call_bash_etc", "call_ln_trick"}
+    assert "No such file" not in by_id["call_ls"], by_id["call_ls"]  # the guest's own /etc
+    assert_host_untouched(live.folder)
+    from piwork.changes.api import waiting_changes
+
+    waiting = {w.path: w.why for w in waiting_changes(live.task_id, paths=live.paths)}
+    assert waiting.get("up") == "a link that points outside the folder", waiting
+
+
+def assert_host_untouched(folder: Path) -> None:
+    assert not Path("/etc/piwork-evil.conf").exists()
+    assert not Path("/etc/piwork-evil2.conf").exists()
+    assert not (folder / "up").is_symlink() and not (folder / "up").exists()
+    assert (folder / "etc-link").is_symlink() and os.readlink(folder / "etc-link") == "/etc"
 
 
 async def test_always_allow_in_the_folder_persists_so_a_second_run_does_not_ask(
@@ -338,22 +311,17 @@ async def test_always_allow_in_the_folder_persists_so_a_second_run_does_not_ask(
         outcome = await asyncio.wait_for(second.run_prompt("delete again"), timeout=300)
         task_id = second.task.id
         closing = time.monotonic()
-    # The guest powers itself off (no waiting out the host's timeout, then QMP quit).
     assert time.monotonic() - closing < 10
     assert outcome.ok, outcome
-    assert not target.exists(), "the remembered delete did not run"
+    assert not target.exists(), "the remembered delete did not happen"
     assert (live.folder / "other.txt").read_text() == "keep\n"
     # Only the other file was asked about: the rule is the exact path, not "any delete".
     assert [r.targets[0].path for r in person.requests] == [f"{GUEST_WORK}/other.txt"]
-    entries = audit_entries(live.paths, task_id)
-    by_call = {e["toolCallId"]: e for e in entries}
-    assert by_call["call_always_2"]["decidedBy"] == "rule"
-    assert by_call["call_always_2"]["decision"] == "allow"
-    assert by_call["call_always_2"]["rule"] == rule["id"]
-    assert by_call["call_other"]["decidedBy"] == "person"
-    assert by_call["call_other"]["decision"] == "deny"
-    decided = [e.data for e in events if e.kind is EventKind.PERMISSION]
-    assert {"decision": "Allow once", "by": "rule"}.items() <= decided[0].items()
+    [remembered] = by_target(live.paths, task_id, "/always.txt")
+    assert remembered["decidedBy"] == "rule" and remembered["decision"] == "allow"
+    assert remembered["rule"] == rule["id"]
+    [other] = by_target(live.paths, task_id, "/other.txt")
+    assert other["decidedBy"] == "person" and other["decision"] == "deny"
 
 
 async def test_assume_yes_allows_what_the_policy_asks_and_is_audited_as_such(live: Live) -> None:
@@ -369,7 +337,7 @@ async def test_assume_yes_allows_what_the_policy_asks_and_is_audited_as_such(liv
     assert outcome.ok, outcome
     assert not (live.folder / "yes.txt").exists()
     assert live.person.requests == []
-    [entry] = [e for e in audit_entries(live.paths, live.task_id) if e["toolCallId"] == "call_yes"]
+    [entry] = by_target(live.paths, live.task_id, "/yes.txt")
     assert entry["decision"] == "allow" and entry["choice"] == "Allow once"
     assert entry["decidedBy"] == "assume-yes"
     decided = [e.data for e in live.events if e.kind is EventKind.PERMISSION]
@@ -377,7 +345,7 @@ async def test_assume_yes_allows_what_the_policy_asks_and_is_audited_as_such(liv
     assert transcript(live.paths, live.task_id, "permission")[-1]["by"] == "assume-yes"
 
 
-async def test_stop_while_a_permission_dialog_is_open_ends_cancelled_within_seconds(
+async def test_stop_while_a_change_set_question_is_open_ends_cancelled_within_seconds(
     live: Live,
 ) -> None:
     keep = live.folder / "keep-on-stop.txt"
@@ -407,31 +375,23 @@ async def test_stop_while_a_permission_dialog_is_open_ends_cancelled_within_seco
         if not run.done():
             run.cancel()
     assert outcome.status == "stopped" and outcome.reason == "cancelled", outcome
-    assert took < 8.0, f"stop took {took:.1f} s with a dialog open"
+    assert took < 8.0, f"stop took {took:.1f} s with a question open"
     assert keep.read_text() == "still here\n"
     [req] = live.person.requests
-    assert req.tool_call_id == "call_stop"
-    [entry] = [e for e in audit_entries(live.paths, live.task_id) if e["toolCallId"] == "call_stop"]
+    assert req.tool == "changes" and req.targets[0].path == f"{GUEST_WORK}/keep-on-stop.txt"
+    [entry] = by_target(live.paths, live.task_id, "/keep-on-stop.txt")
     assert entry["decision"] == "cancelled" and entry["decidedBy"] == "cancelled"
-    assert live.session.agent is not None and not live.session.agent.open_dialogs()
-    # Front ends and the transcript learn the open question is gone.
     decided = [e.data for e in live.events if e.kind is EventKind.PERMISSION]
     assert [(d["decision"], d["by"]) for d in decided] == [
         ("ask", None),
         ("cancelled", "cancelled"),
     ]
-    noted = transcript(live.paths, live.task_id, "permission")[-1]
-    assert {"action": "delete", "decision": "cancelled", "by": "cancelled"}.items() <= noted.items()
+    # The delete waits for the person (piwork apply), and the session is still usable.
+    from piwork.changes.api import waiting_changes
 
-    # The session is still usable, and the model learns the call was cancelled.
+    assert "keep-on-stop.txt" in {w.path for w in waiting_changes(live.task_id, paths=live.paths)}
     outcome = await live.run("are you there?", Text("yes"))
     assert outcome.ok, outcome
-    history = ChatRequest(body=live.server.chat_requests[-1].body, headers={}).tool_exchanges(
-        since_last_user=False
-    )
-    [stopped] = [x for x in history if x.id == "call_stop"]
-    assert stopped.result is not None and "rm keep-on-stop.txt" in stopped.result
-    assert "Permission denied" not in stopped.result
     assert keep.exists()
 
 
@@ -491,16 +451,21 @@ async def test_headless_run_without_a_terminal_denies_and_says_so(
         home, "run", "delete headless.txt", "--folder", str(folder), "--model", "scripted/scripted"
     )
     assert code == 0, err[-3000:]
+    # Nobody to ask: the delete is not made in the folder, the run says it waits.
     assert (folder / "headless.txt").read_text() == "keep\n"
     assert "no terminal to ask on" in err and "--yes or --policy" in err
-    assert "Deny (no terminal to ask)" in err, err[-3000:]
+    assert "waiting for you" in err and "piwork apply" in err, err[-3000:]
     assert "I could not delete it." in out
-    [exchange] = last_exchanges(model_server)
-    assert "Permission denied by the user" in (exchange.result or "")
     paths = private_paths(home.resolve())
-    [entry] = [e for e in AuditLog(paths.audit_log).read() if e["toolCallId"] == "call_headless"]
+    audit = AuditLog(paths.audit_log).read()
+    [entry] = [e for e in audit if e["target"].endswith("/headless.txt")]
     assert entry["decision"] == "deny" and entry["decidedBy"] == "no-terminal"
-    assert entry["target"] == f"{GUEST_WORK}/headless.txt"
+    # `piwork apply` applies it later.
+    task = json.loads((await run_cli(home, "tasks", "list", "--json"))[1])
+    task_id = task[0]["id"] if isinstance(task, list) else task["tasks"][0]["id"]
+    code, out, err = await run_cli(home, "apply", task_id, "--yes")
+    assert code == 0, err
+    assert not (folder / "headless.txt").exists()
 
 
 async def test_headless_run_with_a_policy_file_decides_from_it(
@@ -538,13 +503,12 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
     events = [json.loads(line) for line in out.splitlines()]
     decided = [e for e in events if e["event"] == "permission" and e["decision"] != "ask"]
     assert [(e["target"], e["decision"], e["by"]) for e in decided] == [
-        ("rm allowed.txt", "Allow once", "rule"),
-        ("rm denied.txt", "Deny", "no-terminal"),
+        (f"changes {GUEST_WORK}/allowed.txt", "Allow once", "rule"),
+        (f"changes {GUEST_WORK}/denied.txt", "Deny", "no-terminal"),
     ]
     assert decided[0]["rule"] == "allow delete allowed.txt (global)"
-    by_id = {x.id: x.result or "" for x in last_exchanges(model_server)}
-    assert "Permission denied" not in by_id["call_policy_allowed"]
-    assert "Permission denied by the user" in by_id["call_policy_denied"]
+    waiting = [e for e in events if e["event"] == "changes" and e.get("waiting")]
+    assert [w["path"] for e in waiting for w in e["waiting"]] == ["denied.txt"]
     # The person's own policy was neither read nor written.
     assert json.loads(policy.read_text())["rules"] == [rule]
     assert not private_paths(home.resolve()).policy_file.exists()

@@ -134,12 +134,16 @@ def _guest_time(label: str, cmd: str, cwd: str = W) -> str:
     )
 
 
+def _small(folder: Path) -> Path:
+    folder.mkdir()
+    (folder / "README").write_text("x\n")
+    return folder
+
+
 def scenario(kind: str, work: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if kind == "per-call":
-        folder = work / "small"
-        folder.mkdir()
-        (folder / "README").write_text("x\n")
+        folder = _small(work / "small")
         cmds = [
             f"mkdir -p {W}/gen{n} && cd {W}/gen{n} && for f in $(seq 1 {n}); do echo $f > $f; done"
             for n in (1, 100, 10_000)
@@ -172,9 +176,7 @@ def scenario(kind: str, work: Path) -> dict[str, Any]:
             k: round(guest[k] / host[k], 1) if host[k] else None for k in host
         }
     elif kind == "venv":
-        folder = work / "proj"
-        folder.mkdir()
-        (folder / "README").write_text("x\n")
+        folder = _small(work / "proj")
         cmds = [
             f"s=$(date +%s%N); python3 -m venv {W}/.venv; e=$(date +%s%N); "
             "echo $(( (e - s) / 1000000 )) > /mnt/outputs/venv_folder.txt",

@@ -28,24 +28,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from piwork.changes import folder as fs
 from piwork.changes.engine import CHANGES_DIR, GUEST_FOLDER, Answer, FolderChanges, Outcome
 from piwork.changes.entry import Change, Kind
-from piwork.changes.errors import CheckpointError, TaskRunning
-from piwork.changes.history import describe, task_changes
+from piwork.changes.errors import CheckpointError
+from piwork.changes.history import claimed_task, describe, task_changes
 from piwork.changes.journal import LayerRow, State
 from piwork.changes.sources import StoredSource
 from piwork.config import Paths, get_paths
 from piwork.policy import GATE_CHOICES, AuditLog, Choice, DecidedBy, Decider, PolicyStore
 from piwork.policy.request import PermissionRequest
 from piwork.policy.rules import Action, Target, TaskContext, Verdict
-from piwork.tasks.model import ACTIVE_STATUSES
 from piwork.tasks.settings import load_task_settings
-from piwork.tasks.store import Task, TaskBusy, TaskStore
+from piwork.tasks.store import Task, TaskStore
 
 applied_changes = task_changes
 
@@ -81,23 +79,11 @@ class ApplyResult:
     checkpoint: str | None = None
 
 
-@contextlib.contextmanager
-def _quiet_task(task_id: str, paths: Paths | None) -> Iterator[Task]:
+def _quiet_task(task_id: str, paths: Paths | None) -> contextlib.AbstractContextManager[Task]:
     """The task, claimed: nothing runs it while its folder is changed here."""
-    with TaskStore((paths or get_paths()).tasks) as store:
-        store.mark_interrupted()
-        task = store.get(task_id)
-        try:
-            lease = store.claim(task.id, timeout=0.0)
-        except TaskBusy as exc:
-            raise TaskRunning(
-                f"task {task.id} is running ({exc}); its waiting changes are answered in the "
-                "run itself, or here once it stops"
-            ) from exc
-        with lease:
-            if store.get(task.id).record.status in ACTIVE_STATUSES:
-                raise TaskRunning(f"task {task.id} is active; stop it first")
-            yield task
+    return claimed_task(
+        task_id, paths, "its waiting changes are answered in the run, or here once it stops"
+    )
 
 
 def _engine(task: Task) -> FolderChanges:

@@ -40,11 +40,19 @@ from typing import Protocol
 
 from piwork.changes import folder as fs
 from piwork.changes.entry import Change, Kind, display, parents
-from piwork.changes.holds import GITDIR_PREFIX, GITDIR_WHY, Held, hook_paths, runnable
+from piwork.changes.holds import (
+    GITDIR_PREFIX,
+    GITDIR_WHY,
+    Held,
+    hook_paths,
+    refused_prefix,
+    runnable,
+)
 from piwork.changes.journal import Checkpoint, Journal, LayerRow, Pending, State
 from piwork.changes.store import ObjectStore, sync_filesystem
 from piwork.changes.wire import Scan
 from piwork.policy.rules import Action, Target, Verdict
+from piwork.sharefs import UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +183,8 @@ class Outcome:
         return not (self.applied or self.waiting or self.denied or self.refused or self.conflicts)
 
 
-def _status(before: Change, after: Change) -> str:
+def status_of(before: Change, after: Change) -> str:
+    """What a change did to a path: added | deleted | type_changed | modified."""
     if before.kind is Kind.GONE:
         return "added"
     if after.kind is Kind.GONE:
@@ -324,6 +333,14 @@ class FolderChanges:
                     op.held = None  # deleting is asked anyway; only the person's git stays
             if p.kind is Kind.DIR and (op.kind is OpKind.DELETE):
                 op.files = [person(e.path, keep=True) for e in fs.walk(dirs, c.path)]
+                repo = next(
+                    (f.change.path for f in op.files if refused_prefix(f.change.path)), None
+                )
+                if op.held is None and repo is not None:
+                    # a folder holding a repository of the person's: their git metadata
+                    # is never removed by piwork (they can delete the folder themselves)
+                    op.held = Held(c.path, f"it holds your git metadata ({display(repo)})",
+                                   existing_git=True)  # fmt: skip
             ops.append(op)
         self._pair_moves(ops)
         return ops, rows, vanished
@@ -508,6 +525,11 @@ class FolderChanges:
         for op in sorted(apply, key=_order):
             try:
                 self._apply(dirs, op, source, written, done, out)
+            except UnsafePathError:
+                # something that is not a folder stands where it goes (a file the agent
+                # replaced by a folder, and that replacement waits): it waits with it
+                op.state, op.retry = State.ASKED, True
+                op.why = "it goes into a folder whose change waits for you"
             except OSError as exc:
                 op.state = State.REFUSED
                 out.refused.append((op.path, f"could not be written: {exc.strerror or exc}"))
@@ -540,7 +562,7 @@ class FolderChanges:
             elif op.state is State.KEPT:
                 out.kept.append(op.path)
         for path, before, after in done:
-            out.applied.append((path, _status(before, after)))
+            out.applied.append((path, status_of(before, after)))
 
     def _record_before(self, dirs: fs.Dirs, op: Op) -> bool:
         """The folder's current version of what ``op`` changes is in the store (read when

@@ -86,21 +86,8 @@ class Dirs:
             fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         else:
             parent, _, name = rel.rpartition("/")
-            pfd = self.dir(parent, create=create)
-            try:
-                fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(name, 0o755, dir_fd=pfd)
-                fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise UnsafePathError(
-                        exc.errno, f"something that is not a folder is in the way of {rel}"
-                    ) from exc
-                raise
+            # one component beneath the parent's fd, never through a link (sharefs)
+            fd = sharefs._walk_dirs(self.dir(parent, create=create), [name], create=create)
         self._fds[rel] = fd
         return fd
 
@@ -305,15 +292,11 @@ def _write_file(root: Dirs, rel: str, data: bytes, *, mode: int = 0o644) -> Seen
             os.fchmod(fd, mode)  # whatever the umask
         finally:
             os.close(fd)
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False) if _exists(dir_fd, name) else None
-        if st is not None and stat.S_ISDIR(st.st_mode):
-            _rmtree_at(dir_fd, name)
-        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        st2 = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
+    st2 = _put_in_place(dir_fd, tmp, name)
     sha = hashlib.sha256(data).hexdigest()
     mode = stat.S_IMODE(st2.st_mode)
     return Seen(
@@ -322,21 +305,10 @@ def _write_file(root: Dirs, rel: str, data: bytes, *, mode: int = 0o644) -> Seen
     )  # fmt: skip
 
 
-def _exists(dir_fd: int, name: str) -> bool:
+def _put_in_place(dir_fd: int, tmp: str, name: str) -> os.stat_result:
+    """Rename ``tmp`` over ``name`` (a folder standing there is removed first); a failure
+    removes ``tmp``. Returns the new entry's own stat."""
     try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _make_link(root: Dirs, rel: str, target: str) -> Seen:
-    """A symlink at ``rel`` holding ``target`` (never followed by piwork)."""
-    dir_fd, name = _make_parents(root, rel)
-    root.forget(rel)
-    tmp = f".{name[:200]}.piwork-{secrets.token_hex(4)}"
-    try:
-        os.symlink(target, tmp, dir_fd=dir_fd)
         try:
             st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
@@ -344,11 +316,20 @@ def _make_link(root: Dirs, rel: str, target: str) -> Seen:
         except FileNotFoundError:
             pass
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        st2 = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
+
+
+def _make_link(root: Dirs, rel: str, target: str) -> Seen:
+    """A symlink at ``rel`` holding ``target`` (never followed by piwork)."""
+    dir_fd, name = _make_parents(root, rel)
+    root.forget(rel)
+    tmp = f".{name[:200]}.piwork-{secrets.token_hex(4)}"
+    os.symlink(target, tmp, dir_fd=dir_fd)
+    st2 = _put_in_place(dir_fd, tmp, name)
     return Seen(Change(rel, Kind.LINK, 0o777, target=target), st2.st_dev, st2.st_ino,
                 st2.st_ctime_ns, st2.st_mtime_ns)  # fmt: skip
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from piwork.changes import folder as fs
-from piwork.changes.engine import CHANGES_DIR
+from piwork.changes.engine import CHANGES_DIR, status_of
 from piwork.changes.entry import Change, Kind, display
 from piwork.changes.errors import CheckpointError, TaskRunning, UndoConflict
 from piwork.changes.journal import Journal, Pending, Touch
@@ -126,16 +126,6 @@ def _net(touches: list[Touch]) -> dict[str, tuple[Change, Change]]:
     return {p: ba for p, ba in out.items() if not ba[0].same_as(ba[1]) or ba[0].mode != ba[1].mode}
 
 
-def _status(before: Change, after: Change) -> str:
-    if before.kind is Kind.GONE:
-        return "added"
-    if after.kind is Kind.GONE:
-        return "deleted"
-    if before.kind is not after.kind:
-        return "type_changed"
-    return "modified"
-
-
 def task_changes(
     task_id: str, *, turn: int | None = None, paths: Paths | None = None, diffs: bool = True
 ) -> list[FileChange]:
@@ -185,7 +175,7 @@ def describe(
             binary, text, note = file_diff(
                 store, path, before, after, timeout=min(DIFF_TIMEOUT, left)
             )
-        out.append(FileChange(path, _status(before, after), binary, text, note))
+        out.append(FileChange(path, status_of(before, after), binary, text, note))
     return out
 
 
@@ -285,26 +275,32 @@ def undo(
     The undo is a checkpoint too: ``to=result.checkpoint_before`` undoes it."""
     if turn is not None and to is not None:
         raise CheckpointError("give --turn or --to, not both")
+    with claimed_task(task_id, paths, "stop it before undoing its changes") as task:
+        if task.record.working_folder is None:
+            raise CheckpointError(f"task {task.id} has no working folder, so no checkpoints")
+        with _open(task) as journal:
+            if journal is None:
+                raise CheckpointError("this task has no checkpoints: nothing to undo")
+            objects = ObjectStore(task.dir / CHANGES_DIR / "objects")
+            return _undo(journal, objects, Path(task.record.working_folder),
+                         turn=turn, to=to, files=files, force=force)  # fmt: skip
+
+
+@contextlib.contextmanager
+def claimed_task(task_id: str, paths: Paths | None, why: str) -> Iterator[Task]:
+    """The task, claimed for this process: no run of it can change its folder meanwhile.
+    Refused (:class:`TaskRunning`, saying ``why``) while it runs."""
     with _store(paths) as store:
         store.mark_interrupted()
         task = store.get(task_id)
         try:
             lease = store.claim(task.id, timeout=0.0)
         except TaskBusy as exc:
-            raise TaskRunning(
-                f"task {task.id} is running ({exc}); stop it before undoing its changes"
-            ) from exc
+            raise TaskRunning(f"task {task.id} is running ({exc}); {why}") from exc
         with lease:
             if store.get(task.id).record.status in ACTIVE_STATUSES:
-                raise TaskRunning(f"task {task.id} is active; stop it before undoing")
-            if task.record.working_folder is None:
-                raise CheckpointError(f"task {task.id} has no working folder, so no checkpoints")
-            with _open(task) as journal:
-                if journal is None:
-                    raise CheckpointError("this task has no checkpoints: nothing to undo")
-                objects = ObjectStore(task.dir / CHANGES_DIR / "objects")
-                return _undo(journal, objects, Path(task.record.working_folder),
-                             turn=turn, to=to, files=files, force=force)  # fmt: skip
+                raise TaskRunning(f"task {task.id} is active; {why}")
+            yield task
 
 
 def _undo(

@@ -45,9 +45,6 @@ if mounted "$DISK"; then
     :
 elif [ -n "$dev" ]; then
     if ! mount -t ext4 -o noatime,noinit_itable "$dev" "$DISK" 2>/dev/null; then
-        # A new layer disk reads as zeros: format it (never anything else).
-        nonzero=$(dd if="$dev" bs=65536 count=16 2>/dev/null | tr -d '\000' | wc -c)
-        [ $((nonzero)) -eq 0 ] || fail "the task's layer disk holds data that does not mount as ext4"
         if ! mounted "$WB"; then
             wb=
             for d in /sys/block/vd*; do
@@ -57,11 +54,13 @@ elif [ -n "$dev" ]; then
             mkdir -p "$WB"
             mount -t erofs -o ro "$wb" "$WB" || fail "cannot mount the workbench image ($wb)"
         fi
-        MKE2FS_CONFIG=$WB/etc/mke2fs.conf "$WB/lib64/ld-linux-x86-64.so.2" \
-            --library-path "$WB/lib/x86_64-linux-gnu:$WB/usr/lib/x86_64-linux-gnu" \
-            "$WB/sbin/mke2fs" -q -F -t ext4 -m 0 -L pwlayer \
-            -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 "$dev" > "$F/mkfs.log" 2>&1 \
-            || fail "formatting the task's layer disk failed: $(tail -n 3 "$F/mkfs.log")"
+        # A new layer disk reads as zeros: format it (never anything else).
+        /bin/busybox sh /opt/piwork/workbench/blank-ext4.sh "$WB" "$dev" pwlayer "$F/mkfs.log"
+        case $? in
+            0) ;;
+            2) fail "the task's layer disk holds data that does not mount as ext4" ;;
+            *) fail "formatting the task's layer disk failed: $(tail -n 3 "$F/mkfs.log")" ;;
+        esac
         mount -t ext4 -o noatime,noinit_itable "$dev" "$DISK" || fail "cannot mount the new layer disk"
     fi
 else

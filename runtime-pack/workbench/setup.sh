@@ -65,19 +65,13 @@ if [ "$MODE" = disk ] || [ "$MODE" = image ]; then
     done
     [ -n "$disk" ] || fail "the task's environment disk did not appear within 15 s"
     if ! mounted "$DISK" && ! mount -t ext4 -o noatime,noinit_itable "$disk" "$DISK" 2>/dev/null; then
-        # Format only a blank disk (a new environment: its first MiB reads as
-        # zeros); never over anything else, whatever made the mount fail.
-        nonzero=$(dd if="$disk" bs=65536 count=16 2>/dev/null | tr -d '\000' | wc -c)
-        if [ $((nonzero)) -ne 0 ]; then
-            fail "the environment disk holds data that does not mount as ext4; start clean (piwork run --clean-env, or piwork env reset)"
-        fi
-        MKE2FS_CONFIG=$LOWER/etc/mke2fs.conf "$LOWER/lib64/ld-linux-x86-64.so.2" \
-            --library-path "$LOWER/lib/x86_64-linux-gnu:$LOWER/usr/lib/x86_64-linux-gnu" \
-            "$LOWER/sbin/mke2fs" -q -F -t ext4 -m 0 -L pwenv \
-            -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 "$disk" > "$B/mkfs.log" 2>&1 \
-            || fail "formatting the new environment disk failed: $(tail -n 3 "$B/mkfs.log")"
-        # A new qcow2 reads as zeros: its inode tables need no zeroing, and the
-        # kernel's background pass would write (and allocate on the host) ~256 MiB.
+        # Format only a blank disk (a new environment); never over anything else.
+        /bin/busybox sh "${0%/*}/blank-ext4.sh" "$LOWER" "$disk" pwenv "$B/mkfs.log"
+        case $? in
+            0) ;;
+            2) fail "the environment disk holds data that does not mount as ext4; start clean (piwork run --clean-env, or piwork env reset)" ;;
+            *) fail "formatting the new environment disk failed: $(tail -n 3 "$B/mkfs.log")" ;;
+        esac
         mount -t ext4 -o noatime,noinit_itable "$disk" "$DISK" || fail "cannot mount the new environment disk"
     fi
 else

@@ -13,6 +13,7 @@ import pytest
 
 from piwork.changes.engine import Answer, FolderChanges, Limits
 from piwork.changes.history import _undo
+from piwork.changes.entry import Kind
 from piwork.changes.journal import State
 
 from .changes_double import Judge, Layer
@@ -161,3 +162,25 @@ async def test_a_change_set_costs_what_changed_not_the_folder(tmp_path: Path) ->
 def assert_absent(folder: Path, *paths: str) -> None:
     for p in paths:
         assert not os.path.lexists(folder / p), p
+
+
+async def test_a_folder_holding_a_repository_of_the_persons_is_never_deleted(setup) -> None:
+    folder, engine, layer = setup
+    (folder / "vendor" / "lib" / ".git").mkdir(parents=True)
+    (folder / "vendor" / "lib" / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / "vendor" / "lib" / "a.py").write_text("a\n")
+    layer.delete("vendor")
+    judge = Judge(answer=Answer.ALLOW)
+    out = await engine.take(layer, judge, turn=1, label="turn 1")
+    assert not judge.asked and out.kept == ["vendor"]
+    assert (folder / "vendor" / "lib" / ".git" / "HEAD").is_file()
+
+
+async def test_what_goes_into_a_folder_whose_replacement_waits_waits_with_it(setup) -> None:
+    folder, engine, layer = setup
+    layer.delete("README")
+    layer.entries["README"] = layer.entries["README"].__class__("README", Kind.DIR, 0o755)
+    layer.write("README/inner.txt", b"x\n")
+    out = await engine.take(layer, Judge(), turn=1, label="turn 1")  # nobody answers
+    assert (folder / "README").read_text() == "readme\n"
+    assert {p for p, _s, _w in out.waiting} >= {"README", "README/inner.txt"}

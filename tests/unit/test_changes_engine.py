@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from piwork.changes.engine import Answer, FolderChanges, Limits
-from piwork.changes.history import _undo
 from piwork.changes.entry import Kind
+from piwork.changes.history import _undo
 from piwork.changes.journal import State
 
 from .changes_double import Judge, Layer

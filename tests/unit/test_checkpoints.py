@@ -475,3 +475,45 @@ def test_the_agents_commits_come_as_a_patch_and_its_git_metadata_never(make_run:
     _git(clone, "am", "-q", str(patch))
     assert "the agent's second commit" in _git(clone, "log", "--oneline")
     assert (clone / "new.py").read_text() == "x = 1\n"
+
+
+def test_what_waits_is_listed_and_applied_or_kept_out_later(
+    make_run: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No one to ask during the run: deletes and host-runnable files wait; `piwork apply`
+    applies some (as the person's answer, checkpointed, undoable), keeps others out."""
+    from piwork.changes.api import waiting_changes
+
+    run: Run = make_run()
+    run.judge = Judge(answer=Answer.NOBODY)
+    f = run.folder
+    (f / "old.txt").write_text("old\n")
+    (f / "gone.txt").write_text("gone\n")
+    run.start()
+    run.turn()
+    (run.view / "old.txt").unlink()
+    (run.view / "gone.txt").unlink()
+    (run.view / ".envrc").write_text("export X=1\n")
+    (run.view / "app.py").write_text("print(1)\n")
+    run.end()
+    assert (f / "app.py").exists() and (f / "old.txt").exists() and not (f / ".envrc").exists()
+    waiting = {w.path: w for w in waiting_changes(run.id)}
+    assert set(waiting) == {"old.txt", "gone.txt", ".envrc"}
+    assert waiting[".envrc"].kind == "held" and waiting["old.txt"].kind == "asked"
+    assert waiting[".envrc"].diff is not None and "+export X=1" in waiting[".envrc"].diff
+
+    code, out, _ = run_cli(capsys, "apply", run.id, "--list")
+    assert code == 0 and "waiting for you" in out and "+export X=1" in out
+    code, out, err = run_cli(capsys, "apply", run.id, ".envrc", "old.txt")
+    assert code == 2 and "--yes" in err  # no terminal to confirm on
+    code, out, err = run_cli(capsys, "apply", run.id, ".envrc", "old.txt", "--yes")
+    assert code == 0, err
+    assert (f / ".envrc").read_text() == "export X=1\n" and not (f / "old.txt").exists()
+    code, out, err = run_cli(capsys, "apply", run.id, "--keep-out", "--yes")
+    assert code == 0 and "kept out" in out
+    assert (f / "gone.txt").read_text() == "gone\n"
+    assert waiting_changes(run.id) == []
+    assert "waiting for you" not in run_cli(capsys, "changes", run.id)[1]
+    # The applied changes are checkpointed like any other: undo takes them back.
+    undo(run.id)
+    assert (f / "old.txt").read_text() == "old\n" and not (f / ".envrc").exists()

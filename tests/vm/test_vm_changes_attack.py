@@ -144,6 +144,8 @@ def guest_attack(m: dict[str, Path]) -> str:
 
     steps = [
         "id -u",
+        # git works for the agent, in its copy (before it poisons its own copy's hooks)
+        "echo change >> README && git -c user.name=a -c user.email=a@x commit -qam 'the agent commits' && git log --oneline | head -1",  # noqa: E501
         # finding 1: a new repository in the uninitialised submodule's path
         "mkdir -p vendor/lib evilgit/objects evilgit/refs && echo 'gitdir: ../../evilgit' > vendor/lib/.git",  # noqa: E501
         f'echo "ref: refs/heads/main" > evilgit/HEAD && printf "{esc(fsmonitor(m["status"]))}" > evilgit/config',  # noqa: E501
@@ -237,10 +239,10 @@ async def test_guest_root_cannot_make_the_host_run_anything_through_the_folder(
     assert "the agent commits" in log  # git works for the agent, in its copy
     assert log.rstrip().endswith(f"rc=0 :: step {log.count('rc=') - 1}"), log
 
-    # What reached the folder: the one ordinary file. Everything else waits, or is the
-    # person's git metadata and stays in the agent's copy.
+    # What reached the folder: the ordinary edits (README, made-by-guest.txt). Everything
+    # else waits, or is the person's git metadata and stays in the agent's copy.
     now = snapshot(folder)
-    assert {k for k in now if now.get(k) != before.get(k)} == {"made-by-guest.txt"}
+    assert {k for k in now if now.get(k) != before.get(k)} == {"made-by-guest.txt", "README"}
     assert not {k for k in before if k not in now}
     assert snapshot(main / ".git") == main_before
     waiting = {w.root: w for w in waiting_changes(task_id)}

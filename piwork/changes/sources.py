@@ -9,8 +9,11 @@ says whether the person changed a path after the agent's layer took it:
 - otherwise, for a ``--host`` run, against the copy the remote was sent (its
   sha256, ``baseline``): the agent started from exactly that;
 - otherwise (a local run, whose lower layer is the live folder), iff it changed
-  after the previous change set was taken: the agent's layer copied it during
-  this turn, so a change of the person's in this turn may not be in it.
+  after the agent's layer began (``base_ns``: the task's first checkpoint): the
+  guest caches what it reads of the folder (9p ``cache=loose``), so the version
+  the agent's copy started from may predate an edit of the person's however
+  long ago it was made; such a path keeps the person's version, the agent's
+  lands beside it. (Without ``base_ns``: since the previous change set.)
 
 :class:`StoredSource` replays changes already fetched (``piwork apply``).
 """
@@ -53,6 +56,8 @@ class LayerSource:
         self._client: LayerClient | None = None
         self._last_ns = started_ns if started_ns is not None else time.time_ns()
         self._prev_ns = self._last_ns
+        self.base_ns: int | None = None
+        """When the agent's layer began (the run sets it from the task's history)."""
 
     async def _open(self) -> LayerClient:
         if self._client is None:
@@ -95,7 +100,8 @@ class LayerSource:
         base = self.baseline(seen.change.path) if self.baseline is not None else None
         if self.baseline is not None and base is None and written is None:
             return seen.change.kind is not Kind.GONE  # the remote had no such file
-        return person_changed_since(seen, written, self._prev_ns, base)
+        since = self.base_ns if self.base_ns is not None else self._prev_ns
+        return person_changed_since(seen, written, since, base)
 
     async def close(self) -> None:
         client, self._client = self._client, None

@@ -114,6 +114,7 @@ class FolderCheckpoints:
         self.turn_start_wait = turn_start_wait
         self.engine: FolderChanges | None = None
         self._task_dir: Path | None = None
+        self._since_ns: int | None = None
         self.timings: list[float] = []
         self._base = 0
         self._started = 0
@@ -133,7 +134,8 @@ class FolderCheckpoints:
             cps = self.engine.journal.checkpoints()
             self._base = self._last_turn = max((c.turn or 0 for c in cps), default=0)
             if not cps:
-                self.engine.journal.add(Pending(None, "task start"))
+                cps = [self.engine.journal.add(Pending(None, "task start"))]
+            self._since_ns = int(cps[0].created * 1e9)
         except Exception as exc:
             self.engine = None
             self._emit(
@@ -174,6 +176,8 @@ class FolderCheckpoints:
         source = agent.folder_source()
         if source is None:
             return False
+        if self._since_ns is not None and hasattr(source, "base_ns"):
+            source.base_ns = self._since_ns  # the person's edits since the task began
         t = time.monotonic()
         try:
             out = await self.engine.take(source, self._judge(), turn=turn, label=label)

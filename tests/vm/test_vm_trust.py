@@ -62,6 +62,13 @@ def guest_script(victim: Path, victim_dir: Path) -> object:
     return choose
 
 
+def assert_folder_got_plain_files(folder: Path) -> None:
+    st = os.lstat(folder / "suid")
+    assert stat.S_ISREG(st.st_mode) and not st.st_mode & (stat.S_ISUID | stat.S_ISGID)
+    assert os.readlink(folder / "link") == "sub/target.txt"
+    assert not os.path.lexists(folder / "cdev") and not os.path.lexists(folder / "bdev")
+
+
 async def run_once(req: RunRequest, prompt: str) -> str:
     async with TaskSession(req, paths=get_paths()) as session:
         assert session.task is not None
@@ -104,13 +111,12 @@ async def test_guest_links_and_modes_in_shares_never_reach_the_host(
         assert "suid 6755 regular" in view, view  # the agent sees what it asked for
         assert "link 777 symbolic link" in view, view
         assert (folder / "read-via-link.txt").read_text() == "through-the-link\n"
-        # Recorded, not asserted: how a link the person made looks to the guest
-        # (docs/security.md, "Choices and their costs").
-        print("\nguest view of a host-made link:", (folder / "host-link-view.txt").read_text())
-        for name in ("suid", "cdev", "bdev"):
-            st = os.lstat(folder / name)
-            assert not st.st_mode & (stat.S_ISUID | stat.S_ISGID), (name, oct(st.st_mode))
-            assert not stat.S_ISCHR(st.st_mode) and not stat.S_ISBLK(st.st_mode), name
+        # The folder is read-only to QEMU with no mapping: the guest sees the person's
+        # own link as a link, and follows it within its own view (docs/security.md).
+        assert (folder / "host-link-view.txt").read_text() == "sub\nthrough-the-link\n"
+        # What the change set brought: the file without its set-uid/set-gid bits, the
+        # agent's link inside the folder as a link; no device node at all.
+        assert_folder_got_plain_files(folder)
 
         # Item 3: the resume rewrites models.json and makes state/home, but never
         # through what the guest planted; pi still finds its config.

@@ -25,7 +25,7 @@ from piwork.pack.manifest import Manifest
 from piwork.rpc import models as m
 from tests.hosts.conftest import Sshd, _descendants
 from tests.hosts.test_hosts_watchdog import alive, cmdline, parents, wait_gone
-from tests.vm.conftest import agent_config, make_task_dirs, pack, write_models_json
+from tests.vm.conftest import agent_config, apply_changes, make_task_dirs, pack, write_models_json
 
 __all__ = ["pack"]  # the session fixture, shared with tests/vm
 pytestmark = pytest.mark.vm
@@ -80,6 +80,7 @@ async def test_pi_answers_through_ssh_and_writes_into_the_local_folder(
             await agent.rpc.prompt("write the file")
             await agent.rpc.wait_idle(timeout=300)
             assert len(server.chat_requests) >= 2  # the model calls arrived on this machine
+            await apply_changes(agent, local / "task-dir")  # as a run does, before the end
         assert await asyncio.to_thread(wait_gone, pid, 30) < 30
     assert dirs.work is not None
     assert (dirs.work / "from-remote.txt").read_text() == "written on the remote VM\n"
@@ -141,6 +142,7 @@ async def test_a_dropped_ssh_connection_mid_turn_loses_and_duplicates_nothing(
             starts = [e.tool_call_id for e in events if isinstance(e, m.ToolExecutionStart)]
             assert len(starts) == len(set(starts)) == 2  # nothing replayed twice
             assert sum(isinstance(e, m.AgentEnd) for e in events) == 1
+            await apply_changes(agent, local / "task-dir")
         assert len(server.chat_requests) == 3
     assert dirs.work is not None
     assert (dirs.work / "slept.txt").read_text() == "slept\n"

@@ -247,3 +247,32 @@ def piwork_cli(
     )
     print(f"--- piwork {' '.join(args)}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+class _AllowAll:
+    """Every change set question answered yes (a test that drives AgentVm directly)."""
+
+    def verdicts(self, targets: list[Any]) -> list[tuple[Any, bool]]:
+        from piwork.policy.rules import Verdict
+
+        return [(Verdict.ALLOW, True)] * len(targets)
+
+    async def ask(self, targets: list[Any], question: str) -> Any:
+        from piwork.changes.engine import Answer
+
+        return Answer.ALLOW
+
+
+async def apply_changes(agent: AgentVm, task_dir: Path) -> Any:
+    """What the agent changed in its layer over the working folder, taken and applied to
+    the folder as a run does before each model call (piwork.changes), everything allowed.
+    For tests that drive ``AgentVm`` without the runner."""
+    from piwork.changes.engine import FolderChanges
+
+    source = agent.folder_source()
+    assert source is not None and agent.cfg.dirs.work is not None
+    engine = FolderChanges(task_dir, agent.cfg.dirs.work)
+    try:
+        return await engine.take(source, _AllowAll(), turn=None, label="test")
+    finally:
+        engine.close()

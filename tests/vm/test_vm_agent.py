@@ -27,6 +27,7 @@ from piwork.vm.machine import BootStalled, VirtualMachine
 
 from .conftest import (
     agent_config,
+    apply_changes,
     make_task_dirs,
     per_prompt,
     pid_alive,
@@ -55,6 +56,9 @@ async def test_a_file_the_agent_writes_appears_in_the_host_folder(
     events = await prompt_events(shared_agent, "write the file", timeout=120)
     work = shared_agent.cfg.dirs.work
     assert work is not None
+    # The guest wrote its layer; the folder gets it as a change set (piwork.changes).
+    assert not (work / "from-guest.txt").exists()
+    await apply_changes(shared_agent, work.parent / "task-dir")
     assert (work / "from-guest.txt").read_text() == "written inside the VM\n"
     ends = [e for e in events if isinstance(e, m.ToolExecutionEnd)]
     assert [e.tool_name for e in ends] == ["write", "bash"]

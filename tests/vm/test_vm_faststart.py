@@ -21,7 +21,7 @@ from piwork.pack.manifest import Manifest
 from piwork.rpc import models as m
 from piwork.vm.template import META, RAM, STATE, default_root, template_for
 
-from .conftest import agent_config, make_task_dirs, per_prompt, write_models_json
+from .conftest import agent_config, apply_changes, make_task_dirs, per_prompt, write_models_json
 
 pytestmark = pytest.mark.vm
 
@@ -65,6 +65,7 @@ async def test_two_restored_vms_at_once_each_work_in_their_own_folder_and_sessio
         for name, a, ev in zip(("one", "two"), agents, events, strict=True):
             work = a.cfg.dirs.work
             assert work is not None
+            await apply_changes(a, work.parent / "task-dir")
             seen = (work / "seen.txt").read_text().split()
             assert seen == [f"only-in-{name}.txt", f"task-{name}"], seen
             # Each session file is in its own task's state folder, holding its own prompt.

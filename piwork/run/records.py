@@ -231,15 +231,15 @@ class FolderCheckpoints:
                 "(the agent keeps working with them; `piwork apply TASK` or the app applies them)",
             )
         for path, beside in out.conflicts:
+            shown = sanitize(display(path), one_line=True)
             where = (
-                f"; the agent's version is {sanitize(display(beside), one_line=True)}"
+                f", the agent's is beside it as {sanitize(display(beside), one_line=True)}"
                 if beside
-                else ""
+                else "; the agent's change stays in its copy"
             )
             self._emit(
                 EventKind.NOTICE,
-                message=f"conflict: you changed {sanitize(display(path), one_line=True)} while "
-                f"the agent did; your version stays{where}",
+                message=f"conflict: {shown} changed here and in the task; your version stays{where}",
             )
         for note in out.notes:
             self._emit(EventKind.NOTICE, message=sanitize(note, one_line=True))

@@ -239,7 +239,8 @@ class FolderCheckpoints:
             )
             self._emit(
                 EventKind.NOTICE,
-                message=f"conflict: {shown} changed here and in the task; your version stays{where}",
+                message=f"conflict: {shown} changed here and in the task; "
+                f"your version stays{where}",
             )
         for note in out.notes:
             self._emit(EventKind.NOTICE, message=sanitize(note, one_line=True))

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextFormat
-from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
@@ -45,7 +44,7 @@ from piwork.policy import Choice, PolicyStore
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
 
-from .conftest import scripted_provider, shown, until
+from .conftest import message_box, press, scripted_provider, shown, until
 
 pytestmark = pytest.mark.vm
 
@@ -89,9 +88,7 @@ def send(qtbot: QtBot, win: Any, text: str, *, alt: bool = False) -> None:
 
 
 def confirm_stop(win: Any) -> None:
-    box: QMessageBox = win._stop_box
-    [stop] = [b for b in box.buttons() if b.text() == "Stop"]
-    stop.click()
+    press(message_box("Stop the task?"), "Stop")
 
 
 def test_the_window_drives_real_tasks(

@@ -23,8 +23,7 @@ from piwork.policy import Action, AuditLog, Choice, Decider, PermissionRequest, 
 from piwork.policy.rules import TaskContext
 from piwork.run.permissions import PermissionBridge
 from piwork.tasks import TaskStatus
-
-from .conftest import FakeRun, button, message_box, permission_request, say, until
+from tests.helpers.gui import FakeRun, button, message_box, permission_request, say, until
 
 
 class _Host:

@@ -12,8 +12,7 @@ from pytestqt.qtbot import QtBot
 from piwork.config import Paths
 from piwork.gui.prefs import Prefs
 from piwork.policy import DEFAULT_RULES, Action, PolicyStore, ScopeKind, Verdict
-
-from .conftest import button
+from tests.helpers.gui import button
 
 
 def test_limits_apply_to_the_running_app_and_are_saved_without_a_save_button(

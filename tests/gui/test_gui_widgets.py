@@ -36,8 +36,7 @@ from piwork.policy import (
 )
 from piwork.run.pool import Pool
 from piwork.tasks import TaskStore
-
-from .conftest import (
+from tests.helpers.gui import (
     FakeRun,
     activate,
     button,

@@ -29,6 +29,7 @@ from piwork.gui.controller import TaskController
 from piwork.gui.hosts import host_names
 from piwork.gui.model import TasksModel
 from piwork.gui.prefs import model_choices
+from piwork.gui.qtlink import listen
 from piwork.gui.state import Phase, hint_for
 from piwork.gui.text import sanitize
 from piwork.gui.widgets import Composer
@@ -106,8 +107,8 @@ class ComposePanel(QWidget):
         self._draft_timer.timeout.connect(self.save_draft)
         self.composer.textChanged.connect(self._draft_timer.start)
         self.draft_error: str | None = None
-        model.selected_changed.connect(self._selected)
-        model.changed.connect(lambda _t: self.redraw())
+        listen(self, model.selected_changed, self._selected)
+        listen(self, model.changed, lambda _t: self.redraw())
 
     # ------------------------------------------------------------ pickers
     def fill_models(self) -> None:

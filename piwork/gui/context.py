@@ -54,6 +54,7 @@ from PySide6.QtWidgets import (
 
 from piwork import sharefs
 from piwork.config import Paths, get_paths
+from piwork.gui.qtlink import listen
 from piwork.gui.text import sanitize
 from piwork.gui.turns import TurnsPane
 from piwork.gui.widgets import InertBrowser, file_kind, open_preview, set_inert_markdown
@@ -218,10 +219,10 @@ class ContextPanel(QWidget):
     def follow(self, model: TasksModel) -> None:
         """Draw the model's selected task, and note every task's changes as they come."""
         self.model = model
-        model.selected_changed.connect(self._task_selected)
-        model.changed.connect(self._task_changed)
-        model.run_event.connect(self._run_event)
-        model.closed.connect(lambda t: self.unwatch(t.task_id or ""))
+        listen(self, model.selected_changed, self._task_selected)
+        listen(self, model.changed, self._task_changed)
+        listen(self, model.run_event, self._run_event)
+        listen(self, model.closed, lambda t: self.unwatch(t.task_id or ""))
         self._clock = QTimer(self)
         self._clock.setInterval(500)
         self._clock.timeout.connect(self._tick)

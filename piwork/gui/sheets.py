@@ -13,6 +13,7 @@ from PySide6.QtWidgets import QMessageBox, QVBoxLayout, QWidget
 
 from piwork.gui.controller import PendingPermission, PendingPreview, TaskController
 from piwork.gui.model import TasksModel
+from piwork.gui.qtlink import listen
 from piwork.gui.text import always_rules, plain_request, registry_rules_offered, rule_text, sanitize
 from piwork.gui.widgets import PermissionSheet, PreviewSheet, QuestionBar
 from piwork.gui.words import person_paths
@@ -46,9 +47,9 @@ class SheetArea(QWidget):
         self.question_bar: QuestionBar | None = None
         self.everywhere_box: QMessageBox | None = None
         self._shown: tuple[object, ...] | None = None
-        model.selected_changed.connect(lambda _t: self.redraw())
-        model.asked.connect(lambda _t, _w: self.redraw())
-        model.changed.connect(self._changed)
+        listen(self, model.selected_changed, lambda _t: self.redraw())
+        listen(self, model.asked, lambda _t, _w: self.redraw())
+        listen(self, model.changed, self._changed)
 
     def _changed(self, task: TaskController) -> None:
         if task is self.model.selected:

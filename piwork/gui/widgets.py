@@ -300,6 +300,8 @@ class ToolRow(QFrame):
         self.arg = sanitize(arg, limit=160, keep_newlines=False)
         self.t0 = time.monotonic()
         self.ok: bool | None = None
+        self.ended = ""  # ok, failed, denied, interrupted
+        self.duration: float | None = None
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 2, 8, 2)
         lay.setSpacing(0)
@@ -323,20 +325,40 @@ class ToolRow(QFrame):
         icon = self.ICONS.get(self.name, "•")
         if self.ok is None:
             state = "…"
+        elif self.ended == "interrupted":
+            state = "■ interrupted"  # cut off (a stop, a crash): it never ended
         else:
-            state = ("✓" if self.ok else "✗ error") + f"  {self.duration:.1f}s"
+            # How the step ended in the person's words: a denial is no error (issue 33).
+            state = {"ok": "✓", "denied": "⊘ denied"}.get(self.ended, "✗ failed")
+            if self.duration is not None:
+                state += f"  {self.duration:.1f}s"
         arrow = "▾" if self.head.isChecked() else "▸"
         line = button_text(f"{self.name}  {self.arg}", limit=240)
         self.head.setText(f"{arrow} {icon} {line}   {state}")
-        self.head.setProperty("state", "run" if self.ok is None else ("ok" if self.ok else "err"))
+        look = {"ok": "ok", "denied": "denied", "interrupted": "denied"}.get(self.ended, "err")
+        self.head.setProperty("state", "run" if self.ok is None else look)
         self.head.style().unpolish(self.head)
         self.head.style().polish(self.head)
 
-    def finish(self, ok: bool, text: str) -> None:
+    def finish(
+        self, ok: bool, text: str, *, seconds: float | None = None, denied: bool = False
+    ) -> None:
+        """The step ended: ``seconds`` is its duration when replayed from the transcript
+        (live, the row's own clock); ``denied``: it failed because a permission was
+        denied (shown as such, not as an error)."""
         self.ok = ok
-        self.duration = time.monotonic() - self.t0
+        self.ended = "ok" if ok else ("denied" if denied else "failed")
+        self.duration = seconds if seconds is not None else time.monotonic() - self.t0
         self.output.setPlainText(sanitize(text or "(no output)", limit=20_000))
         self._render()
+
+    def interrupt(self) -> None:
+        """It never ended (the run was stopped or the app died): no more "…"."""
+        if self.ok is None:
+            self.ok = False
+            self.ended = "interrupted"
+            self.duration = None
+            self._render()
 
     def _toggle(self, on: bool) -> None:
         self.output.setVisible(on)

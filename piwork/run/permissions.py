@@ -182,7 +182,11 @@ class PermissionBridge:
         # The policy read and the audit fsync happen off the event loop.
         decision = await asyncio.to_thread(self.decider.decide, perm, ctx)
         base = dict(
-            action=perm.action.value, tool=perm.tool, target=perm.summary, question=perm.question
+            action=perm.action.value,
+            tool=perm.tool,
+            target=perm.summary,
+            question=perm.question,
+            call=perm.tool_call_id,  # the step it is about: the app marks a denied step
         )
         if decision.verdict is not Verdict.ASK:
             choice = decision.reply_choice

@@ -352,8 +352,16 @@ def test_history_replays_a_transcript(tmp_path: Path) -> None:
         def tool_start(self, call_id: str, name: str, arg: str) -> None:
             calls.append(("tool", call_id, name, arg))
 
-        def tool_end(self, call_id: str, name: str, ok: bool, text: str) -> None:
+        def tool_end(
+            self, call_id: str, name: str, ok: bool, text: str, seconds: float | None = None
+        ) -> None:
             calls.append(("tool_end", call_id, ok, text))
+
+        def deny(self, call_id: str) -> None:
+            calls.append(("deny", call_id))
+
+        def interrupt(self) -> None:
+            pass
 
         def notice(self, text: str, kind: str = "notice") -> None:
             calls.append(("notice", text))

@@ -263,9 +263,11 @@ class FakeRun:
 
     async def pause_vm(self) -> None:
         self.paused = True
+        self._status("paused")  # as the runner says it
 
     async def resume_vm(self) -> None:
         self.paused = False
+        self._status("running")
 
 
 def rail_menu(win: Any, row: int, action: str) -> None:

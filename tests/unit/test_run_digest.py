@@ -59,11 +59,19 @@ class Rows:
     def tool_start(self, call_id: str, name: str, arg: str) -> None:
         self.rows.append(("start", call_id, name, arg))
 
-    def tool_end(self, call_id: str, name: str, ok: bool, text: str) -> None:
+    def tool_end(
+        self, call_id: str, name: str, ok: bool, text: str, seconds: float | None = None
+    ) -> None:
         self.rows.append(("end", call_id, name, ok, text))
 
+    def deny(self, call_id: str) -> None:
+        pass
+
+    def interrupt(self) -> None:
+        pass
+
     def live(self, ev: RunEvent) -> None:
-        """As piwork/gui/window.py's _on_event turns a RunEvent into a row."""
+        """As piwork/gui/conversation.py's ConversationPane turns a RunEvent into a row."""
         d = ev.data
         if ev.kind is EventKind.TOOL_START:
             self.tool_start(str(d.get("id")), str(d.get("name")), str(d.get("arg") or ""))

@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QHBoxLayout,
-    QLabel,
     QPushButton,
     QVBoxLayout,
     QWidget,
@@ -32,7 +31,7 @@ from piwork.gui.prefs import model_choices
 from piwork.gui.qtlink import listen
 from piwork.gui.state import Phase, hint_for
 from piwork.gui.text import sanitize
-from piwork.gui.widgets import Composer
+from piwork.gui.widgets import Composer, plain_label
 
 CLEAN_ENV_TIP = (
     "Start the new task from the clean workbench, not from what the folder's last task "
@@ -72,7 +71,7 @@ class ComposePanel(QWidget):
         self.folder_btn.setToolTip("Working folder for a new task")
         self.folder_btn.clicked.connect(self.pick_folder)
         bar.addWidget(self.folder_btn)
-        self.folder_lbl = QLabel("no folder")
+        self.folder_lbl = plain_label("no folder")
         self.folder_lbl.setObjectName("folderLabel")
         bar.addWidget(self.folder_lbl, 1)
         self.clean_env = QCheckBox("Start clean")

@@ -39,7 +39,6 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QHBoxLayout,
-    QLabel,
     QListWidget,
     QListWidgetItem,
     QPlainTextEdit,
@@ -57,7 +56,13 @@ from piwork.config import Paths, get_paths
 from piwork.gui.qtlink import listen
 from piwork.gui.text import sanitize
 from piwork.gui.turns import TurnsPane
-from piwork.gui.widgets import InertBrowser, file_kind, open_preview, set_inert_markdown
+from piwork.gui.widgets import (
+    InertBrowser,
+    file_kind,
+    open_preview,
+    plain_label,
+    set_inert_markdown,
+)
 from piwork.runner import EventKind, RunEvent
 
 if TYPE_CHECKING:
@@ -139,7 +144,7 @@ class ContextPanel(QWidget):
         self.setMinimumWidth(260)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 8, 8)
-        self.folder_label = QLabel("No task selected")
+        self.folder_label = plain_label("No task selected")
         self.folder_label.setWordWrap(True)
         self.folder_label.setObjectName("panelFolder")
         lay.addWidget(self.folder_label)
@@ -152,7 +157,7 @@ class ContextPanel(QWidget):
         self.previews_box.setObjectName("previews")
         pl = QVBoxLayout(self.previews_box)
         pl.setContentsMargins(0, 4, 0, 4)
-        pl.addWidget(QLabel("Previews"))
+        pl.addWidget(plain_label("Previews"))
         self.previews_rows = QVBoxLayout()
         pl.addLayout(self.previews_rows)
         self.preview_buttons: dict[int, QPushButton] = {}  # port -> its "Open" button
@@ -175,12 +180,12 @@ class ContextPanel(QWidget):
         )
         self.tabs.addTab(self.turns_pane, "Turns")
         lay.addWidget(self.tabs, 2)
-        self.preview_title = QLabel("Preview")
+        self.preview_title = plain_label("Preview")
         self.preview_title.setObjectName("previewTitle")
         lay.addWidget(self.preview_title)
         self.preview = QStackedWidget()
         self.preview_text = InertBrowser()  # previews guest files: loads nothing
-        self.preview_image = QLabel()
+        self.preview_image = plain_label()
         self.preview_image.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.preview_table = QTableWidget()
         self.diff_view = QPlainTextEdit()
@@ -195,11 +200,11 @@ class ContextPanel(QWidget):
         for w in (self.preview_text, self.preview_image, self.preview_table, self.diff_view):
             self.preview.addWidget(w)
         lay.addWidget(self.preview, 3)
-        self.usage = QLabel()
+        self.usage = plain_label()
         self.usage.setObjectName("usage")
         lay.addWidget(self.usage)
         # The task's environment disk (what it installed), as `piwork tasks show` says it.
-        self.env_label = QLabel()
+        self.env_label = plain_label()
         self.env_label.setObjectName("taskEnv")
         self.env_label.setWordWrap(True)  # the panel can be narrow: never cut the size off
         self.env_label.setToolTip(
@@ -351,13 +356,13 @@ class ContextPanel(QWidget):
             rv.setContentsMargins(0, 0, 0, 2)
             rv.setSpacing(0)
             top = QHBoxLayout()
-            top.addWidget(QLabel(f"Port {port}"), 1)
+            top.addWidget(plain_label(f"Port {port}"), 1)
             btn = QPushButton("Open")
             btn.setToolTip(url)
             btn.clicked.connect(lambda _=False, u=url: open_preview(u))
             top.addWidget(btn)
             rv.addLayout(top)
-            link = QLabel(url)
+            link = plain_label(url)
             link.setObjectName("previewUrl")
             link.setToolTip(url)
             link.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)

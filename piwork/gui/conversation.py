@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFrame,
     QLabel,
@@ -25,7 +26,7 @@ from piwork.gui.model import TasksModel
 from piwork.gui.qtlink import listen
 from piwork.gui.text import sanitize
 from piwork.gui.welcome import WelcomePage
-from piwork.gui.widgets import MessageView, NoticeRow, PreviewRow, ToolRow
+from piwork.gui.widgets import MessageView, NoticeRow, PreviewRow, ToolRow, plain_tip
 from piwork.gui.words import (
     RESUME_PROMPT,
     RESUMED,
@@ -118,7 +119,7 @@ class Conversation(QScrollArea):
             self.boot_row.setText(line)
         if detail:
             self.boot_details.append(detail)
-            self.boot_row.setToolTip("\n".join(self.boot_details[-30:]))
+            self.boot_row.setToolTip(plain_tip("\n".join(self.boot_details[-30:])))
 
     def tool_end(
         self, call_id: str, name: str, ok: bool, text: str, seconds: float | None = None
@@ -186,6 +187,7 @@ class ConversationPane(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         self.header = QLabel("New task")
+        self.header.setTextFormat(Qt.TextFormat.RichText)  # the title in bold, escaped
         self.header.setObjectName("taskHeader")
         self.header.setContentsMargins(12, 6, 12, 0)
         lay.addWidget(self.header)
@@ -236,7 +238,7 @@ class ConversationPane(QWidget):
             f"<b>{html.escape(sanitize(sel.title, limit=120, keep_newlines=False))}</b>"
             f" — {html.escape(state.label)}{extra}"
         )
-        self.header.setToolTip(f"model: {sel.model}" if sel.model else "")
+        self.header.setToolTip(plain_tip(f"model: {sel.model}") if sel.model else "")
 
     # ------------------------------------------------------------ the runner's events
     def _on_event(self, ctl: TaskController, ev: RunEvent) -> None:

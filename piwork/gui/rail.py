@@ -18,6 +18,7 @@ from piwork.gui.model import TasksModel
 from piwork.gui.qtlink import listen
 from piwork.gui.state import Phase
 from piwork.gui.text import sanitize
+from piwork.gui.widgets import plain_tip
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -120,7 +121,7 @@ class TaskRail(QWidget):
                 continue
             item.setText(self.row_text(task))
             title = sanitize(task.title, limit=300, keep_newlines=False)
-            item.setToolTip(title + (f"  (Ctrl+{i + 1})" if i < 9 else ""))
+            item.setToolTip(plain_tip(title + (f"  (Ctrl+{i + 1})" if i < 9 else "")))
 
     def eventFilter(self, watched: QObject, e: QEvent) -> bool:
         if e.type() == QEvent.Type.Resize:

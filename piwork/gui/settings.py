@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -36,9 +35,11 @@ from PySide6.QtWidgets import (
 
 from piwork.auth import KeyStore
 from piwork.config import Paths
+from piwork.gui.asking import message_box
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.settings_tabs import EnvsTab, PacksTab
 from piwork.gui.text import sanitize
+from piwork.gui.widgets import plain_label, plain_labels
 from piwork.models.custom import add_provider, remove_provider
 from piwork.models.defaults import DEMO, set_default_model
 from piwork.models.providers import (
@@ -78,6 +79,7 @@ class SettingsDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
+        plain_labels(self)  # the form rows' labels too
 
     packs = _tab("packs_tab", "packs")
     pack_status = _tab("packs_tab", "pack_status")
@@ -98,7 +100,7 @@ class SettingsDialog(QDialog):
         self.default_pick = QComboBox()
         self._fill_default()
         self.default_pick.currentIndexChanged.connect(self._default_changed)
-        self.default_note = QLabel()
+        self.default_note = plain_label()
         form.addRow("Default model", self.default_pick)
         form.addRow("", self.default_note)
         self._update_default_note()
@@ -117,7 +119,7 @@ class SettingsDialog(QDialog):
         krow.addWidget(self.key_field, 1)
         krow.addWidget(save)
         form.addRow("Provider key", krow)
-        self.key_status = QLabel()
+        self.key_status = plain_label()
         form.addRow("", self.key_status)
         # custom providers
         self.custom_list = QListWidget()
@@ -220,7 +222,10 @@ class SettingsDialog(QDialog):
                 path=self.paths.config / PROVIDERS_FILE_NAME,
             )
         except Exception as exc:
-            QMessageBox.warning(self, "Provider not saved", sanitize(exc, limit=1500))
+            box = message_box(self, "Provider not saved", sanitize(exc, limit=1500))
+            box.setIcon(QMessageBox.Icon.Warning)
+            box.open()
+            self.provider_box = box
             return
         self._fill_custom()
         self._fill_default()
@@ -236,7 +241,7 @@ class SettingsDialog(QDialog):
     def _policy_tab(self) -> QWidget:
         w = QWidget()
         lay = QVBoxLayout(w)
-        lay.addWidget(QLabel("Your rules (saved with “Always allow”, or added here):"))
+        lay.addWidget(plain_label("Your rules (saved with “Always allow”, or added here):"))
         self.rules = QTableWidget(0, 5)
         self.rules.setObjectName("rulesTable")
         self.rules.setHorizontalHeaderLabels(["Rule", "Action", "Scope", "Pattern", "Created"])
@@ -254,14 +259,14 @@ class SettingsDialog(QDialog):
         row.addWidget(reset)
         row.addStretch(1)
         lay.addLayout(row)
-        lay.addWidget(QLabel("Built in (your rules come first):"))
+        lay.addWidget(plain_label("Built in (your rules come first):"))
         self.builtin = QListWidget()
         self.builtin.setObjectName("builtinRules")
         for r in DEFAULT_RULES:
             self.builtin.addItem(f"{r.human()} — {r.note}" if r.note else r.human())
         self.builtin.setMaximumHeight(150)
         lay.addWidget(self.builtin, 1)
-        lay.addWidget(QLabel("Audit log (newest first):"))
+        lay.addWidget(plain_label("Audit log (newest first):"))
         self.audit = QPlainTextEdit()
         self.audit.setReadOnly(True)
         lay.addWidget(self.audit, 1)
@@ -357,7 +362,7 @@ class SettingsDialog(QDialog):
         for spin in (self.max_tasks, self.memory, self.cpus, self.keep_warm):
             spin.valueChanged.connect(self._save_limits)
         self.accel.currentIndexChanged.connect(self._save_limits)
-        note = QLabel(
+        note = plain_label(
             "Changes apply at once and are saved. Memory, CPUs and the accelerator are used "
             "by the next VM a task starts."
         )
@@ -373,14 +378,14 @@ class SettingsDialog(QDialog):
 
             form.addRow(
                 "Task limits (settings.json)",
-                QLabel(
+                plain_label(
                     f"turns {shown(lim.max_turns)}, time {shown(lim.max_wall_time_seconds, ' s')}, "
                     f"tokens {shown(lim.max_tokens)}, cost "
                     + ("no limit" if lim.max_cost_usd is None else f"${lim.max_cost_usd}")
                 ),
             )
         except Exception as exc:
-            form.addRow("Task limits", QLabel(sanitize(exc, limit=300)))
+            form.addRow("Task limits", plain_label(sanitize(exc, limit=300)))
         return w
 
     def _save_limits(self) -> None:
@@ -396,7 +401,7 @@ class SettingsDialog(QDialog):
         """The archived tasks, by title; "Bring back" returns one to the task list."""
         w = QWidget()
         lay = QVBoxLayout(w)
-        lay.addWidget(QLabel("Archived tasks (out of the task list; nothing is deleted):"))
+        lay.addWidget(plain_label("Archived tasks (out of the task list; nothing is deleted):"))
         self.archived = QListWidget()
         self.archived.setObjectName("archivedTasks")
         lay.addWidget(self.archived, 1)
@@ -442,7 +447,7 @@ class SettingsDialog(QDialog):
         for line in lines:
             self.hosts.addItem(line)
         lay.addWidget(self.hosts, 1)
-        note = QLabel(
+        note = plain_label(
             (error + "\n" if error else "")
             + ("" if lines else "No remote hosts yet. ")
             + ADD_HINT
@@ -487,7 +492,7 @@ class AddRuleDialog(QDialog):
         self.folder = QLineEdit()
         self.folder.setPlaceholderText("empty: in every folder")
         form.addRow("in tasks on folder", self.folder)
-        self.preview = QLabel()
+        self.preview = plain_label()
         self.preview.setWordWrap(True)
         form.addRow("Rule", self.preview)
         buttons = QDialogButtonBox(
@@ -501,6 +506,7 @@ class AddRuleDialog(QDialog):
         for e in (self.pattern, self.folder):
             e.textChanged.connect(self._show)
         self._show()
+        plain_labels(self)
 
     def rule(self) -> Rule | None:
         folder = self.folder.text().strip()

@@ -447,6 +447,7 @@ class TurnsPane(QWidget):
         )
         more = f"\n… and {len(exc.conflicts) - 20} more" if len(exc.conflicts) > 20 else ""
         box = QMessageBox(self)
+        box.setTextFormat(Qt.TextFormat.PlainText)  # guest paths and links: never rich text
         box.setIcon(QMessageBox.Icon.Warning)
         box.setWindowTitle("Overwrite changed files?")
         box.setText(f"To {what}, piwork would overwrite files changed after the agent's changes:")

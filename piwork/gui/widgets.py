@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -80,6 +81,20 @@ class CodeHighlighter(QSyntaxHighlighter):
             pos += len(value)
 
 
+def plain_labels(root: QWidget) -> None:
+    """Every label under ``root`` that would guess (a form row's, made by the layout)
+    shows its text as text: no label of the app guesses rich text."""
+    for label in root.findChildren(QLabel):
+        if label.textFormat() is Qt.TextFormat.AutoText:
+            label.setTextFormat(Qt.TextFormat.PlainText)
+
+
+def plain_tip(text: str) -> str:
+    """Guest text as a tooltip: tooltips guess rich text like labels do, so the text is
+    escaped inside a rich-text paragraph (shown as typed, never parsed for tags)."""
+    return f"<p style='white-space:pre-wrap'>{html.escape(text)}</p>" if text else ""
+
+
 def plain_label(text: str = "") -> QLabel:
     """A label that shows its text as text. QLabel guesses "rich text" from a leading
     tag, and rich text loads ``<img src>`` from disk: guest text must never be guessed."""
@@ -148,6 +163,7 @@ def ask_to_open(url: QUrl, parent: QWidget | None) -> QMessageBox | None:
     behind "https://…" would run a handler on the host)."""
     shown = sanitize(url.toString(), limit=500, keep_newlines=False)
     box = QMessageBox(parent)
+    box.setTextFormat(Qt.TextFormat.PlainText)  # guest paths and links: never rich text
     if url.scheme().lower() not in WEB_SCHEMES or not url.host():
         box.setIcon(QMessageBox.Icon.Warning)
         box.setWindowTitle("Link not opened")
@@ -183,7 +199,9 @@ class InertBrowser(QTextBrowser):
         self.link_box: QMessageBox | None = None
         self.anchorClicked.connect(self._clicked)
         self.highlighted.connect(
-            lambda url: self.setToolTip(sanitize(url.toString(), limit=500, keep_newlines=False))
+            lambda url: self.setToolTip(
+                plain_tip(sanitize(url.toString(), limit=500, keep_newlines=False))
+            )
         )
 
     def loadResource(self, type: int, name: QUrl | str) -> Any:
@@ -227,7 +245,7 @@ class MessageView(QFrame):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 6, 10, 6)
         lay.setSpacing(2)
-        head = QLabel({"you": "You", "agent": "Agent"}.get(who, who))
+        head = plain_label({"you": "You", "agent": "Agent"}.get(who, who))
         head.setObjectName("msgHead")
         lay.addWidget(head)
         self.body = AutoHeightBrowser()
@@ -268,7 +286,7 @@ def sheet_head(sheet: QFrame, title: str, queued: int, what: str) -> tuple[QVBox
     sheet.setObjectName("permissionSheet")
     sheet.setFrameShape(QFrame.Shape.StyledPanel)
     lay = QVBoxLayout(sheet)
-    head = QLabel(title + (f"  ({queued} more waiting)" if queued else ""))
+    head = plain_label(title + (f"  ({queued} more waiting)" if queued else ""))
     head.setObjectName("sheetTitle")
     lay.addWidget(head)
     label = plain_label(what)

@@ -151,6 +151,7 @@ class ComposePanel(QWidget):
     def _show_folder_env(self) -> None:
         """The "Start clean" box says what the new task would otherwise start from."""
         from piwork.gui.envs import folder_env, mb
+        from piwork.gui.words import task_titles
 
         info = None
         if self.new_folder is not None:
@@ -160,8 +161,8 @@ class ComposePanel(QWidget):
             self.clean_env.setToolTip(CLEAN_ENV_TIP)
             return
         self.clean_env.setToolTip(
-            f"{sanitize(str(info.folder), limit=300)}: {info.next_start()} ({mb(info.bytes)}). "
-            + CLEAN_ENV_TIP
+            f"{sanitize(str(info.folder), limit=300)}: {info.next_start(task_titles(self.paths))} "
+            f"({mb(info.bytes)}). " + CLEAN_ENV_TIP
         )
 
     def reset_new_task(self) -> None:

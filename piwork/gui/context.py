@@ -136,6 +136,14 @@ def _part(name: str) -> Any:
     return property(lambda self: getattr(self.turns_pane, name))
 
 
+def _still_there(root: Path, rel: str) -> bool:
+    try:
+        sharefs.lstat_beneath(root, rel)
+    except OSError:
+        return False
+    return True
+
+
 class ContextPanel(QWidget):
     def __init__(self, paths: Paths | None = None) -> None:
         super().__init__()
@@ -152,6 +160,12 @@ class ContextPanel(QWidget):
         self.open_btn.clicked.connect(self._open_folder)
         self.open_btn.setEnabled(False)  # until a task with a folder is shown
         lay.addWidget(self.open_btn)
+        self.open_note = plain_label()  # what became of "Open in file manager"
+        self.open_note.setObjectName("openNote")
+        self.open_note.setWordWrap(True)
+        self.open_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.open_note.hide()
+        lay.addWidget(self.open_note)
         # Previews: the selected task's open previews (hidden when it has none).
         self.previews_box = QWidget()
         self.previews_box.setObjectName("previews")
@@ -178,6 +192,7 @@ class ContextPanel(QWidget):
         self.turns_pane.file_changed.connect(
             lambda path, status, task_id: self.note_change(path, status, task_id=task_id)
         )
+        self.turns_pane.net_changes.connect(self.set_changes)
         self.tabs.addTab(self.turns_pane, "Turns")
         lay.addWidget(self.tabs, 2)
         self.preview_title = plain_label("Preview")
@@ -295,6 +310,7 @@ class ContextPanel(QWidget):
             f"Working folder: {folder}" if folder else "Working folder: (none for this task)"
         )
         self.open_btn.setEnabled(folder is not None)
+        self.open_note.hide()
         self.refresh_env()
         # Nothing of the task shown before may stay: its diff, preview or their title.
         self._preview_gen += 1
@@ -414,17 +430,56 @@ class ContextPanel(QWidget):
                         if rel is None:
                             continue
                         label = rel if root == folder else f"outputs/{rel}"
-                        self.note_change(label, names.get(kind, "modified"), task_id=task_id)
+                        status = names.get(kind, "modified")
+                        if root != folder and not _still_there(root, rel):
+                            # Gone from the outputs already (moved into the folder): a
+                            # batch may list its "deleted" before its "added".
+                            status = "deleted"
+                            if label not in self._changes.get(task_id, {}):
+                                break
+                        self.note_change(label, status, task_id=task_id)
                         break
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a watcher failure must not take the window down
             log.warning("file watcher stopped: %s", exc)
 
+    def set_changes(self, task_id: str, changes: list[tuple[str, str]]) -> None:
+        """What the task changed in the folder all told (from the checkpoints, the VM
+        off): it replaces what the watcher saw, so an undone change leaves the list and
+        a file the agent only passed through its outputs is not listed (issue 33 item 5).
+        Files still in the task's outputs stay, under "outputs/"."""
+        old = self._changes.get(task_id, {})
+        kept = {
+            rel: status
+            for rel, status in old.items()
+            if rel.startswith("outputs/") and self._exists(task_id, rel)
+        }
+        net = {sanitize(p, limit=300, keep_newlines=False): st for p, st in changes[:MAX_FILES]}
+        self._changes[task_id] = {**net, **kept}
+        if task_id == (self.task_id or ""):
+            self.changed = self._changes[task_id]
+            self.files.clear()
+            for rel, status in self.changed.items():
+                self._add_item(rel, status)
+
+    def _exists(self, task_id: str, rel: str) -> bool:
+        return _still_there(self.paths.tasks / task_id / "outputs", rel[len("outputs/") :])
+
     def note_change(self, rel: str, status: str, *, task_id: str | None = None) -> None:
         rel = sanitize(rel, limit=300, keep_newlines=False)
         changes = self._changes.setdefault(task_id or self.task_id or "", {})
         if rel not in changes and len(changes) >= MAX_FILES:
+            return
+        if status == "deleted" and changes.get(rel) == "added":
+            # Made and removed in this task (the demo's draft moved out of its outputs):
+            # nothing to show.
+            del changes[rel]
+            if changes is self.changed:
+                for i in range(self.files.count()):
+                    if self.files.item(i).data(Qt.ItemDataRole.UserRole) == rel:
+                        self.files.takeItem(i)
+                        break
             return
         changes[rel] = status
         if changes is not self.changed:
@@ -485,7 +540,12 @@ class ContextPanel(QWidget):
                 )
             except OSError as exc:
                 if gen == self._preview_gen:
-                    self.preview_text.setPlainText(f"cannot preview {rel}: {exc.strerror or exc}")
+                    gone = self.changed.get(rel) == "deleted"
+                    self.preview_text.setPlainText(
+                        f"{rel} was deleted in this task: nothing to show"
+                        if gone
+                        else f"cannot preview {rel}: {exc.strerror or exc}"
+                    )
                     self.preview.setCurrentWidget(self.preview_text)
                 return
             if gen == self._preview_gen:
@@ -535,8 +595,17 @@ class ContextPanel(QWidget):
             self.preview.setCurrentWidget(self.preview_text)
 
     def _open_folder(self) -> None:
-        if self.root is not None:
-            QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.root)))
+        """Ask the desktop to open the folder, and say what happened: where no file
+        manager answers (a bare window manager), the path to open by hand (issue 33)."""
+        if self.root is None:
+            return
+        ok = QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.root)))
+        self.open_note.setText(
+            f"Opened in your file manager: {self.root}"
+            if ok
+            else f"No file manager answered on this desktop. The folder is: {self.root}"
+        )
+        self.open_note.show()
 
     # ------------------------------------------------------------ checkpoints
     def on_changes_event(self, data: dict[str, object], *, task_id: str | None = None) -> None:

@@ -38,8 +38,9 @@ from piwork.config import Paths
 from piwork.gui.asking import message_box
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.settings_tabs import EnvsTab, PacksTab
-from piwork.gui.text import sanitize
-from piwork.gui.widgets import plain_label, plain_labels
+from piwork.gui.text import sanitize, shown_rule
+from piwork.gui.widgets import plain_label, plain_labels, plain_tip
+from piwork.gui.words import VERDICT_WORDS, audit_line, task_titles
 from piwork.models.custom import add_provider, remove_provider
 from piwork.models.defaults import DEMO, set_default_model
 from piwork.models.providers import (
@@ -48,7 +49,16 @@ from piwork.models.providers import (
     load_custom_providers,
     load_providers,
 )
-from piwork.policy import DEFAULT_RULES, Action, AuditLog, PolicyStore, Rule, Scope, Verdict
+from piwork.policy import (
+    DEFAULT_RULES,
+    Action,
+    AuditLog,
+    PolicyStore,
+    Rule,
+    Scope,
+    ScopeKind,
+    Verdict,
+)
 
 
 def _tab(tab: str, name: str) -> Any:
@@ -244,7 +254,7 @@ class SettingsDialog(QDialog):
         lay.addWidget(plain_label("Your rules (saved with “Always allow”, or added here):"))
         self.rules = QTableWidget(0, 5)
         self.rules.setObjectName("rulesTable")
-        self.rules.setHorizontalHeaderLabels(["Rule", "Action", "Scope", "Pattern", "Created"])
+        self.rules.setHorizontalHeaderLabels(["Rule", "Answer", "Where", "Matching", "Made"])
         self.rules.horizontalHeader().setStretchLastSection(True)
         lay.addWidget(self.rules, 2)
         row = QHBoxLayout()
@@ -282,19 +292,22 @@ class SettingsDialog(QDialog):
         self._rules = rules
         self.rules.setRowCount(len(rules))
         for i, r in enumerate(rules):
-            for j, v in enumerate(
-                [r.describe(), r.action.value, r.scope.describe(), r.pattern or "", r.created]
-            ):
-                self.rules.setItem(i, j, QTableWidgetItem(sanitize(v, limit=400)))
+            # In the person's words and paths: their folder's files relative to it, the
+            # scope as a folder or "every folder", the day it was made. The exact rule
+            # (as `piwork policy list` prints it) is the row's tooltip.
+            shown = shown_rule(r)
+            where = "every folder" if r.scope.kind is ScopeKind.GLOBAL else str(r.scope.value)
+            cells = [shown.human(), VERDICT_WORDS.get(r.verdict.value, r.verdict.value), where,
+                     shown.pattern or "anything", str(r.created)[:10]]  # fmt: skip
+            for j, v in enumerate(cells):
+                cell = QTableWidgetItem(sanitize(v, limit=400, keep_newlines=False))
+                cell.setToolTip(plain_tip(sanitize(r.describe(), limit=400)))
+                self.rules.setItem(i, j, cell)
         self.rules.resizeColumnsToContents()
         with contextlib.suppress(Exception):
             entries = list(AuditLog(self.paths.audit_log).read())[-200:]
-            lines = [
-                f"{e.get('ts') or e.get('time') or ''}  {e.get('task') or '-'}  "
-                f"{e.get('action')} {e.get('target')}: {e.get('decision')} "
-                f"({e.get('decidedBy')})"
-                for e in reversed(entries)
-            ]
+            titles = task_titles(self.paths)
+            lines = [audit_line(e, titles) for e in reversed(entries)]
             self.audit.setPlainText(sanitize("\n".join(lines) or "(empty)", limit=200_000))
 
     def rule_texts(self) -> list[str]:
@@ -437,27 +450,42 @@ class SettingsDialog(QDialog):
     def _hosts_tab(self) -> QWidget:
         """The stored remote hosts, read-only: adding one checks the host's key and
         login, which is ``piwork hosts add``'s job in a terminal."""
-        from piwork.gui.hosts import ADD_HINT, host_lines
-
         w = QWidget()
         lay = QVBoxLayout(w)
         self.hosts = QListWidget()
         self.hosts.setObjectName("hostList")
+        lay.addWidget(self.hosts, 1)
+        self.hosts_note = plain_label()
+        self.hosts_note.setObjectName("hostsNote")
+        self.hosts_note.setWordWrap(True)
+        self.hosts_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.hosts_note)
+        refresh = QPushButton("Refresh")
+        refresh.clicked.connect(self.refresh_hosts)
+        lay.addWidget(refresh)
+        self.refresh_hosts()
+        # Read again each time the tab is shown: `piwork hosts add` runs in a terminal
+        # while this dialog is open (issue 33 item 15).
+        self.tabs.currentChanged.connect(lambda i: self._tab_shown(i, w))
+        return w
+
+    def _tab_shown(self, index: int, hosts_page: QWidget) -> None:
+        if self.tabs.widget(index) is hosts_page:
+            self.refresh_hosts()
+
+    def refresh_hosts(self) -> None:
+        from piwork.gui.hosts import ADD_HINT, host_lines
+
         lines, error = host_lines()
+        self.hosts.clear()
         for line in lines:
             self.hosts.addItem(line)
-        lay.addWidget(self.hosts, 1)
-        note = plain_label(
+        self.hosts_note.setText(
             (error + "\n" if error else "")
             + ("" if lines else "No remote hosts yet. ")
             + ADD_HINT
             + " (in a terminal). A new task's host is chosen next to its model."
         )
-        note.setObjectName("hostsNote")
-        note.setWordWrap(True)
-        note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        lay.addWidget(note)
-        return w
 
 
 class AddRuleDialog(QDialog):
@@ -477,9 +505,12 @@ class AddRuleDialog(QDialog):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Add a rule")
+        self.setMinimumWidth(560)
         form = QFormLayout(self)
+        form.setSizeConstraint(QFormLayout.SizeConstraint.SetMinimumSize)
         self.verdict = QComboBox()
-        for v, label in ((Verdict.ALLOW, "Allow"), (Verdict.ASK, "Ask"), (Verdict.DENY, "Deny")):
+        # "Ask" first: the dialog never opens on "allow anything everywhere" (issue 33).
+        for v, label in ((Verdict.ASK, "Ask"), (Verdict.ALLOW, "Allow"), (Verdict.DENY, "Deny")):
             self.verdict.addItem(label, v)
         form.addRow("", self.verdict)
         self.action = QComboBox()
@@ -493,11 +524,19 @@ class AddRuleDialog(QDialog):
         self.folder.setPlaceholderText("empty: in every folder")
         form.addRow("in tasks on folder", self.folder)
         self.preview = plain_label()
+        self.preview.setObjectName("rulePreview")
         self.preview.setWordWrap(True)
         form.addRow("Rule", self.preview)
-        buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
-        )
+        self.warning = plain_label()
+        self.warning.setObjectName("ruleWarning")
+        self.warning.setWordWrap(True)
+        form.addRow("", self.warning)
+        buttons = QDialogButtonBox()
+        self.add_btn = buttons.addButton("Add the rule", QDialogButtonBox.ButtonRole.AcceptRole)
+        cancel = buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
+        # Enter never stores a rule: Cancel is the default.
+        self.add_btn.setAutoDefault(False)
+        cancel.setDefault(True)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form.addRow(buttons)
@@ -521,3 +560,17 @@ class AddRuleDialog(QDialog):
     def _show(self) -> None:
         r = self.rule()
         self.preview.setText(sanitize(r.human(), limit=400) if r is not None else "")
+        wide = (
+            r is not None
+            and r.verdict is Verdict.ALLOW
+            and r.pattern is None
+            and r.scope.kind is ScopeKind.GLOBAL
+        )
+        self.warning.setText(
+            "This allows it for ANY target, in EVERY task and folder: add a pattern or a "
+            "folder to narrow it."
+            if wide
+            else ""
+        )
+        self.warning.setVisible(wide)
+        self.adjustSize()  # the words never end cut off

@@ -66,9 +66,11 @@ class EnvsTab(QWidget):
         self.refresh_envs()
 
     def refresh_envs(self) -> None:
-        from piwork.gui.envs import folder_envs, mb
+        from piwork.gui.envs import folder_envs, mb, task_words
+        from piwork.gui.words import task_titles
 
         self.envs.clear()
+        titles = task_titles(self.paths)
         try:
             infos = folder_envs(self.paths)
         except Exception as exc:  # a broken store is said, never a crashed dialog
@@ -77,21 +79,21 @@ class EnvsTab(QWidget):
         self._env_folders: list[Path] = []
         for info in infos:
             top = QTreeWidgetItem(
-                [sanitize(str(info.folder), limit=400), mb(info.bytes), info.next_start()]
+                [sanitize(str(info.folder), limit=400), mb(info.bytes), info.next_start(titles)]
             )
             top.setData(0, Qt.ItemDataRole.UserRole, str(info.folder))
             if info.last_task:
                 top.addChild(
                     QTreeWidgetItem(
                         [
-                            f"task {info.last_task}'s disk",
+                            f"what {task_words(info.last_task, titles)} installed",
                             mb(info.last_task_bytes),
                             "frozen into a layer when the next task starts",
                         ]
                     )
                 )
             for la in info.layers:
-                top.addChild(QTreeWidgetItem([f"layer {la.id}", mb(la.bytes), la.line()]))
+                top.addChild(QTreeWidgetItem(["saved earlier", mb(la.bytes), la.line(titles)]))
             self.envs.addTopLevelItem(top)
             top.setExpanded(True)
             self._env_folders.append(info.folder)

@@ -14,7 +14,14 @@ from PySide6.QtWidgets import QMessageBox, QVBoxLayout, QWidget
 from piwork.gui.controller import PendingPermission, PendingPreview, TaskController
 from piwork.gui.model import TasksModel
 from piwork.gui.qtlink import listen
-from piwork.gui.text import always_rules, plain_request, registry_rules_offered, rule_text, sanitize
+from piwork.gui.text import (
+    always_rules,
+    plain_request,
+    registry_rules_offered,
+    replaced_files,
+    rule_text,
+    sanitize,
+)
 from piwork.gui.widgets import PermissionSheet, PreviewSheet, QuestionBar
 from piwork.gui.words import person_paths
 from piwork.policy import Choice, needs_confirmation
@@ -96,8 +103,16 @@ class SheetArea(QWidget):
 
     def _permission(self, task: TaskController, p: PendingPermission, queued: int) -> None:
         req = p.request
+        replaced = replaced_files(req, task.folder)
+        warning = (
+            f"⚠ This replaces {', '.join(replaced[:5])}"
+            + (f" and {len(replaced) - 5} more" if len(replaced) > 5 else "")
+            + ", already in your folder."
+            if replaced
+            else ""
+        )
         sheet = PermissionSheet(
-            person_paths(plain_request(req)),
+            person_paths(plain_request(req)) + (f"\n{warning}" if warning else ""),
             person_paths(sanitize(req.question, limit=600)),
             str(task.folder) if task.folder else None,
             always_rules(req, Choice.ALWAYS_FOLDER),

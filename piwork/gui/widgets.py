@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from piwork.gui.text import button_text, rule_text, sanitize
+from piwork.gui.text import button_text, rule_syntax, rule_words, sanitize
 from piwork.policy import Choice, Rule
 from piwork.preview import PreviewChoice, PreviewQuestion
 
@@ -414,16 +414,30 @@ class PermissionSheet(QFrame):
     ) -> None:
         super().__init__()
         lay, self.what = sheet_head(self, "Permission needed", queued, plain)
+        self.detail: QLabel | None = None
         if detail:
-            # The guest's own wording (pi's gate, in the VM): labelled as such, so it is
-            # not read as a second request nor as the host's words above it.
+            # The guest's own wording (pi's gate, in the VM) mostly says again what the
+            # host's words above say: folded away, one click to compare (issue 33).
             d = plain_label("In the agent's words: " + detail)
             d.setWordWrap(True)
             d.setObjectName("sheetDetail")
+            d.hide()
+            more = QPushButton("The agent's own words…")
+            more.setFlat(True)
+            more.setObjectName("sheetMore")
+            more.clicked.connect(lambda: d.setVisible(not d.isVisible()))
+            lay.addWidget(more)
             lay.addWidget(d)
+            self.detail = d
         lay.addWidget(plain_label(f"Working folder: {folder or '(none)'}"))
         # The exact rules "Always" stores, paths in the person's folder relative to it.
         self.rule_label = plain_label(self._rule_text(folder_rules, everywhere_rules))
+        self.rule_label.setToolTip(
+            plain_tip(
+                f"“Always allow in this folder”: {rule_syntax(folder_rules)}\n"
+                f"“Always allow everywhere”: {rule_syntax(everywhere_rules)}"
+            )
+        )
         self.rule_label.setObjectName("sheetRule")
         self.rule_label.setWordWrap(True)
         self.rule_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -477,8 +491,8 @@ class PermissionSheet(QFrame):
     @staticmethod
     def _rule_text(folder_rules: Sequence[Rule], everywhere_rules: Sequence[Rule]) -> str:
         return (
-            f"“Always allow in this folder” saves: {rule_text(folder_rules)}\n"
-            f"“Always allow everywhere” saves: {rule_text(everywhere_rules)}"
+            f"“Always allow in this folder” saves: {rule_words(folder_rules)}\n"
+            f"“Always allow everywhere” saves: {rule_words(everywhere_rules)}"
         )
 
     def keyPressEvent(self, e: QKeyEvent) -> None:

@@ -107,3 +107,35 @@ def ended_line(ended: str, message: str | None, tokens: int, steps: int) -> str:
     what it cost, how many steps (model calls) it took."""
     what = f": {message}" if message else ""
     return f"— {ended}{what} · {tokens:,} tokens, {steps} step{'' if steps == 1 else 's'} —"
+
+
+VERDICT_WORDS = {"allow": "allowed", "ask": "asks you", "deny": "denied"}
+
+
+def task_titles(paths: Any) -> dict[str, str]:
+    """Task id -> title, for lines that name a task (the audit log): ids are not words."""
+    from piwork.tasks import TaskStore
+
+    store = TaskStore(paths.tasks)
+    try:
+        return {t.id: t.record.title for t in store.list()}
+    finally:
+        store.close()
+
+
+def audit_line(e: dict[str, Any], titles: dict[str, str]) -> str:
+    """One audit entry as a person reads it: when, which task (by its title), and the
+    decision in the words the conversation uses (``permission_line``)."""
+    when = str(e.get("ts") or e.get("time") or "").replace("T", " ")[:16]
+    task = str(e.get("task") or "")
+    name = titles.get(task) or ("a deleted task" if task else "no task")
+    line = permission_line(
+        {
+            "action": e.get("action"),
+            "tool": e.get("tool"),
+            "target": e.get("target"),
+            "decision": e.get("choice") or e.get("decision"),
+            "by": e.get("decidedBy"),
+        }
+    )
+    return f"{when}  “{name[:60]}”  {line or ''}"

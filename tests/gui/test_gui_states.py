@@ -338,3 +338,116 @@ def test_a_reopened_task_shows_what_its_transcript_holds(
     assert "— Done · 2,550 tokens, 2 steps —" in notices, notices
     assert any(n.startswith("— Interrupted") for n in notices), notices
     assert [m.who for m in conv.findChildren(MessageView)] == ["you", "you"]
+
+
+def test_a_move_onto_an_existing_file_says_it_replaces_it(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    """Issue 33 item 1: the host looks, now, whether the move's destination is already in
+    the person's folder, and the sheet says it will be replaced."""
+    import dataclasses
+
+    from piwork.policy import Target
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "NOTES.md").write_text("my own notes\n")
+
+    def move(src: str, dest: str) -> Any:
+        req = permission_request(Action.MOVE, None, f"mv {src} {dest}")
+        return dataclasses.replace(
+            req,
+            paths=(src, dest),
+            targets=(
+                Target(Action.MOVE, op="move", path=src),
+                Target(Action.MOVE, op="move", path=dest),
+            ),
+        )
+
+    asked = [move("/mnt/outputs/NOTES.md", "/mnt/work/NOTES.md"),
+             move("/mnt/outputs/NEW.md", "/mnt/work/NEW.md")]  # fmt: skip
+    answers: list[object] = []
+
+    async def work(run: FakeRun, prompt: str) -> None:
+        for req in asked:
+            answers.append(await run.asker.permission(req))
+
+    win = window(qtbot, gui_paths, work)
+
+    async def scenario() -> None:
+        win.new_folder = folder
+        say(win, "put the notes in place")
+        await until(lambda: win.sheet is not None, 10, "the first move")
+        assert "This replaces NOTES.md, already in your folder" in win.sheet.what.text()
+        button(win.sheet, "Deny").click()
+        await until(lambda: len(answers) == 1 and win.sheet is not None, 10, "the second")
+        assert "replaces" not in win.sheet.what.text()  # a new name replaces nothing
+        button(win.sheet, "Deny").click()
+        await until(lambda: len(answers) == 2, 10, "done")
+
+    qloop.run_until_complete(asyncio.wait_for(scenario(), 30))
+    assert (folder / "NOTES.md").read_text() == "my own notes\n"
+
+
+def test_open_in_file_manager_says_what_happened(
+    qtbot: QtBot,
+    qloop: asyncio.AbstractEventLoop,
+    gui_paths: Paths,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 33 item 15: where no file manager answers, the person gets the path."""
+    from PySide6.QtGui import QDesktopServices
+
+    from piwork.gui.context import ContextPanel
+
+    answers = [False, True]
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda _url: answers.pop(0))
+    panel = ContextPanel(gui_paths)
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_task("t1", tmp_path, None)
+    button(panel, "Open in file manager").click()
+    assert panel.open_note.isVisible()
+    assert (
+        "No file manager answered" in panel.open_note.text()
+        and str(tmp_path) in panel.open_note.text()
+    )
+    button(panel, "Open in file manager").click()
+    assert panel.open_note.text() == f"Opened in your file manager: {tmp_path}"
+
+
+def test_the_composer_row_keeps_its_place_as_the_task_changes_state(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    """Issue 33 item 15: Pause and End keep their place (disabled, not hidden), so the
+    composer does not jump as they become useful."""
+
+    async def work(run: FakeRun, prompt: str) -> None:
+        await run.release.wait()
+
+    win = window(qtbot, gui_paths, work)
+    places: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        await shown(win)
+        say(win, "a job")
+        task = win.current()
+        await until(lambda: task.state.phase is Phase.RUNNING, 10, "running")
+        await asyncio.sleep(0.2)
+        places["running"] = [
+            w.geometry()
+            for w in (win.composer, win.send_btn, win.compose.folder_lbl, win.pause_btn)
+        ]
+        assert win.pause_btn.isEnabled() and not win.end_btn.isEnabled()
+        task.session.release.set()
+        await until(lambda: task.state.phase is Phase.DONE, 10, "done")
+        await asyncio.sleep(0.2)
+        places["done"] = [
+            w.geometry()
+            for w in (win.composer, win.send_btn, win.compose.folder_lbl, win.pause_btn)
+        ]
+        assert not win.pause_btn.isEnabled() and win.end_btn.isEnabled()
+
+    qloop.run_until_complete(asyncio.wait_for(scenario(), 30))
+    assert places["running"] == places["done"]

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from piwork.config import Paths
 from piwork.env.registries import registry_offer
+from piwork.net.addresses import describe_address
 from piwork.policy import GATE_CHOICES, AuditLog, Choice, DecidedBy, Decider, PolicyStore
 from piwork.policy.request import (
     PermissionPayloadError,
@@ -127,6 +128,8 @@ class PermissionBridge:
         self.assume_yes = assume_yes
         self.allow_net = allow_net
         self.context = TaskContext()
+        self.mirror_hosts: tuple[str, ...] = ()
+        """The task's package mirrors' hosts: "Allow the package registries" covers them."""
 
     def previews(self, task: Task) -> Previews:
         """The task's previews, decided under the same policy, audit log and ``--yes``."""
@@ -173,9 +176,19 @@ class PermissionBridge:
                 return m.ui_value(req.id, answer.gate_reply.value)
         return await self.answer_question(req)
 
-    async def answer_permission(self, perm: PermissionRequest) -> Choice:
-        """Policy first; if it says ask, the person; the answer is persisted and audited."""
+    async def answer_permission(
+        self, perm: PermissionRequest, *, yes_answers: bool = True
+    ) -> Choice:
+        """Policy first; if it says ask, the person; the answer is persisted and audited.
+
+        ``yes_answers=False``: ``--yes`` does not answer this question (it is denied
+        unless a rule or a person allows it)."""
         ctx = self.context
+        asker, assume_yes = self.asker, self.assume_yes
+        if not yes_answers and isinstance(asker, AllowAsker):
+            asker, assume_yes = DenyAsker(), False
+        elif not yes_answers:
+            assume_yes = False
         perm = validate_request(perm, ctx)  # the guest's request is untrusted input
         # The policy read and the audit fsync happen off the event loop.
         decision = await asyncio.to_thread(self.decider.decide, perm, ctx)
@@ -200,7 +213,7 @@ class PermissionBridge:
         await self.host.set_status(TaskStatus.WAITING_PERMISSION)
         self.host.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
         try:
-            answer = await self.asker.permission(shown)
+            answer = await asker.permission(shown)
         finally:
             if not self.host.stopping and self.host.task_id is not None:
                 # Answered while the VM is frozen: it stays paused until resumed.
@@ -208,9 +221,9 @@ class PermissionBridge:
                     TaskStatus.PAUSED if self.host.paused else TaskStatus.RUNNING
                 )
         if answer is None:
-            by = DecidedBy.ASSUME_YES if self.assume_yes else DecidedBy.NO_TERMINAL
-            answer = Choice.ALLOW_ONCE if self.assume_yes else Choice.DENY
-        elif isinstance(self.asker, AllowAsker):
+            by = DecidedBy.ASSUME_YES if assume_yes else DecidedBy.NO_TERMINAL
+            answer = Choice.ALLOW_ONCE if assume_yes else Choice.DENY
+        elif isinstance(asker, AllowAsker):
             by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
         else:
             by = DecidedBy.PERSON
@@ -220,7 +233,9 @@ class PermissionBridge:
                 answer = Choice.DENY  # a front end offered what the host did not: refuse it
             else:
                 # Derived again now, as "Always" is: what is stored is what still asks.
-                bundle = await asyncio.to_thread(registry_offer, self.decider, shown, ctx)
+                bundle = await asyncio.to_thread(
+                    registry_offer, self.decider, shown, ctx, self.mirror_hosts
+                )
         # An "Allow once" here allows this tool call only; the egress proxy asks its
         # own question for every host the call then reaches (see the module docstring).
         recorded = await asyncio.to_thread(
@@ -240,7 +255,7 @@ class PermissionBridge:
 
     def _proposals(self, perm: PermissionRequest) -> dict[Choice, tuple[Rule, ...]]:
         proposals = self.decider.proposals(perm, self.context)
-        offer = registry_offer(self.decider, perm, self.context)
+        offer = registry_offer(self.decider, perm, self.context, self.mirror_hosts)
         if offer:
             proposals[Choice.ALLOW_REGISTRIES] = offer
         return proposals
@@ -317,6 +332,39 @@ class PermissionBridge:
         )
         return (await self.answer_permission(perm)).allows
 
+    async def private_policy(self, host: str, port: int, address: str) -> bool:
+        """The egress proxy asks here when an allowed ``host`` resolves to a private or
+        reserved ``address``: a question of its own, per domain, naming the address.
+        ``--yes`` does not answer it (an allowed name must not open this computer's or
+        the office network's services by accident): a rule does (``piwork network
+        allow-private``), or a person."""
+        where = f"{address} ({describe_address(address)})"
+        target = Target(
+            Action.PRIVATE_NETWORK,
+            op="private-network",
+            domain=host,
+            reason=where,
+        )
+        perm = PermissionRequest(
+            request_id=f"private-{secrets.token_hex(4)}",
+            question=(
+                f"{host} resolves to {where}, not a public address. That can be your "
+                "network's proxy or mirror, or a service on your network or this computer. "
+                f"Let the agent reach it (port {port})?"
+            ),
+            options=tuple(c.value for c in GATE_CHOICES),
+            action=Action.PRIVATE_NETWORK,
+            tool="network",
+            tool_call_id=None,
+            task_id=self.host.task_id,
+            cwd=None,
+            command=None,
+            paths=(),
+            targets=(target,),
+            payload={},
+        )
+        return (await self.answer_permission(perm, yes_answers=False)).allows
+
     def on_egress_decision(self, decision: EgressDecision) -> None:
         self.host.note(
             "egress",
@@ -325,6 +373,7 @@ class PermissionBridge:
                 "port": decision.port,
                 "allowed": decision.allowed,
                 "reason": decision.reason,
+                **({"detail": decision.detail} if decision.detail else {}),
             },
         )
 

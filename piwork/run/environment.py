@@ -58,7 +58,8 @@ from piwork.proxy.egress import (
     guest_proxy_env,
     proxy_url_with_token,
 )
-from piwork.proxy.gateway import ModelGateway, UsageRecord
+from piwork.proxy.gateway import ModelGateway, ServerToolAsker, UsageRecord
+from piwork.proxy.settings import load_gateway_settings
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
 from piwork.tasks import Task
@@ -126,6 +127,8 @@ class EnvironmentHooks:
     """Told of the gateway as soon as it serves (before the pack is found)."""
     private_policy: PrivatePolicy | None = None
     """Asked when an allowed domain resolves to a private address (None: refused)."""
+    ask_server_tool: ServerToolAsker | None = None
+    """Asked before a provider-side tool the person enabled is used (none: refused)."""
 
 
 @dataclass
@@ -279,6 +282,8 @@ async def prepare(
         allowed_models=(model_id,),
         admit=hooks.admit,
         connector=lambda: gateway_connector(net.upstream, provider.upstream_origin, net.ssl),
+        server_tools=load_gateway_settings(paths.settings_file).server_tools,
+        ask_server_tool=hooks.ask_server_tool,
     )
     await stack.enter_async_context(gateway)
     if hooks.on_gateway is not None:

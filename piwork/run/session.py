@@ -263,6 +263,7 @@ class TaskSession:
             on_egress_decision=self.permissions.on_egress_decision,
             on_gateway=lambda gateway: setattr(self, "gateway", gateway),
             private_policy=self.permissions.private_policy,
+            ask_server_tool=self.permissions.server_tool_policy,
         )
         try:
             env = await environment.prepare(

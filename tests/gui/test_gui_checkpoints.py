@@ -15,8 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QMessageBox, QTreeWidgetItem
+from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from piwork.checkpoints import RunRecorder, repo_for
@@ -36,8 +35,7 @@ from piwork.policy import (
 )
 from piwork.run.pool import Pool
 from piwork.tasks import TaskStore
-
-from .conftest import permission_request, until
+from tests.helpers.gui import item, permission_request, tree, until
 
 BIG = 5000
 
@@ -92,27 +90,6 @@ def two_turns(loop: asyncio.AbstractEventLoop, paths: Paths, folder: Path) -> st
     recorded.end()
     assert [e["turn"] for e in events] == [1, 2]
     return recorded.task.id
-
-
-def tree(panel: ContextPanel) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for i in range(panel.turns.topLevelItemCount()):
-        top = panel.turns.topLevelItem(i)
-        out[top.text(0)] = [top.child(j).text(0) for j in range(top.childCount())]
-    return out
-
-
-def item(panel: ContextPanel, turn: int, path: str | None = None) -> QTreeWidgetItem:
-    for i in range(panel.turns.topLevelItemCount()):
-        top = panel.turns.topLevelItem(i)
-        if top.data(0, Qt.ItemDataRole.UserRole)[0] != turn:
-            continue
-        if path is None:
-            return top
-        for j in range(top.childCount()):
-            if top.child(j).data(0, Qt.ItemDataRole.UserRole)[1] == path:
-                return top.child(j)
-    raise AssertionError(f"no item for turn {turn} {path}")
 
 
 def settle(loop: asyncio.AbstractEventLoop, panel: ContextPanel) -> None:

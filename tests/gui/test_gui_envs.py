@@ -21,8 +21,7 @@ from piwork.config import Paths
 from piwork.env import ENV_DISK, allocated_bytes, store_for
 from piwork.gui.envs import mb
 from piwork.gui.prefs import Prefs
-
-from .conftest import until
+from tests.helpers.gui import until
 
 pytestmark = pytest.mark.skipif(
     shutil.which("qemu-img") is None or shutil.which("qemu-io") is None,

@@ -13,8 +13,7 @@ from pytestqt.qtbot import QtBot
 from piwork.config import Paths
 from piwork.gui.prefs import Prefs
 from piwork.hosts import store
-
-from .conftest import until
+from tests.helpers.gui import until
 
 
 @pytest.fixture

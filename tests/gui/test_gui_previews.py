@@ -17,8 +17,7 @@ from piwork.policy.rules import TaskContext
 from piwork.preview import PreviewChoice
 from piwork.preview.policy import question_for
 from piwork.runner import EventKind, RunEvent
-
-from .conftest import until
+from tests.helpers.gui import until
 
 URL_A = "http://t1-8000.localhost:41001/"
 URL_B = "http://t2-3000.localhost:41002/"

@@ -25,8 +25,7 @@ from piwork.policy.rules import TaskContext
 from piwork.run.permissions import PermissionBridge
 from piwork.run.pool import Pool
 from piwork.tasks import TaskStatus
-
-from .conftest import permission_request
+from tests.helpers.gui import permission_request
 
 
 class _Host:

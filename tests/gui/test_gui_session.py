@@ -19,8 +19,7 @@ from piwork.config import Paths
 from piwork.gui.appstate import NEW, AppState
 from piwork.gui.prefs import Prefs
 from piwork.tasks import TaskStore
-
-from .conftest import shown, until
+from tests.helpers.gui import shown, until
 
 
 def _env(home: Path) -> dict[str, str]:

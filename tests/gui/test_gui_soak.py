@@ -31,8 +31,7 @@ from piwork.gui.prefs import Prefs
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.policy import Action, PolicyStore, Rule, Scope, Verdict
 from piwork.runner import EventKind, RunEvent
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import scripted_provider, shown, until
 
 MINUTES = float(os.environ.get("PIWORK_SOAK_MINUTES", "10"))
 # pyproject's 600 s per test is shorter than the soak: its own budget (boot included).

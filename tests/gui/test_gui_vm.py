@@ -17,7 +17,6 @@ else on those two warm sessions, so the GUI suite boots only twice:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +43,10 @@ from piwork.models.scripted import (
 from piwork.policy import Choice, PolicyStore
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import BOOT, STEP, router, scripted_provider, send, shown, until
 
 pytestmark = pytest.mark.vm
 
-BOOT = 300.0  # one TCG boot on a shared, loaded 2-core machine
-STEP = 180.0
 
 MARKDOWN = (
     "Done. Here is **what I did**:\n\n"
@@ -59,33 +55,12 @@ MARKDOWN = (
 )
 
 
-def router(scripts: dict[str, list[Step]]) -> Callable[[ChatRequest], Step]:
-    """The model's reply depends on which prompt (by its tag) it is answering."""
-
-    def choose(req: ChatRequest) -> Step:
-        user = req.last_user_text
-        for tag, steps in scripts.items():
-            if tag in user:
-                i = req.assistant_turns_since_user
-                return steps[i] if i < len(steps) else Text("(script finished)")
-        return Text("(no script for this prompt)")
-
-    return choose
-
-
 def by_title(win: Any, tag: str) -> TaskController:
     return next(c for c in win.tasks if tag in c.title)
 
 
 def rail_text(win: Any, ctl: TaskController) -> str:
     return str(win.rail.item(win.tasks.index(ctl)).text())
-
-
-def send(qtbot: QtBot, win: Any, text: str, *, alt: bool = False) -> None:
-    win.composer.setFocus()
-    win.composer.setPlainText(text)
-    mods = Qt.KeyboardModifier.AltModifier if alt else Qt.KeyboardModifier.NoModifier
-    qtbot.keyClick(win.composer, Qt.Key.Key_Return, mods)
 
 
 def confirm_stop(win: Any) -> None:

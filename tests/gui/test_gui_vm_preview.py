@@ -22,8 +22,7 @@ from piwork.gui.prefs import Prefs
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.policy import Choice
 from piwork.preview import PreviewChoice
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import scripted_provider, shown, until
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(1500)]
 

@@ -26,8 +26,7 @@ from piwork.gui.prefs import Prefs
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.policy import Choice, PolicyStore, Scope
 from piwork.runner import EventKind, RunEvent
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import scripted_provider, shown, until
 
 pytestmark = pytest.mark.vm
 

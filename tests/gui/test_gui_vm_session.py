@@ -30,8 +30,7 @@ from piwork.models.demo import DEMO_FILE
 from piwork.policy import Choice
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
-
-from .conftest import shown, until
+from tests.helpers.gui import shown, until
 
 pytestmark = pytest.mark.vm
 

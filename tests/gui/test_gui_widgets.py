@@ -35,8 +35,7 @@ from piwork.policy import (
 )
 from piwork.run.pool import Pool
 from piwork.tasks import TaskStore
-
-from .conftest import activate, permission_request
+from tests.helpers.gui import activate, permission_request
 
 # ----------------------------------------------------------------------------- text
 

@@ -410,7 +410,7 @@ async def test_openai_request_gets_real_key_and_loses_placeholder(world: World) 
     assert seen.headers["authorization"] == f"Bearer {OPENAI_KEY}"
     assert "x-api-key" not in seen.headers
     assert seen.query == {"limit": "5"}  # the guest's ?key= is gone
-    assert seen.headers["x-keep"] == "yes"  # ordinary headers pass
+    assert "x-keep" not in seen.headers  # only the headers pi's SDKs send pass
     assert GUEST_PLACEHOLDER_KEY not in json.dumps(seen.headers)
 
 
@@ -674,7 +674,9 @@ async def test_unreachable_provider_is_a_readable_502(world: World) -> None:
     )
     async with (
         ModelGateway([dead], _dict_keys, connect_timeout=2.0) as gw,
-        world.client.post(f"{gw.url}/p/dead/v1/chat/completions", json={}) as resp,
+        world.client.post(
+            f"{gw.url}/p/dead/v1/chat/completions", json={"model": "m", "messages": []}
+        ) as resp,
     ):
         body = await resp.json()
     assert resp.status == 502
@@ -771,28 +773,72 @@ async def test_rendered_base_urls_route_to_the_paths_pi_would_have_used(world: W
         (f"{base['piwork-demo']}/chat/completions", world.demo, "/v1/chat/completions"),
     ]
     for url, fake, upstream_path in calls:
-        async with world.client.post(
-            url, headers=PLACEHOLDER_AUTH, json={"model": "gpt-test", "stream": True}
-        ) as resp:
+        body = {"contents": []} if fake is world.google else {"model": "gpt-test", "stream": True}
+        async with world.client.post(url, headers=PLACEHOLDER_AUTH, json=body) as resp:
             assert resp.status == 200, await resp.text()
             await resp.read()
         assert fake.seen[-1].path == upstream_path
 
 
-PI_AI = repo_root() / "runtime-pack/pi/node_modules/@mariozechner/pi-ai/dist/index.js"
+PI_AI_CANDIDATES = (
+    # pi 1.x keeps the old api-dispatching complete()/completeSimple() in compat.js.
+    repo_root() / "runtime-pack/pi/node_modules/@earendil-works/pi-ai/dist/compat.js",
+    repo_root() / "runtime-pack/pi/node_modules/@mariozechner/pi-ai/dist/index.js",
+)
+PI_AI = next((p for p in PI_AI_CANDIDATES if p.exists()), PI_AI_CANDIDATES[-1])
 PROBE = """
 const [piAi, specJson] = process.argv.slice(2);
-const { complete } = await import(piAi);
+const { completeSimple } = await import(piAi);
+const png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGA" +
+  "hKmMIQAAAABJRU5ErkJggg==";
 const out = [];
 for (const s of JSON.parse(specJson)) {
   const model = { id: s.model, name: s.model, api: s.api, provider: s.provider,
-    baseUrl: s.baseUrl, reasoning: false, input: ["text"], contextWindow: 100000,
+    baseUrl: s.baseUrl, reasoning: true, input: ["text", "image"], contextWindow: 100000,
     maxTokens: 1000, cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0 } };
-  const context = { messages: [{ role: "user", content: "hi", timestamp: Date.now() }] };
-  const msg = await complete(model, context, { apiKey: s.apiKey, maxRetries: 0 });
-  out.push({ provider: s.provider, stopReason: msg.stopReason,
-    errorMessage: msg.errorMessage ?? null,
-    text: msg.content.filter((c) => c.type === "text").map((c) => c.text).join("") });
+  const usage = { input: 1, output: 1, cacheRead: 0, cacheWrite: 0, totalTokens: 2,
+    cost: { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, total: 0 } };
+  const t = Date.now();
+  const responses = s.api === "openai-responses";
+  const id = (n) => (responses ? `call_${n}|fc_${n}` : `call_${n}`);
+  // What a coding session holds: a system prompt, tools, an image, thinking with its
+  // signature, two tool calls and their results (one with an image), another prompt.
+  const signature = responses
+    ? JSON.stringify({ type: "reasoning", id: "rs_1", encrypted_content: "enc",
+        summary: [{ type: "summary_text", text: "let me think" }] })
+    : s.api === "openai-completions" ? "reasoning_content" : "c2lnbmF0dXJl";
+  const assistant = { role: "assistant", api: s.api, provider: s.provider, model: s.model,
+    usage, stopReason: "toolUse", timestamp: t, content: [
+      { type: "thinking", thinking: "let me think", thinkingSignature: signature },
+      { type: "text", text: "I'll look" },
+      { type: "toolCall", id: id(1), name: "bash", arguments: { command: "ls" } },
+      { type: "toolCall", id: id(2), name: "read", arguments: { path: "x.png" } },
+    ] };
+  const context = { systemPrompt: "You are a coding agent.", tools: [
+      { name: "bash", description: "run a command", parameters: { type: "object",
+        properties: { command: { type: "string" } }, required: ["command"] } },
+      { name: "read", description: "read a file", parameters: { type: "object",
+        properties: { path: { type: "string" } }, required: ["path"] } },
+    ], messages: [
+      { role: "user", timestamp: t, content: [{ type: "text", text: "hi" },
+        { type: "image", mimeType: "image/png", data: png }] },
+      assistant,
+      { role: "toolResult", toolCallId: id(1), toolName: "bash", isError: false, timestamp: t,
+        content: [{ type: "text", text: "x.png" }] },
+      { role: "toolResult", toolCallId: id(2), toolName: "read", isError: false, timestamp: t,
+        content: [{ type: "text", text: "an image" },
+          { type: "image", mimeType: "image/png", data: png }] },
+      { role: "user", content: "go on", timestamp: t },
+    ] };
+  const simple = { role: "user", content: "hi", timestamp: t };
+  for (const [ctx, reasoning] of [[{ messages: [simple] }, undefined], [context, undefined],
+                                  [context, "high"]]) {
+    const msg = await completeSimple(model, ctx,
+      { apiKey: s.apiKey, maxRetries: 0, reasoning, sessionId: "session-1" });
+    out.push({ provider: s.provider, stopReason: msg.stopReason,
+      errorMessage: msg.errorMessage ?? null,
+      text: msg.content.filter((c) => c.type === "text").map((c) => c.text).join("") });
+  }
 }
 console.log(JSON.stringify(out));
 """
@@ -840,12 +886,17 @@ async def run_pi_sdks(gateway: ModelGateway, providers: list[Provider], tmp_path
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
-    return {r["provider"]: r for r in json.loads(out)}
+    results: dict[str, Any] = {}
+    for r in json.loads(out):  # every call of a provider must end the same way
+        assert results.setdefault(r["provider"], r) == r, (results[r["provider"]], r)
+    return results
 
 
 @needs_pi
 async def test_pis_own_sdks_talk_through_the_gateway(world: World, tmp_path: Any) -> None:
-    """pi-ai's real clients, given the rendered baseUrl and the placeholder."""
+    """pi-ai's real clients, given the rendered baseUrl and the placeholder: a plain
+    prompt, and a session with tools, images, thinking and tool results, with and
+    without reasoning. All pass the gateway's body, header and query allowlists."""
     for fake in (world.openai, world.anthropic, world.google):
         fake.gate.set()
     results = await run_pi_sdks(world.gateway, world.providers, tmp_path)
@@ -1015,7 +1066,7 @@ async def test_every_model_call_names_an_allowed_model(world: World) -> None:
     [anthropic] = [p for p in world.providers if p.name == "anthropic-test"]
     async with ModelGateway([anthropic], _dict_keys, allowed_models=("claude-test",)) as gw:
         cases: list[tuple[str, str, Any, int]] = [
-            ("POST", "/v1/messages", None, 403),  # body-less: the review's bypass
+            ("POST", "/v1/messages", None, 400),  # body-less: the review's bypass
             ("POST", "/v1/messages", {"messages": []}, 403),  # no model named
             ("POST", "/v1/messages", {"model": "claude-opus"}, 403),
             ("GET", "/v1/models/claude-opus", None, 403),

@@ -50,7 +50,7 @@ def test_a_file_with_no_certificate_is_refused_with_what_to_give(
 ) -> None:
     key_only = tmp_path / "key.pem"
     key_only.write_bytes(ca.issue_cert("x.corp").private_key_pem.bytes())
-    with pytest.raises(netcas.CaError, match="holds no certificate.*private key left out"):
+    with pytest.raises(netcas.CaError, match=r"holds no certificate.*private key left out"):
         netcas.add_ca(paths_at(tmp_path), key_only)
     with pytest.raises(netcas.CaError, match="not a readable file"):
         netcas.add_ca(paths_at(tmp_path), tmp_path / "missing.pem")

@@ -23,7 +23,14 @@ from piwork.settings import read_settings
 @pytest.fixture(autouse=True)
 def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIWORK_HOME", str(tmp_path / "home"))
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+    for name in (
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
         monkeypatch.delenv(name, raising=False)
     paths = get_paths()
     paths.config.mkdir(parents=True)
@@ -59,7 +66,9 @@ def test_doctor_says_which_registries_resolve_privately_and_the_command(
     (reg,) = [c for c in check_network(paths, resolver=private) if c.name == "package registries"]  # type: ignore[arg-type]
     assert not reg.warning and "allowed for the sandbox" in reg.detail
 
-    public = [c for c in check_network(paths, resolver=lookup({})) if c.name == "package registries"]  # type: ignore[arg-type]
+    public = [
+        c for c in check_network(paths, resolver=lookup({})) if c.name == "package registries"
+    ]  # type: ignore[arg-type]
     assert not public[0].warning
 
 

@@ -22,8 +22,7 @@ from piwork.models.scripted import ScriptedModelServer, Text
 from piwork.net import cas as netcas
 from piwork.net.upstream import ProxyKind, Upstream, UpstreamProxy, gateway_connector
 from piwork.proxy.gateway import ModelGateway
-
-from .loopback_proxies import HttpConnectProxy, Socks5Proxy, TlsFront
+from tests.helpers.net import HttpConnectProxy, Socks5Proxy, TlsFront
 
 SECRET = "sk-upstream-test-0123456789abcdef-SECRET"
 TOKEN = "guest-token-for-this-test"
@@ -38,8 +37,10 @@ def ca() -> trustme.CA:
 async def tls_model(ca: trustme.CA) -> AsyncIterator[tuple[ScriptedModelServer, TlsFront]]:
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("model.test").configure_cert(server_ctx)
-    async with ScriptedModelServer([Text("hello through the proxy")], api_key=SECRET) as server:
-        async with TlsFront(server.port, server_ctx) as front:
+    server = ScriptedModelServer([Text("hello through the proxy")], api_key=SECRET)
+    async with server:
+        front = TlsFront(server.port, server_ctx)
+        async with front:
             yield server, front
 
 

@@ -159,9 +159,10 @@ def test_network_sh_installs_keeps_and_takes_back(
     run_script(root, state / "network")
     assert bundle.read_text().count("BEGIN CERTIFICATE") == 2
     assert [p.name for p in local.glob("*.crt")] == ["piwork-1.crt"]
-    assert "https://mirror.corp/deb-security bookworm-security" in (
-        root / "etc/apt/sources.list"
-    ).read_text()
+    assert (
+        "https://mirror.corp/deb-security bookworm-security"
+        in (root / "etc/apt/sources.list").read_text()
+    )
 
     # nothing from the host any more: the root is as it was
     GuestNetwork().write(state)

@@ -23,8 +23,7 @@ from piwork.policy.store import PolicyStore
 from piwork.run.permissions import AllowAsker
 from piwork.runner import RunRequest, TaskSession
 from piwork.tasks import TaskStatus
-
-from .test_policy_forgery import forged
+from tests.helpers.policy import forged
 
 FOLDER = Path("/home/p/project")
 

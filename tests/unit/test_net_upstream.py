@@ -1,6 +1,6 @@
 """The upstream proxy: where it comes from, NO_PROXY, and the egress proxy through it.
 
-The proxies are the test's own, on 127.0.0.1 (tests/unit/loopback_proxies.py):
+The proxies are the test's own, on 127.0.0.1 (tests/helpers/net.py):
 an HTTP CONNECT proxy and a SOCKS5 proxy that record what they are asked.
 """
 
@@ -18,8 +18,7 @@ from piwork.config import Paths
 from piwork.net import upstream as up
 from piwork.net.upstream import ProxyKind, Upstream, UpstreamProxy
 from piwork.proxy.egress import EgressDecision, EgressProxy
-
-from .loopback_proxies import HttpConnectProxy, Socks5Proxy
+from tests.helpers.net import HttpConnectProxy, Socks5Proxy
 
 
 def paths_at(root: Path, settings: dict[str, object] | None = None) -> Paths:
@@ -121,7 +120,10 @@ SCUTIL = """<dictionary> {
 
 def test_macos_settings() -> None:
     found = up.from_scutil(SCUTIL)
-    assert found.tunnel is not None and (found.tunnel.host, found.tunnel.port) == ("sproxy.corp", 8443)
+    assert found.tunnel is not None and (found.tunnel.host, found.tunnel.port) == (
+        "sproxy.corp",
+        8443,
+    )
     assert found.plain is not None and (found.plain.host, found.plain.port) == ("proxy.corp", 8080)
     assert found.tunnel.no_proxy == ("*.local", "169.254/16")
     assert not found.tunnel.routes("printer.local")
@@ -321,9 +323,7 @@ async def test_socks5h_hands_over_the_name_and_socks5_the_vetted_address(origin:
 
 async def test_loopback_and_no_proxy_go_direct(origin: Origin) -> None:
     async with HttpConnectProxy() as upstream:
-        proxy = UpstreamProxy(
-            ProxyKind.HTTP, "127.0.0.1", upstream.port, no_proxy=("direct.test",)
-        )
+        proxy = UpstreamProxy(ProxyKind.HTTP, "127.0.0.1", upstream.port, no_proxy=("direct.test",))
         async with EgressProxy(
             allow_all, upstream=Upstream(proxy, proxy), allow_private_networks=True
         ) as egress:

@@ -84,10 +84,10 @@ class _Base:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
 
-    async def _dial(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.wait_for(
-            asyncio.open_connection(self.hosts.get(host, host), port), 15
-        )
+    async def _dial(
+        self, host: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        return await asyncio.wait_for(asyncio.open_connection(self.hosts.get(host, host), port), 15)
 
     async def _pipe(
         self,
@@ -170,7 +170,9 @@ class HttpConnectProxy(_Base):
             host = host.strip("[]")
             self.log.targets.append((host, int(port_s)))
             if host in self.refuse:
-                writer.write(b"HTTP/1.1 403 Forbidden by the test proxy\r\nContent-Length: 0\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 403 Forbidden by the test proxy\r\nContent-Length: 0\r\n\r\n"
+                )
                 await writer.drain()
                 return
             u_reader, u_writer = await self._dial(host, int(port_s))
@@ -180,7 +182,7 @@ class HttpConnectProxy(_Base):
             return
         assert target.startswith("http://"), target
         rest = target[7:]
-        authority, slash, path = rest.partition("/")
+        authority, _, path = rest.partition("/")
         host, _, port_s = authority.partition(":")
         port = int(port_s or 80)
         self.log.targets.append((host, port))

@@ -465,6 +465,19 @@ class _BuildHost:
         return None
 
 
+def decision_line(decision: EgressDecision, by: str) -> str:
+    """``network: HOST:PORT allowed|denied (by …)``, or for a refusal that was not the
+    person's policy, its real reason (the private-address guard, the upstream proxy,
+    a name that does not resolve) and what to do."""
+    where = f"{decision.host}:{decision.port}"
+    if decision.allowed:
+        return f"network: {where} allowed ({by})"
+    if decision.reason == "policy":
+        return f"network: {where} denied ({by})"
+    said_why = REASONS.get(decision.reason, decision.reason)
+    return f"network: {where} refused by {said_why}: {sanitize(decision.detail, one_line=True)}"
+
+
 BY_SAID = {
     "rule": "by your policy",
     "person": "by you",
@@ -644,14 +657,7 @@ async def _build_in_vm(
         seen = (decision.host, decision.port, decision.allowed)
         if seen not in said:  # once per host: apt opens many connections
             said.add(seen)
-            where = f"{decision.host}:{decision.port}"
-            if decision.allowed:
-                say(f"network: {where} allowed ({by})")
-            elif decision.reason == "policy":
-                say(f"network: {where} denied ({by})")
-            else:  # the real reason: the private-address guard, the upstream proxy, DNS ...
-                said_why = REASONS.get(decision.reason, decision.reason)
-                say(f"network: {where} refused by {said_why}: {sanitize(decision.detail)}")
+            say(decision_line(decision, by))
 
     manifest = load_manifest(manifest_dir)
     net = await asyncio.to_thread(host_network, paths, folder)

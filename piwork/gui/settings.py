@@ -40,6 +40,7 @@ from PySide6.QtWidgets import (
 from piwork.auth import KeyStore
 from piwork.config import Paths
 from piwork.gui.controller import spawn
+from piwork.gui.network_tab import NetworkTab
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.text import sanitize
 from piwork.models.custom import add_provider, remove_provider
@@ -70,6 +71,7 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self._packs_tab(), "Packs")
         self.tabs.addTab(self._envs_tab(), "Environments")
         self.tabs.addTab(self._hosts_tab(), "Remote hosts")
+        self.tabs.addTab(NetworkTab(paths), "Network")  # piwork.gui.network_tab (piwork.net)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)

@@ -22,6 +22,7 @@ from piwork.net.config import MirrorSettings
 from piwork.net.mirrors import all_mirror_hosts, mirror_hosts, mirrors_for
 from piwork.policy.rules import Action, Rule, Target, TaskContext, Verdict, winning_rule
 from piwork.policy.store import PolicyStore
+from piwork.textsafe import sanitize
 
 ALLOW_PRIVATE_REGISTRIES = "piwork network allow-private --registries"
 
@@ -72,6 +73,54 @@ class NetworkStatus:
     @property
     def refused_registries(self) -> list[RegistryLookup]:
         return [r for r in self.registries if r.private is not None and not r.allowed_private]
+
+    def lines(self) -> list[str]:
+        """The status as a person reads it (`piwork network show`, the app's Network tab)."""
+        status = self
+        out: list[str] = []
+        up = status.upstream
+        if up.any is None:
+            out.append("upstream proxy: none (piwork connects directly; "
+                       "`piwork network proxy set URL` to use one)")  # fmt: skip
+        else:
+            for role, proxy in (("tunnels (https)", up.tunnel), ("plain http", up.plain)):
+                if proxy is None:
+                    out.append(f"upstream proxy for {role}: none (direct)")
+                    continue
+                auth = ", password from the keyring or its URL" if proxy.password else ""
+                out.append(f"upstream proxy for {role}: {proxy.url} (from {proxy.source}{auth})")
+            bypass = (up.tunnel or up.plain).no_proxy  # type: ignore[union-attr]
+            out.append(
+                "  direct (no proxy): loopback" + (f", {', '.join(bypass)}" if bypass else "")
+            )
+        host = "the host's extra CAs and " if status.host_cas_used else ""
+        out.append(f"certificate authorities ({host}the ones you added; trusted by the gateway, "
+                   f"installed in the VM): {len(status.cas) or 'none'}")  # fmt: skip
+        out += [f"  {sanitize(c.describe(), one_line=True)}" for c in status.cas]
+        if not status.host_cas_used:
+            out.append("  (the host's own extra CAs are left out: `piwork network ca host on`)")
+        mirrors = status.mirrors.items()
+        where = f" for {status.folder}" if status.folder else " (everyone's)"
+        out.append(
+            f"package mirrors{where}: "
+            + (
+                ", ".join(f"{k} {v}" for k, v in mirrors)
+                if mirrors
+                else "none (the public registries)"
+            )
+        )
+        allowed = [f"{r.pattern} ({r.scope.describe()})" for r in status.private_rules]
+        out.append("private addresses allowed for: " + (", ".join(allowed) if allowed else "none"))
+        if status.registries:
+            out.append("package registries from this host:")
+            out += [f"  {r.describe()}" for r in status.registries]
+            if status.refused_registries:
+                out.append(
+                    "  the sandbox refuses these until you allow them (your network's proxy or "
+                    f"mirror answers there): `{ALLOW_PRIVATE_REGISTRIES}`"
+                )
+        out += [f"problem: {p}" for p in status.problems]
+        return out
 
     def to_json(self) -> dict[str, Any]:
         def proxy(p: netup.UpstreamProxy | None) -> dict[str, Any] | None:

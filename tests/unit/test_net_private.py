@@ -148,3 +148,25 @@ def test_the_package_registries_cover_the_mirrors(tmp_path: Path) -> None:
     assert registry_offer(decider, ask, ctx) == ()
     offered = registry_offer(decider, ask, ctx, ["repo.corp"])
     assert "repo.corp" in [r.pattern for r in offered]
+
+
+def test_env_build_says_the_real_reason_of_a_refusal() -> None:
+    """Issue 31: the private-address guard's refusal was printed as "denied (by your
+    policy)" after the person's rule had allowed the domain."""
+    from piwork.env.build import decision_line
+    from piwork.proxy.egress import EgressDecision
+
+    guard = EgressDecision(
+        "deb.debian.org", 80, "GET", False, "private address",
+        "piwork: deb.debian.org resolves to 203.0.113.80, a private or reserved address ... "
+        "`piwork network allow-private deb.debian.org`",
+    )  # fmt: skip
+    line = decision_line(guard, "by your policy")
+    assert line.startswith("network: deb.debian.org:80 refused by the private-address guard: ")
+    assert "allow-private deb.debian.org" in line and "by your policy" not in line
+    policy = EgressDecision("evil.example", 443, "CONNECT", False, "policy")
+    assert decision_line(policy, "by your policy") == (
+        "network: evil.example:443 denied (by your policy)"
+    )
+    upstream = EgressDecision("pypi.org", 443, "CONNECT", False, "upstream proxy", "407 …")
+    assert "refused by the upstream proxy: 407" in decision_line(upstream, "by your policy")

@@ -100,10 +100,7 @@ def cmd_proxy_set(args: argparse.Namespace) -> int:
 def cmd_proxy_clear(args: argparse.Namespace) -> int:
     from piwork.net import config as netconfig
 
-    paths = _paths()
-    settings = netconfig.load(paths)
-    settings.proxy.url = None
-    netconfig.save(paths, settings)
+    settings = netconfig.update(_paths(), lambda s: setattr(s.proxy, "url", None))
     system = "the environment's or the system's proxy, if any" if settings.proxy.use_system else (
         "no proxy (`piwork network proxy system on` to use the environment's)"
     )  # fmt: skip
@@ -114,13 +111,11 @@ def cmd_proxy_clear(args: argparse.Namespace) -> int:
 def cmd_proxy_system(args: argparse.Namespace) -> int:
     from piwork.net import config as netconfig
 
-    paths = _paths()
-    settings = netconfig.load(paths)
-    settings.proxy.use_system = args.state == "on"
-    netconfig.save(paths, settings)
+    on = args.state == "on"
+    netconfig.update(_paths(), lambda s: setattr(s.proxy, "use_system", on))
     print(
         "with no proxy set, piwork uses HTTPS_PROXY/HTTP_PROXY and the system settings"
-        if settings.proxy.use_system
+        if on
         else "piwork ignores HTTPS_PROXY/HTTP_PROXY and the system settings"
     )
     return 0
@@ -166,13 +161,11 @@ def cmd_ca_list(args: argparse.Namespace) -> int:
 def cmd_ca_host(args: argparse.Namespace) -> int:
     from piwork.net import config as netconfig
 
-    paths = _paths()
-    settings = netconfig.load(paths)
-    settings.cas.use_host_cas = args.state == "on"
-    netconfig.save(paths, settings)
+    on = args.state == "on"
+    netconfig.update(_paths(), lambda s: setattr(s.cas, "use_host_cas", on))
     print(
         "the host's extra CAs are trusted and installed in the VM"
-        if settings.cas.use_host_cas
+        if on
         else "the host's extra CAs are left out (only the ones you add are used)"
     )
     return 0

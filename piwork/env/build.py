@@ -669,7 +669,7 @@ async def _build_in_vm(
         token=token,
         private_policy=bridge.private_policy,
         upstream=net.upstream,
-        proxy_ssl=net.ssl,
+        proxy_ssl=net.proxy_ssl,
     ) as egress:
         cfg = AgentVmConfig(
             pack_dir=manifest_dir,

@@ -10,6 +10,7 @@ why, with the one button that allows them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -235,21 +236,13 @@ class NetworkTab(QWidget):
         self.save_proxy()
 
     def _use_system_changed(self, on: bool) -> None:
-        def save() -> None:
-            settings = netconfig.load(self.paths)
-            settings.proxy.use_system = on
-            netconfig.save(self.paths, settings)
-
-        if self._attempt("not saved", save):
-            self.refresh()
+        self._toggle(lambda s: setattr(s.proxy, "use_system", on))
 
     def _use_host_cas_changed(self, on: bool) -> None:
-        def save() -> None:
-            settings = netconfig.load(self.paths)
-            settings.cas.use_host_cas = on
-            netconfig.save(self.paths, settings)
+        self._toggle(lambda s: setattr(s.cas, "use_host_cas", on))
 
-        if self._attempt("not saved", save):
+    def _toggle(self, change: Callable[[netconfig.NetworkSettings], object]) -> None:
+        if self._attempt("not saved", lambda: netconfig.update(self.paths, change)):
             self.refresh()
 
     def _pick_ca(self) -> None:

@@ -24,6 +24,8 @@ so no private key can reach the guest through this path.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -36,11 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-
-from cryptography import x509
-from cryptography.hazmat.primitives.serialization import Encoding
-from cryptography.utils import CryptographyDeprecationWarning
-from cryptography.x509.oid import NameOID
+from typing import Any
 
 from piwork.config import Paths
 from piwork.errors import UsageError
@@ -78,15 +76,37 @@ class CaError(ValueError, UsageError):
 
 @dataclass(frozen=True)
 class CaCert:
-    """One trusted certificate (public: safe to show, log and give the guest)."""
+    """One trusted certificate (public: safe to show, log and give the guest).
+
+    Only the PEM and its fingerprint are made when it is read (a task's start needs
+    no more); the subject and dates are parsed when first shown."""
 
     pem: str
-    subject: str
     fingerprint: str
     """SHA-256 of the DER certificate, hex."""
-    not_after: datetime
-    is_ca: bool
     source: str
+
+    @functools.cached_property
+    def _parsed(self) -> tuple[str, datetime, bool]:
+        from cryptography import x509
+        from cryptography.utils import CryptographyDeprecationWarning
+
+        with warnings.catch_warnings():  # old public roots with negative serial numbers
+            warnings.simplefilter("ignore", CryptographyDeprecationWarning)
+            cert = x509.load_pem_x509_certificate(self.pem.encode("ascii"))
+            return _subject(cert), cert.not_valid_after_utc, _is_ca(cert)
+
+    @property
+    def subject(self) -> str:
+        return self._parsed[0]
+
+    @property
+    def not_after(self) -> datetime:
+        return self._parsed[1]
+
+    @property
+    def is_ca(self) -> bool:
+        return self._parsed[2]
 
     @property
     def expired(self) -> bool:
@@ -101,41 +121,60 @@ class CaCert:
         )
 
 
-def _subject(cert: x509.Certificate) -> str:
+def _subject(cert: Any) -> str:
+    from cryptography.x509.oid import NameOID
+
     for oid in (NameOID.COMMON_NAME, NameOID.ORGANIZATION_NAME, NameOID.ORGANIZATIONAL_UNIT_NAME):
         attrs = cert.subject.get_attributes_for_oid(oid)
         if attrs:
             return str(attrs[0].value)
-    return cert.subject.rfc4514_string() or "(no subject)"
+    return str(cert.subject.rfc4514_string()) or "(no subject)"
 
 
-def _is_ca(cert: x509.Certificate) -> bool:
+def _is_ca(cert: Any) -> bool:
+    from cryptography import x509
+
     try:
         return bool(cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
     except x509.ExtensionNotFound:
-        return cert.issuer == cert.subject  # an old-style self-signed root
+        return bool(cert.issuer == cert.subject)  # an old-style self-signed root
 
 
 def _from_der(der: bytes, source: str) -> CaCert:
-    with warnings.catch_warnings():  # old public roots with negative serial numbers
-        warnings.simplefilter("ignore", CryptographyDeprecationWarning)
-        return _cert_from_der(der, source)
+    """A certificate from its DER; raises ValueError if it is not one."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cert = x509.load_der_x509_certificate(der)
+        pem = cert.public_bytes(Encoding.PEM).decode("ascii")
+    return CaCert(pem=pem, fingerprint=hashlib.sha256(der).hexdigest(), source=source)
 
 
-def _cert_from_der(der: bytes, source: str) -> CaCert:
-    cert = x509.load_der_x509_certificate(der)
-    pem = cert.public_bytes(Encoding.PEM).decode("ascii")
-    return CaCert(
-        pem=pem,
-        subject=_subject(cert),
-        fingerprint=hashlib.sha256(der).hexdigest(),
-        not_after=cert.not_valid_after_utc,
-        is_ca=_is_ca(cert),
-        source=source,
-    )
+def _from_block(block: bytes, source: str) -> CaCert:
+    """A PEM block as it is (base64 checked, not parsed: a task's start reads it)."""
+    der = ssl.PEM_cert_to_DER_cert(block.decode("ascii"))
+    pem = ssl.DER_cert_to_PEM_cert(der)
+    return CaCert(pem=pem, fingerprint=hashlib.sha256(der).hexdigest(), source=source)
 
 
-def parse_certs(data: bytes, source: str) -> tuple[list[CaCert], list[str]]:
+def _der_blocks(data: bytes) -> list[bytes]:
+    """The DER of each PEM certificate block (no parsing: for fingerprints)."""
+    out = []
+    for block in _CERT_BLOCK.findall(data):
+        with contextlib.suppress(ValueError, UnicodeDecodeError):
+            out.append(ssl.PEM_cert_to_DER_cert(block.decode("ascii")))
+    return out
+
+
+def _fingerprints(data: bytes) -> set[str]:
+    return {hashlib.sha256(der).hexdigest() for der in _der_blocks(data)}
+
+
+def parse_certs(
+    data: bytes, source: str, *, skip: set[str] | None = None
+) -> tuple[list[CaCert], list[str]]:
     """The certificates in ``data`` (PEM blocks, or one DER certificate), and what was
     left out (private keys, other blocks, unreadable certificates), each said."""
     certs: list[CaCert] = []
@@ -152,10 +191,12 @@ def parse_certs(data: bytes, source: str) -> tuple[list[CaCert], list[str]]:
             notes.append(f"{source}: {what} left out (only certificates are used)")
     for block in _CERT_BLOCK.findall(data):
         try:
-            der = ssl.PEM_cert_to_DER_cert(block.decode("ascii"))
-            certs.append(_from_der(der, source))
+            cert = _from_block(block, source)
         except (ValueError, UnicodeDecodeError) as exc:
             notes.append(f"{source}: an unreadable certificate left out ({exc})")
+            continue
+        if skip is None or cert.fingerprint not in skip:
+            certs.append(cert)
     return certs, notes
 
 
@@ -180,9 +221,15 @@ def _certs_in(folder: Path, source: str | None = None) -> list[CaCert]:
 
 
 def public_fingerprints(dirs: Iterable[str] = PUBLIC_SET_DIRS) -> set[str] | None:
-    """The distribution's public CAs, or None where this host has no such set."""
-    found = [c.fingerprint for d in dirs for c in _certs_in(Path(d), "public")]
-    return set(found) if found else None
+    """The distribution's public CAs (SHA-256 of each), or None where this host has none."""
+    found: set[str] = set()
+    for d in dirs:
+        root = Path(d)
+        for path in sorted(root.rglob("*.crt")) if root.is_dir() else []:
+            data = _read(path)
+            if data is not None:
+                found |= _fingerprints(data)
+    return found or None
 
 
 def host_extra_cas(
@@ -195,22 +242,34 @@ def host_extra_cas(
     """The CAs this host trusts beyond the public set (see the module docstring).
     ``public``: the public set's fingerprints (True: read it from this host)."""
     env = os.environ if env is None else env
-    known = public_fingerprints() if public is True else (public or None)
+    known_set: list[set[str] | None] = []
+
+    def known() -> set[str] | None:  # read only when a variable's file needs it
+        if not known_set:
+            known_set.append(public_fingerprints() if public is True else (public or None))
+        return known_set[0]
+
     found: list[CaCert] = []
     for d in dirs:
         found += _certs_in(Path(d))
+    stores = {os.path.realpath(b) for b in SYSTEM_BUNDLES}
+    seen: set[str] = set()
     for name in ENV_FILES:
         value = env.get(name, "").strip()
-        data = _read(Path(value)) if value else None
+        real = os.path.realpath(value) if value else ""
+        if not value or real in seen or (real in stores and found):
+            # the system store holds the anchors the directories above already gave
+            continue
+        seen.add(real)
+        data = _read(Path(value))
         if data is None:
             continue
-        certs = parse_certs(data, f"${name} ({value})")[0]
-        if known is not None:
-            found += [c for c in certs if c.fingerprint not in known]
-        elif name == "NODE_EXTRA_CA_CERTS" and os.path.realpath(value) not in {
-            os.path.realpath(b) for b in SYSTEM_BUNDLES
-        }:
-            found += certs  # extra by definition, unless it names the whole store
+        source = f"${name} ({value})"
+        public_set = known()
+        if public_set is not None:
+            found += parse_certs(data, source, skip=public_set)[0]
+        elif name == "NODE_EXTRA_CA_CERTS" and real not in stores:
+            found += parse_certs(data, source)[0]  # extra by definition, unless the whole store
     if platform == "darwin" and shutil.which("security"):
         try:
             out = subprocess.run(

@@ -18,6 +18,7 @@ way, and a bad value is an error naming the key.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,14 @@ def save(paths: Paths, settings: NetworkSettings) -> None:
     write_section(SECTION, data, paths.settings_file)
 
 
+def update(paths: Paths, change: Callable[[NetworkSettings], object]) -> NetworkSettings:
+    """Load, ``change`` in place, save; the saved settings."""
+    settings = load(paths)
+    change(settings)
+    save(paths, settings)
+    return settings
+
+
 def folder_key(folder: Path) -> str:
     return str(Path(folder).expanduser().resolve())
 
@@ -123,4 +132,5 @@ __all__ = [
     "folder_key",
     "load",
     "save",
+    "update",
 ]

@@ -152,23 +152,11 @@ class UpstreamProxy:
 
         Raises :class:`UpstreamError` saying which proxy and what it answered.
         """
-        import python_socks
-
         proxy = self._python_socks(proxy_ssl)
         try:
             stream = await proxy.connect(dest_host=host, dest_port=port, timeout=timeout)  # type: ignore[attr-defined]
-        except python_socks.ProxyTimeoutError as exc:
-            raise UpstreamError(
-                f"the upstream proxy {self.url} did not answer within {timeout:.0f} s"
-            ) from exc
-        except python_socks.ProxyConnectionError as exc:
-            raise UpstreamError(
-                f"cannot reach the upstream proxy {self.url} ({self.source}): {exc}"
-            ) from exc
-        except python_socks.ProxyError as exc:
-            raise self._refused(host, port, str(exc), exc.error_code) from exc
-        except (OSError, ssl.SSLError) as exc:
-            raise UpstreamError(f"the upstream proxy {self.url} failed: {exc}") from exc
+        except Exception as exc:
+            raise self.explain(exc, host, port) from exc
         return stream.reader, stream.writer
 
     async def open_forward(
@@ -186,14 +174,28 @@ class UpstreamProxy:
                 ),
                 timeout,
             )
-        except TimeoutError as exc:
-            raise UpstreamError(
-                f"the upstream proxy {self.url} did not answer within {timeout:.0f} s"
-            ) from exc
-        except OSError as exc:
-            raise UpstreamError(
+        except Exception as exc:
+            raise self.explain(exc, "", 0) from exc
+
+    def explain(self, exc: BaseException, host: str, port: int) -> UpstreamError:
+        """What went wrong with this proxy, for a person (re-raises what is not a
+        connection failure: a bug stays a bug)."""
+        import python_socks
+
+        if isinstance(exc, python_socks.ProxyError):
+            return self._refused(host, port, str(exc), exc.error_code)
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            return UpstreamError(
+                f"the certificate of {host or self.host} is not trusted here "
+                f"({exc.verify_message}); {CA_HINT}"
+            )
+        if isinstance(exc, TimeoutError | python_socks.ProxyTimeoutError):
+            return UpstreamError(f"the upstream proxy {self.url} did not answer in time")
+        if isinstance(exc, python_socks.ProxyConnectionError | OSError):
+            return UpstreamError(
                 f"cannot reach the upstream proxy {self.url} ({self.source}): {exc}"
-            ) from exc
+            )
+        raise exc
 
     def _refused(self, host: str, port: int, said: str, code: object) -> UpstreamError:
         hint = ""
@@ -242,25 +244,11 @@ def _proxy_connector_class() -> Callable[..., aiohttp.BaseConnector]:
             self._piwork_proxy = proxy
 
         async def _connect_via_proxy(self, host: str, port: int, *args: object, **kw: object):  # type: ignore[no-untyped-def]
-            proxy = self._piwork_proxy
             try:
                 return await super()._connect_via_proxy(host, port, *args, **kw)  # type: ignore[arg-type]
-            except python_socks.ProxyTimeoutError as exc:
+            except (python_socks.ProxyError, python_socks.ProxyTimeoutError, OSError) as exc:
                 raise UpstreamConnectError(
-                    f"the upstream proxy {proxy.url} did not answer"
-                ) from exc
-            except python_socks.ProxyConnectionError as exc:
-                raise UpstreamConnectError(
-                    f"cannot reach the upstream proxy {proxy.url} ({proxy.source}): {exc}"
-                ) from exc
-            except python_socks.ProxyError as exc:
-                raise UpstreamConnectError(
-                    str(proxy._refused(host, port, str(exc), exc.error_code))
-                ) from exc
-            except ssl.SSLCertVerificationError as exc:
-                raise UpstreamConnectError(
-                    f"the certificate of {host} is not trusted here ({exc.verify_message}); "
-                    f"{CA_HINT}"
+                    str(self._piwork_proxy.explain(exc, host, port))
                 ) from exc
 
     return Connector
@@ -295,11 +283,12 @@ NONE = Upstream()
 
 
 def gateway_connector(
-    upstream: Upstream, origin: str, ssl_context: ssl.SSLContext
+    upstream: Upstream, origin: str, ssl_context: Callable[[], ssl.SSLContext]
 ) -> aiohttp.BaseConnector:
     """The model gateway's connector for a provider at ``origin`` (``https://host``): a
     tunnel through the upstream proxy unless ``NO_PROXY`` or loopback says direct;
-    TLS verified with ``ssl_context`` (the system store and the extra CAs)."""
+    TLS verified with ``ssl_context()`` (the system store and the extra CAs; not made
+    for a plain-HTTP provider reached directly)."""
     import aiohttp
 
     parts = urlsplit(origin)
@@ -308,8 +297,8 @@ def gateway_connector(
     if parts.scheme != "https" and upstream.plain is not None and upstream.plain.routes(host):
         proxy = upstream.plain  # tunnelled too: a key never crosses a proxy in clear text
     if proxy is None:
-        return aiohttp.TCPConnector(ssl=ssl_context)
-    return proxy.connector(ssl_context)
+        return aiohttp.TCPConnector(ssl=ssl_context() if parts.scheme == "https" else True)
+    return proxy.connector(ssl_context())
 
 
 # --- parsing ------------------------------------------------------------------

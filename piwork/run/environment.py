@@ -281,7 +281,9 @@ async def prepare(
         before_forward=hooks.before_model_call,
         allowed_models=(model_id,),
         admit=hooks.admit,
-        connector=lambda: gateway_connector(net.upstream, provider.upstream_origin, net.ssl),
+        connector=lambda: gateway_connector(
+            net.upstream, provider.upstream_origin, lambda: net.tls
+        ),
         server_tools=load_gateway_settings(paths.settings_file).server_tools,
         ask_server_tool=hooks.ask_server_tool,
     )
@@ -298,7 +300,7 @@ async def prepare(
         token=egress_token,
         private_policy=hooks.private_policy,
         upstream=net.upstream,
-        proxy_ssl=net.ssl,
+        proxy_ssl=net.proxy_ssl,
     )
     await stack.enter_async_context(egress)
     if net.guest.write(task.state_dir):

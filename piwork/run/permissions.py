@@ -91,6 +91,27 @@ def allowed_domains(domains: Iterable[str]) -> tuple[str, ...]:
         raise RunError(str(exc)) from exc
 
 
+def host_request(
+    prefix: str, question: str, action: Action, tool: str, target: Target, task_id: str | None
+) -> PermissionRequest:
+    """A question the host itself asks (the egress proxy's, the gateway's): its one
+    target is host-made, never guest text."""
+    return PermissionRequest(
+        request_id=f"{prefix}-{secrets.token_hex(4)}",
+        question=question,
+        options=tuple(c.value for c in GATE_CHOICES),
+        action=action,
+        tool=tool,
+        tool_call_id=None,
+        task_id=task_id,
+        cwd=None,
+        command=None,
+        paths=(),
+        targets=(target,),
+        payload={},
+    )
+
+
 class BridgeHost(Protocol):
     """What the bridge needs from the session it serves."""
 
@@ -318,19 +339,13 @@ class PermissionBridge:
             domain=host,
             reason=f"connects to {host}:{port} through the egress proxy",
         )
-        perm = PermissionRequest(
-            request_id=f"egress-{secrets.token_hex(4)}",
-            question=f"The agent wants to connect to {host} (port {port}). Allow?",
-            options=tuple(c.value for c in GATE_CHOICES),
-            action=Action.NETWORK,
-            tool="network",
-            tool_call_id=None,
-            task_id=self.host.task_id,
-            cwd=None,
-            command=None,
-            paths=(),
-            targets=(target,),
-            payload={},
+        perm = host_request(
+            "egress",
+            f"The agent wants to connect to {host} (port {port}). Allow?",
+            Action.NETWORK,
+            "network",
+            target,
+            self.host.task_id,
         )
         return (await self.answer_permission(perm)).allows
 
@@ -347,23 +362,17 @@ class PermissionBridge:
             domain=host,
             reason=where,
         )
-        perm = PermissionRequest(
-            request_id=f"private-{secrets.token_hex(4)}",
-            question=(
+        perm = host_request(
+            "private",
+            (
                 f"{host} resolves to {where}, not a public address. That can be your "
                 "network's proxy or mirror, or a service on your network or this computer. "
                 f"Let the agent reach it (port {port})?"
             ),
-            options=tuple(c.value for c in GATE_CHOICES),
-            action=Action.PRIVATE_NETWORK,
-            tool="network",
-            tool_call_id=None,
-            task_id=self.host.task_id,
-            cwd=None,
-            command=None,
-            paths=(),
-            targets=(target,),
-            payload={},
+            Action.PRIVATE_NETWORK,
+            "network",
+            target,
+            self.host.task_id,
         )
         return (await self.answer_permission(perm, yes_answers=False)).allows
 
@@ -380,23 +389,17 @@ class PermissionBridge:
                     return False
             return True
         tool = f"{provider}:{use.kind}"
-        perm = PermissionRequest(
-            request_id=f"server-tool-{secrets.token_hex(4)}",
-            question=(
+        perm = host_request(
+            "server-tool",
+            (
                 f"The agent asks {provider} to use its {use.kind} tool: "
                 f"{SERVER_TOOL_KINDS[use.kind]}, reaching any site it chooses, outside the "
                 "egress proxy, with what the conversation holds. Allow?"
             ),
-            options=tuple(c.value for c in GATE_CHOICES),
-            action=Action.CONNECTOR,
-            tool=tool,
-            tool_call_id=None,
-            task_id=self.host.task_id,
-            cwd=None,
-            command=None,
-            paths=(),
-            targets=(Target(Action.CONNECTOR, op="connector", tool=tool),),
-            payload={},
+            Action.CONNECTOR,
+            tool,
+            Target(Action.CONNECTOR, op="connector", tool=tool),
+            self.host.task_id,
         )
         return (await self.answer_permission(perm)).allows
 

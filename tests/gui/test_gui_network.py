@@ -11,7 +11,6 @@ import asyncio
 import os
 from pathlib import Path
 
-import orjson
 import pytest
 import trustme
 from PySide6.QtCore import Qt
@@ -24,21 +23,12 @@ from piwork.net import config as netconfig
 from piwork.net.mirrors import mirrors_for
 from piwork.net.status import network_status
 from piwork.net.upstream import key_name
+from tests.helpers.net import private_network_home
 
 
 @pytest.fixture
 def paths(gui_paths: Paths, monkeypatch: pytest.MonkeyPatch) -> Paths:
-    for name in (
-        "HTTPS_PROXY",
-        "https_proxy",
-        "HTTP_PROXY",
-        "http_proxy",
-        "ALL_PROXY",
-        "all_proxy",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    gui_paths.config.mkdir(parents=True)
-    gui_paths.settings_file.write_bytes(orjson.dumps({"auth": {"fileBackend": True}}))
+    private_network_home(monkeypatch, gui_paths)
     return gui_paths
 
 

@@ -299,3 +299,25 @@ class TlsFront:
                 dst.close()
 
         await asyncio.gather(copy(reader, b_writer), copy(b_reader, writer), return_exceptions=True)
+
+
+PROXY_VARIABLES = (
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+)
+
+
+def private_network_home(monkeypatch: object, paths: object) -> None:
+    """No proxy variables of the machine's; a settings file with the file key backend
+    (no keyring on a headless machine), in ``paths``' config dir."""
+    import orjson
+
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)  # type: ignore[attr-defined]
+    config = paths.config  # type: ignore[attr-defined]
+    config.mkdir(parents=True, exist_ok=True)
+    paths.settings_file.write_bytes(orjson.dumps({"auth": {"fileBackend": True}}))  # type: ignore[attr-defined]

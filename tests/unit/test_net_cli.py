@@ -6,7 +6,6 @@ import io
 import json
 from pathlib import Path
 
-import orjson
 import pytest
 import trustme
 
@@ -18,23 +17,13 @@ from piwork.net.upstream import key_name
 from piwork.policy.rules import Action, Verdict
 from piwork.policy.store import PolicyStore
 from piwork.settings import read_settings
+from tests.helpers.net import private_network_home
 
 
 @pytest.fixture(autouse=True)
 def private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PIWORK_HOME", str(tmp_path / "home"))
-    for name in (
-        "HTTPS_PROXY",
-        "https_proxy",
-        "HTTP_PROXY",
-        "http_proxy",
-        "ALL_PROXY",
-        "all_proxy",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    paths = get_paths()
-    paths.config.mkdir(parents=True)
-    paths.settings_file.write_bytes(orjson.dumps({"auth": {"fileBackend": True}}))
+    private_network_home(monkeypatch, get_paths())
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -82,7 +82,7 @@ def gateway_for(provider: Provider, upstream: Upstream, ctx: ssl.SSLContext) -> 
         lambda name: SECRET,
         guest_token=TOKEN,
         allowed_models=("scripted",),
-        connector=lambda: gateway_connector(upstream, provider.upstream_origin, ctx),
+        connector=lambda: gateway_connector(upstream, provider.upstream_origin, lambda: ctx),
     )
 
 
@@ -149,7 +149,7 @@ async def test_a_refusing_proxy_is_named_in_the_models_error(
 async def test_loopback_and_no_proxy_providers_go_direct() -> None:
     proxy = UpstreamProxy(ProxyKind.HTTP, "p", 1, no_proxy=("corp",))
     upstream = Upstream(proxy, proxy)
-    ctx = netcas.ssl_context([])
+    ctx = lambda: netcas.ssl_context([])  # noqa: E731
     local = gateway_connector(upstream, "http://127.0.0.1:11434", ctx)
     corp = gateway_connector(upstream, "https://llm.corp", ctx)
     assert type(local) is aiohttp.TCPConnector and type(corp) is aiohttp.TCPConnector

@@ -116,3 +116,25 @@ def test_the_gateways_context_trusts_the_system_and_the_extra_cas(ca: trustme.CA
         {k: v for k, v in s.items() if k == "organizationName"} for s in subjects
     ]
     assert ctx.verify_mode is ssl.CERT_REQUIRED and ctx.check_hostname
+
+
+def test_a_variable_naming_the_whole_store_adds_only_what_is_not_public(
+    ca: trustme.CA, tmp_path: Path
+) -> None:
+    """This host sets NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt: the whole
+    store is not "extra"; only what the public set lacks is."""
+    public = trustme.CA(organization_name="Some Public Root")
+    store = tmp_path / "store.pem"
+    store.write_bytes(public.cert_pem.bytes() + ca.cert_pem.bytes())
+    public_set = {c.fingerprint for c in netcas.parse_certs(public.cert_pem.bytes(), "p")[0]}
+    env = {"NODE_EXTRA_CA_CERTS": str(store), "SSL_CERT_FILE": str(store)}
+    found = netcas.host_extra_cas(dirs=[], env=env, platform="linux", public=public_set)
+    assert [c.subject for c in found] == ["Corp Inspecting CA"]
+    # with no public set to subtract, a variable naming a system store adds nothing
+    assert netcas.host_extra_cas(
+        dirs=[], env={"NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/ca-certificates.crt"},
+        platform="linux", public=False,
+    ) == []  # fmt: skip
+    # ... and NODE_EXTRA_CA_CERTS naming a file of extras is taken whole
+    found = netcas.host_extra_cas(dirs=[], env={"NODE_EXTRA_CA_CERTS": str(store)}, public=False)
+    assert len(found) == 2

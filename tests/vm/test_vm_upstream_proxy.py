@@ -48,7 +48,7 @@ pytestmark = [pytest.mark.vm, pytest.mark.timeout(1500)]
 SECRET = "sk-corp-model-key-7c1d0e5f9a8b2c3d4e5f"
 PROXY_USER, PROXY_PW = "alice", "proxy-pw-4f2a9c1e7b"
 PIP = (
-    "python3 -m pip download --no-deps --disable-pip-version-check --retries 0 --timeout 60 "
+    "python3 -m pip download --no-deps --disable-pip-version-check --retries 1 --timeout 60 "
     "-d /tmp/dl six==1.16.0 2>&1 | grep -v '^ *$' | tail -n 12; ls /tmp/dl 2>&1"
 )
 ENV = "env | grep -i -e proxy -e _CERT -e CA_ | sort"

@@ -4,17 +4,34 @@ from __future__ import annotations
 
 import stat
 import subprocess
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from piwork.config import get_paths
+from piwork.models.providers import (
+    ModelCost,
+    ModelSpec,
+    Provider,
+    demo_provider,
+)
 from piwork.pack import ensure_pack, load_manifest
 from piwork.pack.cpio import read_newc
+from piwork.proxy.gateway import ModelGateway, UsageRecord
 from piwork.tasks.store import TaskStore
 from tests.helpers.checkpoints import Run
+from tests.helpers.gateway import (
+    FakeUpstream,
+    World,
+    _dict_keys,
+    _serve,
+    anthropic_app,
+    google_app,
+    openai_app,
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +79,55 @@ def make_run(folder: Path) -> Iterator[Any]:
 
     yield make
     store.close()
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    fakes = [FakeUpstream() for _ in range(4)]
+    runners = []
+    for fake, make in zip(fakes, (openai_app, anthropic_app, google_app, openai_app), strict=True):
+        runner, fake.url = await _serve(await make(fake))
+        runners.append(runner)
+    oa, an, go, demo = fakes
+    providers = [
+        Provider(
+            name="openai-test",
+            api="openai-completions",
+            base_url=f"{oa.url}/v1",
+            auth="bearer",
+            models=(
+                ModelSpec(id="gpt-test", cost=ModelCost(input=2.0, output=8.0, cacheRead=0.5)),
+            ),
+        ),
+        Provider(
+            name="openai-resp-test",
+            api="openai-responses",
+            base_url=f"{oa.url}/v1",
+            auth="bearer",
+            key_name="openai-test",
+            models=(ModelSpec(id="gpt-resp"),),
+        ),
+        Provider(
+            name="anthropic-test",
+            api="anthropic-messages",
+            base_url=an.url,
+            auth="x-api-key",
+            models=(ModelSpec(id="claude-test"),),
+        ),
+        Provider(
+            name="google-test",
+            api="google-generative-ai",
+            base_url=f"{go.url}/v1beta",
+            auth="x-goog-api-key",
+            models=(ModelSpec(id="gemini-test"),),
+        ),
+        demo_provider(f"{demo.url}/v1"),
+    ]
+    usage: list[UsageRecord] = []
+    gateway = ModelGateway(
+        providers, _dict_keys, task_id="t-1", on_usage=usage.append, read_timeout=1.0
+    )
+    async with gateway, aiohttp.ClientSession() as client:
+        yield World(oa, an, go, demo, providers, gateway, usage, client)
+    for runner in runners:
+        await runner.cleanup()

@@ -9,7 +9,6 @@ keys, method overrides). Each is refused with its reason, and the fake
 upstream sees nothing at all.
 """
 
-# ruff: noqa: F811  (the tests take ``world``, the fixture imported below, as a parameter)
 from __future__ import annotations
 
 import json
@@ -22,7 +21,7 @@ from aiohttp import web
 from piwork.models.providers import GUEST_PLACEHOLDER_KEY, Provider
 from piwork.proxy.gateway import ModelGateway, UsageRecord
 from piwork.proxy.schema import ServerToolUse
-from tests.unit.test_gateway import (  # noqa: F401  (world is a fixture)
+from tests.helpers.gateway import (
     ANTHROPIC_KEY,
     PLACEHOLDER_AUTH,
     FakeUpstream,
@@ -30,7 +29,6 @@ from tests.unit.test_gateway import (  # noqa: F401  (world is a fixture)
     _dict_keys,
     _serve,
     sse,
-    world,
 )
 
 EXFIL = "https://attacker.example/mcp?d=c2VjcmV0LWZyb20tdGhlLWZvbGRlcg"

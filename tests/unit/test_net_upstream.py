@@ -225,7 +225,8 @@ async def via_connect(proxy: EgressProxy, target: str) -> bytes:
         rest = await asyncio.wait_for(reader.read(), 10)
         writer.close()
         return head + rest
-    writer.write(b"GET /x HTTP/1.1\r\nHost: origin\r\nConnection: close\r\n\r\n")
+    host = target.rpartition(":")[0]  # HTTP in a tunnel names the tunnel's host
+    writer.write(f"GET /x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
     await writer.drain()
     body = await asyncio.wait_for(reader.read(), 10)
     writer.close()

@@ -108,17 +108,21 @@ def cmd_proxy_clear(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_proxy_system(args: argparse.Namespace) -> int:
+def _switch(args: argparse.Namespace, section: str, name: str, said: tuple[str, str]) -> int:
+    """``on``/``off`` for one boolean of the network settings; says what it now means."""
     from piwork.net import config as netconfig
 
     on = args.state == "on"
-    netconfig.update(_paths(), lambda s: setattr(s.proxy, "use_system", on))
-    print(
-        "with no proxy set, piwork uses HTTPS_PROXY/HTTP_PROXY and the system settings"
-        if on
-        else "piwork ignores HTTPS_PROXY/HTTP_PROXY and the system settings"
-    )
+    netconfig.update(_paths(), lambda s: setattr(getattr(s, section), name, on))
+    print(said[0] if on else said[1])
     return 0
+
+
+def cmd_proxy_system(args: argparse.Namespace) -> int:
+    return _switch(args, "proxy", "use_system", (
+        "with no proxy set, piwork uses HTTPS_PROXY/HTTP_PROXY and the system settings",
+        "piwork ignores HTTPS_PROXY/HTTP_PROXY and the system settings",
+    ))  # fmt: skip
 
 
 # --- certificate authorities -------------------------------------------------------------
@@ -159,16 +163,10 @@ def cmd_ca_list(args: argparse.Namespace) -> int:
 
 
 def cmd_ca_host(args: argparse.Namespace) -> int:
-    from piwork.net import config as netconfig
-
-    on = args.state == "on"
-    netconfig.update(_paths(), lambda s: setattr(s.cas, "use_host_cas", on))
-    print(
-        "the host's extra CAs are trusted and installed in the VM"
-        if on
-        else "the host's extra CAs are left out (only the ones you add are used)"
-    )
-    return 0
+    return _switch(args, "cas", "use_host_cas", (
+        "the host's extra CAs are trusted and installed in the VM",
+        "the host's extra CAs are left out (only the ones you add are used)",
+    ))  # fmt: skip
 
 
 # --- mirrors ------------------------------------------------------------------

@@ -114,14 +114,18 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
     finally:
         await win.quit_cleanly(exit_app=False)
 
+    async def reopened(on: Any, name: str, settle: float) -> None:
+        """A new window on ``on`` (a restart of the app), shot once it settled."""
+        again = MainWindow(paths=on, prefs=Prefs(), tray=False)
+        again.resize(1280, 800)
+        again.show()
+        try:
+            await snap(again, name, settle)
+        finally:
+            await again.quit_cleanly(exit_app=False)
+
     # A restart: the same task, read back from its transcript.
-    win2 = MainWindow(paths=paths, prefs=Prefs(), tray=False)
-    win2.resize(1280, 800)
-    win2.show()
-    try:
-        await snap(win2, "restored-history", 2.0)
-    finally:
-        await win2.quit_cleanly(exit_app=False)
+    await reopened(paths, "restored-history", 2.0)
 
     # An app killed with one task done and one working, then started again.
     crashed = home / "crashed"
@@ -134,13 +138,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
     cpaths = Paths(
         data=crashed / "data", cache=paths.cache, state=crashed / "state", config=crashed / "config"
     )
-    win3 = MainWindow(paths=cpaths, prefs=Prefs(), tray=False)
-    win3.resize(1280, 800)
-    win3.show()
-    try:
-        await snap(win3, "crash-banner", 1.5)
-    finally:
-        await win3.quit_cleanly(exit_app=False)
+    await reopened(cpaths, "crash-banner", 1.5)
     print({"shots": list(SHOTS), "out": str(out)}, flush=True)
 
 

@@ -81,7 +81,8 @@ def test_a_second_launch_raises_the_first_window_and_touches_no_task(
         store.close()
 
 
-CRASHING_APP = textwrap.dedent(
+# The app as `piwork app` starts it, in a child process that dies on purpose.
+APP = textwrap.dedent(
     """
     import asyncio, os, signal, sys
     from pathlib import Path
@@ -90,11 +91,17 @@ CRASHING_APP = textwrap.dedent(
     from piwork.gui.loop import new_loop
     from piwork.gui.prefs import Prefs
     from piwork.gui.window import MainWindow
-    from piwork.tasks import TaskStore
 
     app = make_app(["piwork"])
     loop = new_loop(app)
     asyncio.set_event_loop(loop)
+    """
+)
+
+CRASHING_APP = APP + textwrap.dedent(
+    """
+    from piwork.tasks import TaskStore
+
     paths = get_paths()
     store = TaskStore(paths.tasks)
     task = store.create("a task that was running")
@@ -212,19 +219,9 @@ def test_hidden_in_the_tray_the_app_quits_by_itself_once_nothing_runs(
     assert quits == [True]
 
 
-KILLED_APP = textwrap.dedent(
+KILLED_APP = APP + textwrap.dedent(
     """
-    import asyncio, os, signal
-    from piwork.config import get_paths
-    from piwork.gui.app import make_app
-    from piwork.gui.loop import new_loop
-    from piwork.gui.prefs import Prefs
-    from piwork.gui.window import MainWindow
     from tests.helpers.gui import FakeRun, say
-
-    app = make_app(["piwork"])
-    loop = new_loop(app)
-    asyncio.set_event_loop(loop)
 
     async def work(run, prompt):
         if "long" in prompt:

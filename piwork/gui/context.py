@@ -21,7 +21,6 @@ import asyncio
 import csv
 import io
 import logging
-import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +55,7 @@ from piwork.config import Paths, get_paths
 from piwork.gui.qtlink import listen
 from piwork.gui.text import sanitize
 from piwork.gui.turns import TurnsPane
+from piwork.gui.watch import FolderWatch, still_there
 from piwork.gui.widgets import (
     InertBrowser,
     file_kind,
@@ -115,33 +115,8 @@ class DiffHighlighter(QSyntaxHighlighter):
         self.setFormat(0, len(text), f)
 
 
-def relative_beneath(root: Path, changed: str) -> str | None:
-    """``changed`` relative to ``root`` if it is a regular file beneath it (no link on the way)."""
-    try:
-        rel = Path(changed).relative_to(root)
-    except ValueError:
-        return None
-    if not rel.parts or ".." in rel.parts:
-        return None
-    try:
-        st = sharefs.lstat_beneath(root, rel.as_posix())
-    except OSError:
-        return rel.as_posix()  # deleted (or unreachable): still a change to list
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return rel.as_posix()
-
-
 def _part(name: str) -> Any:
     return property(lambda self: getattr(self.turns_pane, name))
-
-
-def _still_there(root: Path, rel: str) -> bool:
-    try:
-        sharefs.lstat_beneath(root, rel)
-    except OSError:
-        return False
-    return True
 
 
 class ContextPanel(QWidget):
@@ -231,7 +206,7 @@ class ContextPanel(QWidget):
         self.outputs: Path | None = None
         self.task_id: str | None = None
         self.changed: dict[str, str] = {}  # display name -> status
-        self._watches: dict[str, tuple[asyncio.Future[None], asyncio.Event]] = {}
+        self.watcher = FolderWatch(self._watched)
         self._changes: dict[str, dict[str, str]] = {}
         self._preview_gen = 0
 
@@ -389,60 +364,22 @@ class ContextPanel(QWidget):
 
     def watch(self, task_id: str, folder: Path | None, outputs: Path | None) -> None:
         """Record changes under the task's folder and outputs, selected or not."""
-        if task_id in self._watches:
-            return
-        roots = [p for p in (folder, outputs) if p is not None and p.is_dir()]
-        if not roots:
-            return
-        stop = asyncio.Event()
-        job = asyncio.ensure_future(self._watch_files(task_id, folder, roots, stop))
-        self._watches[task_id] = (job, stop)
+        self.watcher.watch(task_id, folder, outputs)
 
     def unwatch(self, task_id: str) -> None:
-        entry = self._watches.pop(task_id, None)
-        if entry is not None:
-            job, stop = entry
-            stop.set()  # the watcher's thread polls it; a loop cannot close while it runs
-            job.cancel()
+        self.watcher.unwatch(task_id)
 
     def stop_watching(self) -> None:
-        for task_id in list(self._watches):
-            self.unwatch(task_id)
+        self.watcher.stop()
 
-    async def _watch_files(
-        self, task_id: str, folder: Path | None, roots: list[Path], stop: asyncio.Event
-    ) -> None:
-        from watchfiles import Change, awatch
-
-        names = {Change.added: "added", Change.modified: "modified", Change.deleted: "deleted"}
-        try:
-            async for changes in awatch(
-                *roots,
-                recursive=True,
-                step=200,
-                debounce=400,
-                rust_timeout=1000,
-                stop_event=stop,
-            ):
-                for kind, p in changes:
-                    for root in roots:
-                        rel = relative_beneath(root, p)
-                        if rel is None:
-                            continue
-                        label = rel if root == folder else f"outputs/{rel}"
-                        status = names.get(kind, "modified")
-                        if root != folder and not _still_there(root, rel):
-                            # Gone from the outputs already (moved into the folder): a
-                            # batch may list its "deleted" before its "added".
-                            status = "deleted"
-                            if label not in self._changes.get(task_id, {}):
-                                break
-                        self.note_change(label, status, task_id=task_id)
-                        break
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a watcher failure must not take the window down
-            log.warning("file watcher stopped: %s", exc)
+    def _watched(self, task_id: str, label: str, status: str, gone: bool) -> None:
+        """What the watcher saw; ``gone``: a file of the outputs already moved away (a
+        batch may list its "deleted" before its "added")."""
+        if gone:
+            if label not in self._changes.get(task_id, {}):
+                return
+            status = "deleted"
+        self.note_change(label, status, task_id=task_id)
 
     def set_changes(self, task_id: str, changes: list[tuple[str, str]]) -> None:
         """What the task changed in the folder all told (from the checkpoints, the VM
@@ -464,7 +401,7 @@ class ContextPanel(QWidget):
                 self._add_item(rel, status)
 
     def _exists(self, task_id: str, rel: str) -> bool:
-        return _still_there(self.paths.tasks / task_id / "outputs", rel[len("outputs/") :])
+        return still_there(self.paths.tasks / task_id / "outputs", rel[len("outputs/") :])
 
     def note_change(self, rel: str, status: str, *, task_id: str | None = None) -> None:
         rel = sanitize(rel, limit=300, keep_newlines=False)

@@ -16,12 +16,13 @@ from PySide6.QtGui import QImage, QTextFormat
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
-from piwork.gui.context import ContextPanel, relative_beneath
+from piwork.gui.context import ContextPanel
 from piwork.gui.controller import TaskController
 from piwork.gui.history import load_history
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.state import status_label
 from piwork.gui.text import always_rules, plain_request, sanitize, shown_rule
+from piwork.gui.watch import relative_beneath
 from piwork.gui.widgets import Composer, MessageView, PermissionSheet, QuestionBar, ToolRow
 from piwork.policy import (
     Action,

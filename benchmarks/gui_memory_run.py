@@ -73,7 +73,8 @@ async def run(minutes: float) -> dict[str, Any]:
         n = 0
         try:
             while time.monotonic() < end:
-                live = [t for t in win.tasks if t.state.busy]
+                # Working or queued: a new task only once one of the two has ended.
+                live = [t for t in win.tasks if t.state.can_stop]
                 if len(live) < 2:
                     n += 1
                     folder = Path(tempfile.mkdtemp(prefix=f"piwork-mem-{n}-"))
@@ -96,6 +97,7 @@ async def run(minutes: float) -> dict[str, Any]:
                         **memory(),
                         "tasks_done": done,
                         "tasks_live": sum(1 for t in win.tasks if t.live),
+                        "tasks_listed": len(win.tasks),
                     }
                     samples.append(s)
                     print(json.dumps(s), flush=True)

@@ -499,7 +499,9 @@ class TaskController:
     async def pause(self) -> None:
         if self.session is not None:
             await self.session.pause_vm()
+            self.changed.emit()  # the runner's pause state is the truth: draw it now
 
     async def resume_vm(self) -> None:
         if self.session is not None:
             await self.session.resume_vm()
+            self.changed.emit()

@@ -39,6 +39,11 @@ BOOT = 360.0  # one TCG boot on a shared, loaded 2-core machine
 STEP = 180.0
 
 
+def rail_text(win: Any) -> str:
+    """The selected task's row in the rail."""
+    return str(win.rail.item(win.tasks.index(win.current())).text())
+
+
 def header(win: Any) -> str:
     return str(win.header.text())
 
@@ -95,7 +100,8 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             # Pause while the question is open, then answer it: still paused, VM frozen.
             win.pause_btn.click()
             await until(lambda: ctl.paused, 60, "the VM pauses")
-            assert ctl.label == "paused" and "paused" in header(win)
+            await until(lambda: "paused" in header(win), 5, "the header says so")
+            assert ctl.label == "paused" and "paused" in rail_text(win)
             assert win.pause_btn.text() == "Continue"
             assert win.sheet is not None
             win.sheet.buttons[Choice.ALLOW_ONCE].click()

@@ -46,13 +46,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from piwork import sharefs
 from piwork.env.dockerfile import ENV_NAME, env_script
-from piwork.env.store import BUILD_ENV_FILE, EnvError, EnvStore
+from piwork.env.store import BUILD_ENV_FILE, EnvError, EnvStore, write_record
 from piwork.errors import UsageError
-from piwork.fsutil import atomic_write_bytes, sha256_file
+from piwork.fsutil import sha256_file
+from piwork.textsafe import has_unsafe
 
 TOOLS = {
     "skopeo": "apt-get install skopeo (Debian bookworm: 1.9.3), or run scripts/setup.sh",
@@ -380,7 +379,7 @@ def import_image(store: EnvStore, archive: Path) -> Imported:
             "env": [list(pair) for pair in settings.env],
             "workdir": settings.workdir,
         }
-        atomic_write_bytes(store.images_dir / f"{image_id}.json", orjson.dumps(meta))
+        write_record(store.images_dir / f"{image_id}.json", meta)
         os.replace(tmp, path)
         return Imported(
             image_id,

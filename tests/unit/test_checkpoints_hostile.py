@@ -25,6 +25,7 @@ from piwork.checkpoints.api import describe, turn_range
 from piwork.checkpoints.shadow import PATH_MAX, ShadowRepo, refused_prefix
 from piwork.cli.main import main
 from piwork.config import get_paths
+from piwork.settings import settings_file
 
 from . import test_checkpoints as base
 from .test_checkpoints import Run, changes
@@ -43,7 +44,7 @@ def file_cap(n: int) -> Iterator[None]:
     try:
         yield
     finally:
-        settings.unlink()
+        settings_file(settings).remove()  # and its last good copy: no settings at all
 
 
 def recorded(run: Run) -> set[str]:

@@ -4,6 +4,7 @@ and mkfs.erofs; the archive's paths and modes are attacks."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import subprocess
 import tarfile
@@ -155,7 +156,7 @@ def test_images_nothing_uses_are_collected_after_a_grace_time(tmp_path: Path) ->
     assert env.image == imported.path
     s.reset(folder)
     assert imported.path.is_file()
-    (task / "env.json").unlink()  # the task is deleted (piwork tasks rm)
+    shutil.rmtree(task)  # the task is deleted (piwork tasks rm)
     assert imported.id in s.gc()
     assert not imported.path.exists() and not meta.exists()
     # One just imported is kept whatever uses it (the import points the folder at it next).

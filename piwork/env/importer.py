@@ -275,8 +275,12 @@ def image_settings(config: dict[str, object]) -> ImageSettings:
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             notes.append(f"left out the WorkingDir {_shown(str(workdir))}: not an absolute path")
             workdir = None
-        elif len(workdir) > MAX_WORKDIR or any(c in workdir for c in "\n\r\x00"):
-            notes.append("left out the WorkingDir: too long, or holds a newline or NUL")
+        elif len(workdir) > MAX_WORKDIR or has_unsafe(workdir):
+            # Control (C0, C1, ESC, newline, NUL) and format (bidi, zero-width) characters:
+            # a folder name never needs one, and a terminal would act on them.
+            notes.append(
+                "left out the WorkingDir: too long, or holds a control or format character"
+            )
             workdir = None
         else:
             workdir = posixpath.normpath(workdir)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from piwork.config import Paths
 from piwork.env.registries import registry_offer
+from piwork.net.addresses import describe_address
 from piwork.policy import (
     GATE_CHOICES,
     AuditLog,
@@ -42,12 +43,14 @@ from piwork.policy.request import (
 )
 from piwork.policy.rules import Action, Rule, Target, TaskContext, Verdict
 from piwork.preview import Previews
+from piwork.proxy.allowlist import SERVER_TOOL_KINDS
 from piwork.proxy.egress import (
     AllowNetError,
     EgressDecision,
     domain_allowed,
     normalize_allowed_domain,
 )
+from piwork.proxy.schema import ServerToolUse
 from piwork.rpc import models as m
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
@@ -96,6 +99,27 @@ def allowed_domains(domains: Iterable[str]) -> tuple[str, ...]:
         raise RunError(str(exc)) from exc
 
 
+def host_request(
+    prefix: str, question: str, action: Action, tool: str, target: Target, task_id: str | None
+) -> PermissionRequest:
+    """A question the host itself asks (the egress proxy's, the gateway's): its one
+    target is host-made, never guest text."""
+    return PermissionRequest(
+        request_id=f"{prefix}-{secrets.token_hex(4)}",
+        question=question,
+        options=tuple(c.value for c in GATE_CHOICES),
+        action=action,
+        tool=tool,
+        tool_call_id=None,
+        task_id=task_id,
+        cwd=None,
+        command=None,
+        paths=(),
+        targets=(target,),
+        payload={},
+    )
+
+
 class BridgeHost(Protocol):
     """What the bridge needs from the session it serves."""
 
@@ -138,6 +162,8 @@ class PermissionBridge:
         self.on_unusable_policy: Callable[[str], None] | None = None
         """Called with the message when the policy cannot be read mid-run (the session
         ends the run): what was asked is denied, nothing is decided on a guess."""
+        self.mirror_hosts: tuple[str, ...] = ()
+        """The task's package mirrors' hosts: "Allow the package registries" covers them."""
 
     def previews(self, task: Task) -> Previews:
         """The task's previews, decided under the same policy, audit log and ``--yes``."""
@@ -189,9 +215,19 @@ class PermissionBridge:
                 return m.ui_value(req.id, answer.gate_reply.value)
         return await self.answer_question(req)
 
-    async def answer_permission(self, perm: PermissionRequest) -> Choice:
-        """Policy first; if it says ask, the person; the answer is persisted and audited."""
+    async def answer_permission(
+        self, perm: PermissionRequest, *, yes_answers: bool = True
+    ) -> Choice:
+        """Policy first; if it says ask, the person; the answer is persisted and audited.
+
+        ``yes_answers=False``: ``--yes`` does not answer this question (it is denied
+        unless a rule or a person allows it)."""
         ctx = self.context
+        asker, assume_yes = self.asker, self.assume_yes
+        if not yes_answers and isinstance(asker, AllowAsker):
+            asker, assume_yes = DenyAsker(), False
+        elif not yes_answers:
+            assume_yes = False
         perm = validate_request(perm, ctx)  # the guest's request is untrusted input
         # The policy read and the audit fsync happen off the event loop.
         try:
@@ -223,7 +259,7 @@ class PermissionBridge:
         await self.host.set_status(TaskStatus.WAITING_PERMISSION)
         self.host.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
         try:
-            answer = await self.asker.permission(shown)
+            answer = await asker.permission(shown)
         finally:
             if not self.host.stopping and self.host.task_id is not None:
                 # Answered while the VM is frozen: it stays paused until resumed.
@@ -231,9 +267,9 @@ class PermissionBridge:
                     TaskStatus.PAUSED if self.host.paused else TaskStatus.RUNNING
                 )
         if answer is None:
-            by = DecidedBy.ASSUME_YES if self.assume_yes else DecidedBy.NO_TERMINAL
-            answer = Choice.ALLOW_ONCE if self.assume_yes else Choice.DENY
-        elif isinstance(self.asker, AllowAsker):
+            by = DecidedBy.ASSUME_YES if assume_yes else DecidedBy.NO_TERMINAL
+            answer = Choice.ALLOW_ONCE if assume_yes else Choice.DENY
+        elif isinstance(asker, AllowAsker):
             by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
         else:
             by = DecidedBy.PERSON
@@ -243,7 +279,9 @@ class PermissionBridge:
                 answer = Choice.DENY  # a front end offered what the host did not: refuse it
             else:
                 # Derived again now, as "Always" is: what is stored is what still asks.
-                bundle = await asyncio.to_thread(registry_offer, self.decider, shown, ctx)
+                bundle = await asyncio.to_thread(
+                    registry_offer, self.decider, shown, ctx, self.mirror_hosts
+                )
         # An "Allow once" here allows this tool call only; the egress proxy asks its
         # own question for every host the call then reaches (see the module docstring).
         try:
@@ -281,7 +319,7 @@ class PermissionBridge:
 
     def _proposals(self, perm: PermissionRequest) -> dict[Choice, tuple[Rule, ...]]:
         proposals = self.decider.proposals(perm, self.context)
-        offer = registry_offer(self.decider, perm, self.context)
+        offer = registry_offer(self.decider, perm, self.context, self.mirror_hosts)
         if offer:
             proposals[Choice.ALLOW_REGISTRIES] = offer
         return proposals
@@ -342,19 +380,67 @@ class PermissionBridge:
             domain=host,
             reason=f"connects to {host}:{port} through the egress proxy",
         )
-        perm = PermissionRequest(
-            request_id=f"egress-{secrets.token_hex(4)}",
-            question=f"The agent wants to connect to {host} (port {port}). Allow?",
-            options=tuple(c.value for c in GATE_CHOICES),
-            action=Action.NETWORK,
-            tool="network",
-            tool_call_id=None,
-            task_id=self.host.task_id,
-            cwd=None,
-            command=None,
-            paths=(),
-            targets=(target,),
-            payload={},
+        perm = host_request(
+            "egress",
+            f"The agent wants to connect to {host} (port {port}). Allow?",
+            Action.NETWORK,
+            "network",
+            target,
+            self.host.task_id,
+        )
+        return (await self.answer_permission(perm)).allows
+
+    async def private_policy(self, host: str, port: int, address: str) -> bool:
+        """The egress proxy asks here when an allowed ``host`` resolves to a private or
+        reserved ``address``: a question of its own, per domain, naming the address.
+        ``--yes`` does not answer it (an allowed name must not open this computer's or
+        the office network's services by accident): a rule does (``piwork network
+        allow-private``), or a person."""
+        where = f"{address} ({describe_address(address)})"
+        target = Target(
+            Action.PRIVATE_NETWORK,
+            op="private-network",
+            domain=host,
+            reason=where,
+        )
+        perm = host_request(
+            "private",
+            (
+                f"{host} resolves to {where}, not a public address. That can be your "
+                "network's proxy or mirror, or a service on your network or this computer. "
+                f"Let the agent reach it (port {port})?"
+            ),
+            Action.PRIVATE_NETWORK,
+            "network",
+            target,
+            self.host.task_id,
+        )
+        return (await self.answer_permission(perm, yes_answers=False)).allows
+
+    async def server_tool_policy(self, provider: str, use: ServerToolUse) -> bool:
+        """The gateway asks here before a provider-side tool the person enabled is used.
+
+        Like a network destination: each host the provider is told to reach (an MCP
+        server, the domains a search is limited to) is asked as the egress proxy asks
+        for it; a tool that reaches any site it likes is a question of its own.
+        """
+        if use.destinations:
+            for host in use.destinations:
+                if not await self.domain_policy(host, 443):
+                    return False
+            return True
+        tool = f"{provider}:{use.kind}"
+        perm = host_request(
+            "server-tool",
+            (
+                f"The agent asks {provider} to use its {use.kind} tool: "
+                f"{SERVER_TOOL_KINDS[use.kind]}, reaching any site it chooses, outside the "
+                "egress proxy, with what the conversation holds. Allow?"
+            ),
+            Action.CONNECTOR,
+            tool,
+            Target(Action.CONNECTOR, op="connector", tool=tool),
+            self.host.task_id,
         )
         return (await self.answer_permission(perm)).allows
 
@@ -366,6 +452,7 @@ class PermissionBridge:
                 "port": decision.port,
                 "allowed": decision.allowed,
                 "reason": decision.reason,
+                **({"detail": decision.detail} if decision.detail else {}),
             },
         )
 

@@ -27,8 +27,8 @@ from piwork.models.scripted import ChatRequest, ScriptedModelServer, Text, ToolC
 from piwork.policy import AuditLog, PolicyStore, Rule, Scope, Verdict
 from piwork.policy.rules import Action
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
+from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
-from .conftest import ScriptedAsker, per_prompt, private_paths, scripted_provider
 from .test_vm_permissions import run_cli, write_providers
 
 pytestmark = pytest.mark.vm

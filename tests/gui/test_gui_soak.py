@@ -92,7 +92,7 @@ def test_the_window_lives_through_a_long_streaming_task(
             win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
             win.new_folder = folder
             win.composer.setPlainText("work on the project for a long while")
-            win._send_clicked()
+            win.send_btn.click()
             ctl = win.current()
             assert ctl is not None
             deltas = [0]

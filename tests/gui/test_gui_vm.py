@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextFormat
-from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
@@ -43,7 +42,17 @@ from piwork.models.scripted import (
 from piwork.policy import Choice, PolicyStore
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
-from tests.helpers.gui import BOOT, STEP, router, scripted_provider, send, shown, until
+from tests.helpers.gui import (
+    BOOT,
+    STEP,
+    message_box,
+    press,
+    router,
+    scripted_provider,
+    send,
+    shown,
+    until,
+)
 
 pytestmark = pytest.mark.vm
 
@@ -64,9 +73,7 @@ def rail_text(win: Any, ctl: TaskController) -> str:
 
 
 def confirm_stop(win: Any) -> None:
-    box: QMessageBox = win._stop_box
-    [stop] = [b for b in box.buttons() if b.text() == "Stop"]
-    stop.click()
+    press(message_box("Stop the task?"), "Stop")
 
 
 def test_the_window_drives_real_tasks(

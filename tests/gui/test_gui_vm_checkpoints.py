@@ -16,8 +16,8 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
-from piwork.gui.context import RUNNING_TIP
 from piwork.gui.prefs import Prefs
+from piwork.gui.turns import RUNNING_TIP
 from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, edit, write
 from piwork.runner import EventKind, RunEvent
 from tests.helpers.gui import BOOT, STEP, item, router, scripted_provider, send, shown, tree, until

@@ -84,6 +84,7 @@ from piwork.pack.cache import (
 from piwork.pack.errors import PackError
 from piwork.pack.inputs import BUILDER_VERSION, compute_pack_id
 from piwork.pack.manifest import MANIFEST_NAME, Manifest, PackFile, sha256_file
+from piwork.rpc.version import check_pi
 
 KERNEL_NAME = "vmlinuz"
 PVH_KERNEL_NAME = "vmlinux"  # the uncompressed ELF, booted through its PVH entry
@@ -293,7 +294,9 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
     with progress.step("node + pi (npm ci)"):
         npm_dir = work / "npm"
         npm_dir.mkdir()
-        inst = node.npm_install(w.source / "runtime-pack" / "pi", npm_dir)
+        inst = node.npm_install(w.source / node.PI_SOURCE, npm_dir)
+        # A pack whose pi this piwork does not speak would only be refused at every run.
+        check_pi(inst.pi_version, f"the pin in {node.PI_SOURCE / 'package.json'}")
         versions["node"] = inst.node_version
         versions["pi"] = inst.pi_version
 
@@ -341,6 +344,7 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
             pi_pkg,
             initrd / GUEST_ROOT / "extensions",
             dropped,
+            initrd,
             snapshot_bundle=(snap_cjs, guest_url),
         )
         stats["pi_bundle_bytes"] = res.bundle_bytes
@@ -353,8 +357,10 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         if _host_runs_guest_binaries():
             home = work / "bundle-smoke-home"
             home.mkdir()
-            bundle.smoke_test(initrd / GUEST_NODE, pi_pkg, res.extensions, _smoke_env(home), home)
-            progress.note("smoke test: bundled pi answered get_state with the extensions loaded")
+            said = bundle.smoke_test(
+                initrd / GUEST_NODE, pi_pkg, res.extensions, _smoke_env(home), home, initrd
+            )
+            progress.note(f"smoke test: {said}")
 
     with progress.step("V8 code cache (the pack's node, in the guest tree)"):
         why = (
@@ -534,10 +540,10 @@ def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
             f"stdout: {proc.stdout.strip()[-1000:]}\nstderr: {proc.stderr.strip()[-2000:]}\n"
             f"A pruning rule in piwork/pack/node.py probably removed something pi imports."
         )
-    # Providers load lazily, so get_state alone does not prove their SDKs survived.
-    providers = initrd / GUEST_PI / "node_modules" / node.PI_AI_PACKAGE / "dist" / "providers"
+    # APIs load lazily, so get_state alone does not prove their SDKs survived.
+    apis = initrd / GUEST_PI / "node_modules" / node.PI_AI_PACKAGE / "dist" / "api"
     script = "".join(
-        f"await import({json.dumps(str(providers / (api + '.js')))});" for api in node.KEPT_APIS
+        f"await import({json.dumps(str(apis / (api + '.js')))});" for api in node.KEPT_APIS
     )
     proc = subprocess.run(
         [str(initrd / GUEST_NODE), "--input-type=module", "-e", script],
@@ -550,11 +556,11 @@ def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
     )
     if proc.returncode != 0:
         raise PackError(
-            f"a provider module of the pruned pi does not load ({', '.join(node.KEPT_APIS)}):\n"
+            f"an API module of the pruned pi does not load ({', '.join(node.KEPT_APIS)}):\n"
             f"{proc.stderr.strip()[-2000:]}"
         )
     progress.note(
-        f"smoke test: pruned pi answered get_state; providers load: {', '.join(node.KEPT_APIS)}"
+        f"smoke test: pruned pi answered get_state; APIs load: {', '.join(node.KEPT_APIS)}"
     )
 
 

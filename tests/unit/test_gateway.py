@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from piwork.models.providers import (
     demo_provider,
     render_guest_models_json,
 )
+from piwork.pack.node import PI_AI_PACKAGE, pi_node
 from piwork.proxy.gateway import ModelGateway, UsageRecord
 
 OPENAI_KEY = "sk-test-openai-REAL-0123456789abcdef"
@@ -779,7 +779,8 @@ async def test_rendered_base_urls_route_to_the_paths_pi_would_have_used(world: W
         assert fake.seen[-1].path == upstream_path
 
 
-PI_AI = repo_root() / "runtime-pack/pi/node_modules/@mariozechner/pi-ai/dist/index.js"
+# pi-ai's global API (complete) is its compat entry since pi 1.x.
+PI_AI = repo_root() / "runtime-pack/pi/node_modules" / PI_AI_PACKAGE / "dist/compat.js"
 PROBE = """
 const [piAi, specJson] = process.argv.slice(2);
 const { complete } = await import(piAi);
@@ -799,7 +800,7 @@ console.log(JSON.stringify(out));
 
 
 def _require_pi() -> None:
-    if shutil.which("node") is None or not PI_AI.exists():
+    if not PI_AI.exists():
         pytest.fail("these tests need node and runtime-pack/pi/node_modules: run scripts/setup.sh")
 
 
@@ -831,7 +832,7 @@ async def run_pi_sdks(gateway: ModelGateway, providers: list[Provider], tmp_path
     probe = tmp_path / "probe.mjs"
     probe.write_text(PROBE)
     proc = await asyncio.create_subprocess_exec(
-        "node",
+        pi_node(repo_root()),
         str(probe),
         PI_AI.as_uri(),
         json.dumps(specs),

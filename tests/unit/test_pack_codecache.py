@@ -27,7 +27,7 @@ from piwork.pack import codecache, ensure_pack, load_manifest
 from piwork.pack.cpio import read_newc
 
 BUNDLE_URL = (
-    "file:///opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/"
+    "file:///opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent/"
     "dist/core/piwork-bundle/entry.js"
 )
 NODE = "/opt/piwork/node/bin/node"

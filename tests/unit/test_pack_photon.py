@@ -30,7 +30,7 @@ from tests.vm.test_vm_image_resize import images_sent, png, png_size
 __all__ = ["guest_tree"]  # the fixture, shared with test_pack_codecache
 
 PHOTON = "@silvia-odwyer/photon-node"
-PI = Path("opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent")
+PI = Path("opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent")
 BUNDLE = PI / "dist/core/piwork-bundle"
 
 

@@ -90,7 +90,7 @@ def images_sent(body: object) -> list[bytes]:
 
 def assert_resized(server: ScriptedModelServer) -> None:
     """The model's last request carries pi's note and the resized picture, once."""
-    # What pi 0.73.1 writes (utils/image-resize.js formatDimensionNote).
+    # What pi writes (dist/utils/image-resize.js formatDimensionNote).
     note = f"[Image: original {WIDTH}x{HEIGHT}, displayed at {SHOWN[0]}x{SHOWN[1]}."
     requests = server.chat_requests
     assert len(requests) == 2, f"{len(requests)} model requests"

@@ -43,6 +43,7 @@ from piwork.agent.spec import (
 )
 from piwork.aio import discard
 from piwork.env.store import BUILD_ENV_FILE
+from piwork.pisettings import TRUST_ENV
 from piwork.rpc.client import RpcClient, RpcError
 from piwork.rpc.framing import OversizedLine
 from piwork.rpc.models import SessionState
@@ -262,6 +263,8 @@ class AgentVm(PiDoor):
         env = {
             "PI_CODING_AGENT_DIR": GUEST_AGENT_DIR,
             "PI_OFFLINE": "1",
+            "PI_TELEMETRY": "0",
+            TRUST_ENV: "1" if self.cfg.trust_project else "0",
             "HOME": f"{GUEST_STATE}/home",
             "PIWORK_TASK_ID": self.cfg.task_id,
             "PIWORK_SCOPE_DIRS": ":".join(dict.fromkeys(scope)),

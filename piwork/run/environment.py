@@ -48,6 +48,7 @@ from piwork.models.providers import (
 from piwork.models.scripted import ScriptedModelServer
 from piwork.pack import ensure_pack, load_manifest
 from piwork.pack.manifest import Manifest
+from piwork.pisettings import PiSettings, load_pi_settings, write_agent_dir
 from piwork.proxy.egress import (
     DomainPolicy,
     EgressDecision,
@@ -144,6 +145,7 @@ class Environment:
     manifest: Manifest
     accel: AccelChoice
     timings: dict[str, float]
+    pi_settings: PiSettings
 
     @property
     def gateway_prices(self) -> bool:
@@ -178,6 +180,7 @@ class Environment:
             provider=self.provider.name,
             model=self.model_id,
             extensions=list(TASK_EXTENSIONS),
+            trust_project=self.pi_settings.trust_project,
             extra_env={
                 "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
                 **guest_network_env(self.egress_token),
@@ -292,6 +295,15 @@ async def prepare(
     write_state_file(
         task, "agent/models.json", orjson.dumps(models_json, option=orjson.OPT_INDENT_2), hooks.emit
     )
+    # pi's settings.json and mcp.json: project trust and the person's MCP servers.
+    pi_settings = load_pi_settings(paths.settings_file)
+    moved = write_agent_dir(task.state_dir, pi_settings)
+    if moved:
+        hooks.emit(
+            EventKind.NOTICE,
+            message="moved aside what an earlier run left for pi to load from its agent dir: "
+            + ", ".join(moved),
+        )
     # The pack and the accelerator.
     t = time.monotonic()
     pack_dir = await asyncio.to_thread(
@@ -306,7 +318,16 @@ async def prepare(
         accel=chosen.accel.value,
     )
     return Environment(
-        provider, model_id, gateway, egress, egress_token, pack_dir, manifest, chosen, timings
+        provider,
+        model_id,
+        gateway,
+        egress,
+        egress_token,
+        pack_dir,
+        manifest,
+        chosen,
+        timings,
+        pi_settings,
     )
 
 

@@ -1,0 +1,69 @@
+"""An HTTP MCP server the person configures, with the real pi 1.x run natively as
+piwork starts it and piwork's real egress proxy between them (pi's environment names
+it, as in the VM): the proxy asks the network policy about the server's domain before
+a byte reaches it; allowed, the server's tool is used; denied, it never sees a
+request. No VM (in the VM: tests/vm/test_vm_mcp.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from piwork.models import ScriptedModelServer, Step, Text, ToolCall, ToolCalls
+from piwork.pisettings import McpServer, PiSettings
+from piwork.proxy.egress import EgressProxy, guest_proxy_env, proxy_url_with_token
+from tests.fixtures.mcp_http_server import McpHttpServer, host_name
+
+from .pi_native import piwork_args, running_native_pi, write_agent_settings
+
+
+@pytest.mark.parametrize("allow", [True, False], ids=["allowed", "denied"])
+async def test_an_http_mcp_servers_domain_is_asked_by_the_proxy(
+    tmp_path: Path, allow: bool
+) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    asked: list[tuple[str, int]] = []
+
+    async def policy(host: str, port: int) -> bool:
+        asked.append((host, port))
+        return allow
+
+    script: list[Step] = [
+        ToolCalls([ToolCall("mcp__remote__shout", {"text": "over http"}, "call_h")]),
+        Text("done"),
+    ]
+    name, addr = host_name()
+    async with (
+        McpHttpServer(addr) as mcp,
+        EgressProxy(policy, allow_private_networks=True, token="tok") as proxy,
+        ScriptedModelServer(script, model_id="scripted") as model,
+    ):
+        url = f"http://{name}:{mcp.port}/mcp"
+        servers = {"remote": McpServer(url=url, exposure="direct")}
+        write_agent_settings(tmp_path, PiSettings(mcp_servers=servers))
+        flags, env = piwork_args()
+        proxy_env = guest_proxy_env(
+            proxy_url_with_token(f"http://127.0.0.1:{proxy.port}", "tok"), ("127.0.0.1",)
+        )
+        env |= proxy_env | {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": ""}
+        models = {"providers": {"scripted": model.pi_provider()}}
+        args = ["--no-session", "--provider", "scripted", "--model", "scripted", *flags]
+        async with running_native_pi(
+            tmp_path, models, args, cwd=work, env=env, answer=lambda req: {"value": "Allow once"}
+        ) as pi:
+            await pi.send({"id": "p1", "type": "prompt", "message": "shout"})
+            assert (await pi.response("p1"))["success"]
+            await pi.run_until_idle()
+
+    assert (name, mcp.port) in asked, asked
+    (end,) = [e for e in pi.of_type("tool_execution_end") if e["toolCallId"] == "call_h"]
+    text = "".join(c.get("text", "") for c in end["result"]["content"])
+    if allow:
+        assert text == "SHOUTED: OVER HTTP", json.dumps(end)[:2000]
+        assert "tools/call" in mcp.methods
+    else:
+        assert end["isError"], end
+        assert mcp.requests == []

@@ -5,10 +5,16 @@ netmux carries (``piwork.vm.netmux``). One of them (``10.0.2.101:3128`` in
 the guest) leads here, and the guest's ``HTTP_PROXY``/``HTTPS_PROXY`` point at it. The
 proxy speaks just enough HTTP/1.1 for that job:
 
-* ``CONNECT host:port`` (HTTPS and anything else): a byte tunnel; TLS stays
-  end to end, the proxy sees only the destination name;
+* ``CONNECT host:port``: a byte tunnel for TLS whose ClientHello names that
+  host (SNI; no encrypted ClientHello), or for plain HTTP whose one request
+  has that ``Host`` (undici tunnels ``http://`` too); TLS stays end to end;
 * absolute-form requests (``GET http://host/path``): relayed to the origin
-  with ``Connection: close``, one request per connection.
+  with ``Host`` set to the vetted authority and ``Connection: close``.
+
+Either way one request goes per connection, its body exactly as framed
+(``Content-Length`` or chunked, re-framed); what the guest pipelines after it
+is never sent. Every byte read is parsed by ``piwork.proxy.http1`` (strict,
+fuzzed): what some HTTP implementation could read two ways is refused.
 
 Before connecting anywhere it asks ``domain_policy(host, port)`` (the
 runner's bridge to the policy store, which may ask the person). A denial is
@@ -37,6 +43,15 @@ from functools import cache
 from publicsuffixlist import PublicSuffixList
 
 from piwork.errors import UsageError
+from piwork.proxy.http1 import (
+    BadRequest,
+    ChunkedBody,
+    Framing,
+    RequestHead,
+    body_framing,
+    client_hello_sni,
+    parse_head,
+)
 from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR
 
 log = logging.getLogger(__name__)
@@ -67,6 +82,10 @@ _REQUEST_DROP = frozenset(
         "upgrade",
     }
 )
+
+
+_FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding"})
+"""Set by the proxy from what it parsed, never copied from the guest."""
 
 
 PROXY_USER = "piwork"
@@ -217,6 +236,39 @@ def _split_host_port(authority: str, default_port: int) -> tuple[str, int]:
     if not 0 < port < 65536:
         raise ValueError(f"bad port in {authority!r}")
     return normalize_host(host), port
+
+
+@dataclass(frozen=True)
+class _Hello:
+    sni: str | None
+    ech: bool
+    raw: bytes
+    """Every byte read from the tunnel so far (the ClientHello and what followed)."""
+
+
+def _sni_mismatch(host: str, hello: _Hello) -> str | None:
+    """Why the ClientHello may not go to ``host`` (the vetted CONNECT host), if it may not."""
+    if hello.ech:
+        return "an encrypted ClientHello hides the name it asks for"
+    if _is_ip(host):
+        return None if hello.sni is None else f"a server name ({hello.sni}) for an address"
+    if hello.sni != host:
+        return f"the TLS server name {hello.sni or '(none)'} is not the tunnel's host {host}"
+    return None
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def head_method(data: bytes) -> str:
+    """The method word of a request head, for the record (printable, bounded)."""
+    word = data.split(b" ", 1)[0][:20]
+    return word.decode("ascii", "replace") if word.isalpha() else "?"
 
 
 def _is_public(addr: str) -> bool:
@@ -423,33 +475,22 @@ class EgressProxy:
                 await writer.wait_closed()
 
     async def _dispatch(
-        self, head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, raw_head: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         try:
-            text = head.decode("latin-1")
-            request_line, *header_lines = text.split("\r\n")
-            method, target, version = request_line.split(" ")
-        except ValueError as exc:
-            raise _Refusal(400, "Bad Request", "piwork egress proxy: malformed request\n") from exc
-        if not version.startswith("HTTP/1."):
-            raise _Refusal(400, "Bad Request", "piwork egress proxy: HTTP/1.x only\n")
-        headers: list[tuple[str, str]] = []
-        for line in header_lines:
-            if not line:
-                continue
-            name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip():
-                raise _Refusal(400, "Bad Request", "piwork egress proxy: malformed header\n")
-            headers.append((name, value.strip()))
-        if self._token is not None and not self._authorized(headers):
+            head = parse_head(raw_head)
+        except BadRequest as exc:
+            raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
+        if self._token is not None and not self._authorized(head.headers):
             raise _Refusal(
                 407,
                 "Proxy Authentication Required",
                 "piwork egress proxy: this proxy serves only the task's VM; "
                 "use the proxy URL from its HTTP(S)_PROXY environment\n",
             )
+        method, target = head.method, head.target
 
-        if method.upper() == "CONNECT":
+        if method == "CONNECT":
             try:
                 host, port = _split_host_port(target, 443)
             except ValueError as exc:
@@ -457,7 +498,7 @@ class EgressProxy:
             up_reader, up_writer = await self._open(host, port, "CONNECT")
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             await writer.drain()
-            await self._pipe_both(reader, writer, up_reader, up_writer)
+            await self._tunnel(host, port, target, reader, writer, up_reader, up_writer)
             return
 
         if not target.lower().startswith("http://"):
@@ -474,24 +515,167 @@ class EgressProxy:
             raise _Refusal(400, "Bad Request", "piwork egress proxy: credentials in URL refused\n")
         try:
             host, port = _split_host_port(authority, 80)
-        except ValueError as exc:
+            framing = body_framing(head)
+        except (ValueError, BadRequest) as exc:
             raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
         up_reader, up_writer = await self._open(host, port, method)
+        await self._forward_one(
+            head, authority, path, framing, b"", reader, writer, up_reader, up_writer
+        )
+
+    async def _forward_one(
+        self,
+        head: RequestHead,
+        authority: str,
+        path: str,
+        framing: Framing,
+        pending: bytes,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+        u_reader: asyncio.StreamReader,
+        u_writer: asyncio.StreamWriter,
+    ) -> None:
+        """One request, its body exactly as framed, and its response; then the
+        connection closes. Bytes the guest pipelined after the body are never sent
+        (review 1's residual of finding 17: they went to the origin raw)."""
         # Host is always the vetted authority: a guest Host naming another site on
         # the same server (a shared CDN edge) would reach a domain nobody allowed
         # (domain fronting; security review finding 17).
-        out = [f"{method} {path} {version}", f"Host: {authority}"]
-        for name, value in headers:
+        out = [f"{head.method} {path} {head.version}", f"Host: {authority}"]
+        for name, value in head.headers:
             lname = name.lower()
-            if lname in _REQUEST_DROP or lname == "host":
+            if lname in _REQUEST_DROP or lname in _FRAMING_HEADERS:
                 continue
             out.append(f"{name}: {value}")
+        kind, length = framing
+        if kind == "length":
+            out.append(f"Content-Length: {length}")
+        elif kind == "chunked":
+            out.append("Transfer-Encoding: chunked")
         out.append("Connection: close")
-        up_writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
-        await up_writer.drain()
-        await self._pipe_both(reader, writer, up_reader, up_writer, close_response=True)
+        try:
+            u_writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
+            await u_writer.drain()
+            up = asyncio.create_task(self._send_body(framing, pending, c_reader, u_writer))
+            try:
+                await self._pipe_response_closing(u_reader, c_writer)
+            finally:
+                up.cancel()
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError, BadRequest):
+                    await up
+        finally:
+            u_writer.close()
+            with contextlib.suppress(Exception):
+                await u_writer.wait_closed()
 
-    def _authorized(self, headers: list[tuple[str, str]]) -> bool:
+    @staticmethod
+    async def _send_body(
+        framing: Framing, pending: bytes, src: asyncio.StreamReader, dst: asyncio.StreamWriter
+    ) -> None:
+        """Exactly the request's body, re-framed; nothing the guest sent after it."""
+        kind, left = framing
+        if kind == "none":
+            return
+        chunked = ChunkedBody() if kind == "chunked" else None
+        data = pending
+        while True:
+            if chunked is not None:
+                dst.write(chunked.feed(data))
+                if chunked.done:
+                    break
+            else:
+                dst.write(data[:left])
+                left -= len(data[:left])
+                if left == 0:
+                    break
+            await dst.drain()
+            data = await src.read(_BUF if chunked is not None else min(_BUF, left))
+            if not data:
+                return  # the guest stopped mid-body; the origin sees a short body
+        await dst.drain()
+
+    async def _tunnel(
+        self,
+        host: str,
+        port: int,
+        authority: str,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+        u_reader: asyncio.StreamReader,
+        u_writer: asyncio.StreamWriter,
+    ) -> None:
+        """A CONNECT tunnel carries TLS naming the vetted host in its ClientHello, or
+        plain HTTP whose ``Host`` is that host (undici tunnels ``http://`` too); the
+        name inside cannot front another tenant of a shared server."""
+        try:
+            first = await asyncio.wait_for(c_reader.read(_BUF), self._header_timeout)
+            if not first:
+                return
+            if first[0] == 0x16:  # a TLS handshake record
+                hello = await self._client_hello(first, c_reader)
+                wrong = _sni_mismatch(host, hello)
+                if wrong:
+                    self._record(host, port, "CONNECT", False, "sni")
+                    log.warning("egress tunnel to %s:%s closed: %s", host, port, wrong)
+                    return
+                u_writer.write(hello.raw)
+                await self._pipe_both(c_reader, c_writer, u_reader, u_writer)
+                return
+            await self._http_in_tunnel(
+                (host, port), authority, first, c_reader, c_writer, u_reader, u_writer
+            )
+        except (BadRequest, TimeoutError, asyncio.LimitOverrunError) as exc:
+            log.warning("egress tunnel to %s:%s closed: %s", host, port, exc)
+        finally:
+            u_writer.close()
+            with contextlib.suppress(Exception):
+                await u_writer.wait_closed()
+
+    async def _client_hello(self, data: bytes, src: asyncio.StreamReader) -> _Hello:
+        while (hello := client_hello_sni(data)) is None:
+            more = await asyncio.wait_for(src.read(_BUF), self._header_timeout)
+            if not more:
+                raise BadRequest("the tunnel closed inside its ClientHello")
+            data += more
+        return _Hello(hello.sni, hello.ech, data)
+
+    async def _http_in_tunnel(
+        self,
+        dest: tuple[str, int],
+        authority: str,
+        data: bytes,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+        u_reader: asyncio.StreamReader,
+        u_writer: asyncio.StreamWriter,
+    ) -> None:
+        while b"\r\n\r\n" not in data:
+            if len(data) > _HEADER_LIMIT:
+                raise BadRequest("the request head in the tunnel is too large")
+            more = await asyncio.wait_for(c_reader.read(_BUF), self._header_timeout)
+            if not more:
+                return
+            data += more
+        end = data.index(b"\r\n\r\n") + 4
+        host, port = dest
+        try:
+            head = parse_head(data[:end])
+            framing = body_framing(head)
+            if not head.target.startswith("/"):
+                raise BadRequest("a request in a tunnel is origin-form (/path)")
+            hosts = head.get_all("host")
+            if len(hosts) != 1 or _split_host_port(hosts[0], 80)[0] != host:
+                raise BadRequest(f"the request's Host must be {host}, the tunnel's host")
+        except (BadRequest, ValueError) as exc:
+            self._record(host, port, head_method(data), False, "host")
+            await self._refuse(c_writer, _Refusal(400, "Bad Request", f"piwork: {exc}\n"))
+            return
+        await self._forward_one(
+            head, authority, head.target, framing, data[end:], c_reader, c_writer, u_reader,
+            u_writer,
+        )  # fmt: skip
+
+    def _authorized(self, headers: tuple[tuple[str, str], ...]) -> bool:
         """``Proxy-Authorization: Basic`` carrying the run's token as its password."""
         assert self._token is not None
         for name, value in headers:

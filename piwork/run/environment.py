@@ -56,7 +56,8 @@ from piwork.proxy.egress import (
     guest_proxy_env,
     proxy_url_with_token,
 )
-from piwork.proxy.gateway import ModelGateway, UsageRecord
+from piwork.proxy.gateway import ModelGateway, ServerToolAsker, UsageRecord
+from piwork.proxy.settings import load_gateway_settings
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
 from piwork.tasks import Task
@@ -130,6 +131,8 @@ class EnvironmentHooks:
     on_egress_decision: Callable[[EgressDecision], None]
     on_gateway: Callable[[ModelGateway], None] | None = None
     """Told of the gateway as soon as it serves (before the pack is found)."""
+    ask_server_tool: ServerToolAsker | None = None
+    """Asked before a provider-side tool the person enabled is used (none: refused)."""
 
 
 @dataclass
@@ -277,6 +280,8 @@ async def prepare(
         before_forward=hooks.before_model_call,
         allowed_models=(model_id,),
         admit=hooks.admit,
+        server_tools=load_gateway_settings(paths.settings_file).server_tools,
+        ask_server_tool=hooks.ask_server_tool,
     )
     await stack.enter_async_context(gateway)
     if hooks.on_gateway is not None:

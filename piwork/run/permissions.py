@@ -34,12 +34,14 @@ from piwork.policy.request import (
 )
 from piwork.policy.rules import Action, Rule, Target, TaskContext, Verdict
 from piwork.preview import Previews
+from piwork.proxy.allowlist import SERVER_TOOL_KINDS
 from piwork.proxy.egress import (
     AllowNetError,
     EgressDecision,
     domain_allowed,
     normalize_allowed_domain,
 )
+from piwork.proxy.schema import ServerToolUse
 from piwork.rpc import models as m
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
@@ -313,6 +315,39 @@ class PermissionBridge:
             command=None,
             paths=(),
             targets=(target,),
+            payload={},
+        )
+        return (await self.answer_permission(perm)).allows
+
+    async def server_tool_policy(self, provider: str, use: ServerToolUse) -> bool:
+        """The gateway asks here before a provider-side tool the person enabled is used.
+
+        Like a network destination: each host the provider is told to reach (an MCP
+        server, the domains a search is limited to) is asked as the egress proxy asks
+        for it; a tool that reaches any site it likes is a question of its own.
+        """
+        if use.destinations:
+            for host in use.destinations:
+                if not await self.domain_policy(host, 443):
+                    return False
+            return True
+        tool = f"{provider}:{use.kind}"
+        perm = PermissionRequest(
+            request_id=f"server-tool-{secrets.token_hex(4)}",
+            question=(
+                f"The agent asks {provider} to use its {use.kind} tool: "
+                f"{SERVER_TOOL_KINDS[use.kind]}, reaching any site it chooses, outside the "
+                "egress proxy, with what the conversation holds. Allow?"
+            ),
+            options=tuple(c.value for c in GATE_CHOICES),
+            action=Action.CONNECTOR,
+            tool=tool,
+            tool_call_id=None,
+            task_id=self.host.task_id,
+            cwd=None,
+            command=None,
+            paths=(),
+            targets=(Target(Action.CONNECTOR, op="connector", tool=tool),),
             payload={},
         )
         return (await self.answer_permission(perm)).allows

@@ -260,6 +260,7 @@ class TaskSession:
             domain_policy=self.permissions.domain_policy,
             on_egress_decision=self.permissions.on_egress_decision,
             on_gateway=lambda gateway: setattr(self, "gateway", gateway),
+            ask_server_tool=self.permissions.server_tool_policy,
         )
         try:
             env = await environment.prepare(

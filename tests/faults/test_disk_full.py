@@ -21,7 +21,7 @@ from piwork.tasks.transcript import (
     TranscriptWriter,
     read_records,
 )
-from tests.faults.conftest import SmallDisk
+from tests.helpers.disk import SmallDisk
 
 PAD = "x" * 900
 

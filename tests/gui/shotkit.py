@@ -59,3 +59,14 @@ async def snap(widget: Any, name: str, settle: float = 0.8, *, out: Path) -> Non
     await asyncio.sleep(settle)
     widget.grab().save(str(out / f"{name}.png"))
     print(f"shot {name}", flush=True)
+
+
+def say(win: Any, text: str) -> None:
+    """Type ``text`` into the composer and press Enter, as a person does."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    win.composer.setFocus()
+    win.composer.clear()
+    QTest.keyClicks(win.composer, text)
+    QTest.keyClick(win.composer, Qt.Key.Key_Return)

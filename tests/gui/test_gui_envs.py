@@ -21,8 +21,7 @@ from piwork.config import Paths
 from piwork.env import ENV_DISK, allocated_bytes, store_for
 from piwork.gui.envs import mb
 from piwork.gui.prefs import Prefs
-
-from .conftest import until
+from tests.helpers.gui import say, until
 
 pytestmark = pytest.mark.skipif(
     shutil.which("qemu-img") is None or shutil.which("qemu-io") is None,
@@ -161,7 +160,6 @@ def test_start_clean_reaches_the_new_tasks_run_request_and_is_for_new_tasks_only
     """The box is ``piwork run --clean-env``: the window hands it to the runner's request.
     (The session is stopped at its door here: what it does with the flag is the runner's,
     tested with real disks in tests/unit and tests/vm.)"""
-    from piwork.gui import controller as controller_mod
     from piwork.gui.window import MainWindow
 
     seen: list[Any] = []
@@ -176,16 +174,16 @@ def test_start_clean_reaches_the_new_tasks_run_request_and_is_for_new_tasks_only
         async def __aexit__(self, *exc: object) -> None:
             return None
 
-    monkeypatch.setattr(controller_mod, "TaskSession", Door)
     folder = tmp_path / "proj"
     folder.mkdir()
     win = MainWindow(paths=gui_paths, tray=False)
     qtbot.addWidget(win)
+    win.model.session_factory = Door
     win.new_task()
     assert win.clean_env.isVisibleTo(win) and not win.clean_env.isChecked()
     win.new_folder = folder
     win.clean_env.setChecked(True)
-    win._send_text("install things")
+    say(win, "install things")
     ctl = win.current()
     assert ctl is not None
     qloop.run_until_complete(until(lambda: seen, 10, "the run starts"))
@@ -194,15 +192,22 @@ def test_start_clean_reaches_the_new_tasks_run_request_and_is_for_new_tasks_only
     assert not win.clean_env.isVisibleTo(win)
     win.new_task()
     assert win.clean_env.isVisibleTo(win) and not win.clean_env.isChecked()
-    win._send_text("another")
+    say(win, "another")
     qloop.run_until_complete(until(lambda: len(seen) == 2, 10, "the second run starts"))
     assert seen[1].clean_env is False
 
 
 def test_start_clean_says_what_the_new_task_would_otherwise_start_from(
-    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+    qtbot: QtBot,
+    qloop: asyncio.AbstractEventLoop,
+    gui_paths: Paths,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from piwork.gui.window import CLEAN_ENV_TIP, MainWindow
+    from PySide6.QtWidgets import QFileDialog
+
+    from piwork.gui.compose import CLEAN_ENV_TIP
+    from piwork.gui.window import MainWindow
 
     folder = tmp_path / "proj"
     folder.mkdir()
@@ -211,7 +216,8 @@ def test_start_clean_says_what_the_new_task_would_otherwise_start_from(
     qtbot.addWidget(win)
     win.new_task()
     assert win.clean_env.toolTip() == CLEAN_ENV_TIP  # no folder yet
-    win.new_folder = folder
-    win._show_folder_env()
+    # The person clicks "Folder…" and picks the folder in the dialog.
+    monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(folder))
+    win.folder_btn.click()
     tip = win.clean_env.toolTip()
     assert "starts from what task t2 left" in tip and " MB)" in tip and CLEAN_ENV_TIP in tip

@@ -13,8 +13,7 @@ from pytestqt.qtbot import QtBot
 from piwork.config import Paths
 from piwork.gui.prefs import Prefs
 from piwork.hosts import store
-
-from .conftest import until
+from tests.helpers.gui import say, until
 
 
 @pytest.fixture
@@ -54,20 +53,19 @@ def test_the_picker_lists_stored_hosts_and_a_new_task_runs_on_the_chosen_one(
     hosts: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from piwork.gui import controller
     from piwork.gui.window import MainWindow
 
     RecordingSession.requests = []
-    monkeypatch.setattr(controller, "TaskSession", RecordingSession)
     win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
     qtbot.addWidget(win)
+    win.model.session_factory = RecordingSession
     pick = win.host_pick
     assert [pick.itemText(i) for i in range(pick.count())] == ["This computer", "box", "gpu"]
     assert pick.currentData() is None
     pick.setCurrentIndex(pick.findData("gpu"))
 
     async def scenario() -> None:
-        win._send_text("build it over there")
+        say(win, "build it over there")
         await until(lambda: RecordingSession.requests, 10, "the run is requested")
         await until(lambda: not win.tasks[0].live, 10, "the run ends")
 
@@ -81,7 +79,7 @@ def test_the_picker_lists_stored_hosts_and_a_new_task_runs_on_the_chosen_one(
 
     # A follow-up runs where the task ran, whatever the picker says for new tasks.
     async def again() -> None:
-        ctl.submit("and again", win.run_options(None))
+        say(win, "and again")
         await until(lambda: len(RecordingSession.requests) == 2, 10, "the second run")
         await until(lambda: not ctl.live, 10, "the run ends")
 
@@ -102,7 +100,7 @@ def test_the_picker_lists_stored_hosts_and_a_new_task_runs_on_the_chosen_one(
     pick.setCurrentIndex(0)
 
     async def local() -> None:
-        win._send_text("here please")
+        say(win, "here please")
         await until(lambda: len(RecordingSession.requests) == 3, 10, "the third run")
         await until(lambda: not win.tasks[0].live, 10, "the run ends")
 

@@ -19,8 +19,7 @@ from piwork.config import Paths
 from piwork.gui.appstate import NEW, AppState
 from piwork.gui.prefs import Prefs
 from piwork.tasks import TaskStore
-
-from .conftest import shown, until
+from tests.helpers.gui import FakeRun, button, say, shown, until
 
 
 def _env(home: Path) -> dict[str, str]:
@@ -147,7 +146,7 @@ def test_after_a_crash_the_typed_text_is_back_and_the_task_is_offered(
     # The unsent text is in the new-task composer.
     win.new_task()
     assert win.composer.toPlainText() == "a long prompt I typed\nand did not send"
-    win._dismiss_crash()
+    button(win.crash_banner, "Dismiss").click()
     assert win.crash_banner is None
     qloop.run_until_complete(win.quit_cleanly(exit_app=False))
     # A clean quit leaves no crash marker: the next start says nothing.
@@ -176,38 +175,37 @@ def test_a_draft_follows_its_task_and_is_forgotten_when_sent(
     assert win.composer.toPlainText() == "for task one"
     fresh = AppState(gui_paths)
     assert fresh.draft(t1.id) == "for task one" and fresh.draft(NEW) == "for a new task"
-    win.composer.clear()
-    win._save_draft()
-    assert AppState(gui_paths).draft(t1.id) == ""
+    win.composer.clear()  # a moment later the emptied draft is forgotten, on disk too
+    qtbot.waitUntil(lambda: AppState(gui_paths).draft(t1.id) == "", timeout=5000)
 
 
 def test_hidden_in_the_tray_the_app_quits_by_itself_once_nothing_runs(
     qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
 ) -> None:
-    from piwork.gui.controller import TaskController
     from piwork.gui.window import MainWindow
 
-    win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=True)
+    async def work(run: FakeRun, prompt: str) -> None:
+        await run.release.wait()  # works until the test lets it finish
+
+    win = MainWindow(paths=gui_paths, prefs=Prefs(keep_warm_seconds=0), tray=True)
     qtbot.addWidget(win)
+    win.model.session_factory = FakeRun.factory(work)
     quits: list[bool] = []
 
     async def quit_cleanly(*, exit_app: bool = True) -> None:
         quits.append(exit_app)
 
     win.quit_cleanly = quit_cleanly  # type: ignore[method-assign]
-    ctl = TaskController(win.pool, title="busy", status="running")
-    win._add(ctl)
 
     async def scenario() -> None:
-        job: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        ctl._job = job  # type: ignore[assignment]
-        win.pool.track(ctl)
         await shown(win)
+        say(win, "keep busy")
+        ctl = win.current()
+        assert ctl is not None
+        await until(lambda: ctl.session is not None, 10, "the task runs")
         win.close()  # a task runs: into the tray, not quit
         assert not win.isVisible() and quits == []
-        job.set_result(None)
-        ctl.status, ctl.reason = "stopped", "completed"
-        win.pool.released(ctl)  # the task's VM powered off
+        ctl.session.release.set()  # type: ignore[union-attr]
         await until(lambda: quits, 10, "the app quits by itself")
 
     qloop.run_until_complete(scenario())

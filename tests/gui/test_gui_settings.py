@@ -4,6 +4,7 @@ can be added (item 6)."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from PySide6.QtWidgets import QDialog
 from pytestqt.qtbot import QtBot
@@ -11,6 +12,7 @@ from pytestqt.qtbot import QtBot
 from piwork.config import Paths
 from piwork.gui.prefs import Prefs
 from piwork.policy import DEFAULT_RULES, Action, PolicyStore, ScopeKind, Verdict
+from tests.helpers.gui import button
 
 
 def test_limits_apply_to_the_running_app_and_are_saved_without_a_save_button(
@@ -59,12 +61,14 @@ def test_builtin_rules_are_listed_and_a_rule_can_be_added(
 
 
 def test_no_unused_packs_means_no_question(
-    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, monkeypatch: Any
 ) -> None:
+    import piwork.pack
     from piwork.gui.settings import SettingsDialog
 
+    monkeypatch.setattr(piwork.pack, "list_packs", lambda: [])  # a cache with no other pack
     dlg = SettingsDialog(gui_paths, Prefs())
     qtbot.addWidget(dlg)
-    dlg._pack_infos = []
-    dlg._remove_unused()  # would block on a modal question if it asked
+    dlg.tabs.setCurrentIndex(dlg.tabs.indexOf(dlg.packs.parentWidget()))
+    button(dlg, "Remove unused…").click()  # would block on a modal question if it asked
     assert dlg.pack_status.text() == "No unused packs: only the current one is here."

@@ -17,14 +17,12 @@ else on those two warm sessions, so the GUI suite boots only twice:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextFormat
-from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
@@ -44,33 +42,26 @@ from piwork.models.scripted import (
 from piwork.policy import Choice, PolicyStore
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import (
+    BOOT,
+    STEP,
+    message_box,
+    press,
+    router,
+    scripted_provider,
+    send,
+    shown,
+    until,
+)
 
 pytestmark = pytest.mark.vm
 
-BOOT = 300.0  # one TCG boot on a shared, loaded 2-core machine
-STEP = 180.0
 
 MARKDOWN = (
     "Done. Here is **what I did**:\n\n"
     "| file | result |\n|---|---|\n| b.txt | deleted |\n\n"
     "```python\ndef hello():\n    return 'world'\n```\n" + "More words to stream. " * 40
 )
-
-
-def router(scripts: dict[str, list[Step]]) -> Callable[[ChatRequest], Step]:
-    """The model's reply depends on which prompt (by its tag) it is answering."""
-
-    def choose(req: ChatRequest) -> Step:
-        user = req.last_user_text
-        for tag, steps in scripts.items():
-            if tag in user:
-                i = req.assistant_turns_since_user
-                return steps[i] if i < len(steps) else Text("(script finished)")
-        return Text("(no script for this prompt)")
-
-    return choose
 
 
 def by_title(win: Any, tag: str) -> TaskController:
@@ -81,17 +72,8 @@ def rail_text(win: Any, ctl: TaskController) -> str:
     return str(win.rail.item(win.tasks.index(ctl)).text())
 
 
-def send(qtbot: QtBot, win: Any, text: str, *, alt: bool = False) -> None:
-    win.composer.setFocus()
-    win.composer.setPlainText(text)
-    mods = Qt.KeyboardModifier.AltModifier if alt else Qt.KeyboardModifier.NoModifier
-    qtbot.keyClick(win.composer, Qt.Key.Key_Return, mods)
-
-
 def confirm_stop(win: Any) -> None:
-    box: QMessageBox = win._stop_box
-    [stop] = [b for b in box.buttons() if b.text() == "Stop"]
-    stop.click()
+    press(message_box("Stop the task?"), "Stop")
 
 
 def test_the_window_drives_real_tasks(

@@ -30,8 +30,7 @@ from piwork.models.demo import DEMO_FILE
 from piwork.policy import Choice
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
-
-from .conftest import shown, until
+from tests.helpers.gui import shown, until
 
 pytestmark = pytest.mark.vm
 
@@ -114,7 +113,7 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             agent_text = " ".join(m.text for m in win.conversation(ctl).messages())
             assert "did not write" not in agent_text and "Done." in agent_text
             await until(lambda: DEMO_FILE in win.context.changed, 30, "Files changed")
-            assert ctl.warm and win.end_btn.isVisible()
+            assert ctl.warm and win.end_btn.isEnabled()
             assert win.composer.placeholderText().startswith("Enter continues")
             tokens = ctl.tokens
             assert tokens > 0
@@ -126,7 +125,7 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             assert "Tokens 0 " in win.context.usage.text()
             assert win.context.preview_title.text() == "Preview"
             assert DEMO_FILE not in win.context.changed
-            assert not win.end_btn.isVisible() and not win.pause_btn.isVisible()
+            assert not win.end_btn.isEnabled() and not win.pause_btn.isEnabled()
             win.select(ctl)
             assert "Show me what piwork does" in header(win) and ctl.label in header(win)
             assert f"Tokens {tokens:,}" in win.context.usage.text()
@@ -136,7 +135,7 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             assert win.context.undo_btn.isEnabled()
             win.context.undo_btn.click()
             await until(lambda: not (folder / DEMO_FILE).exists(), STEP, "the undo")
-            assert not ctl.live and not win.end_btn.isVisible()
+            assert not ctl.live and not win.end_btn.isEnabled()
             statuses = [e.data for e in events if e.kind in (EventKind.STATUS, EventKind.DONE)]
             assert ctl.label == "done", (ctl.status, ctl.reason, statuses)
         finally:

@@ -19,7 +19,7 @@ from piwork.hosts.connect import (
     connect,
     fingerprint_matcher,
 )
-from tests.hosts.conftest import Sshd
+from tests.helpers.hosts import Sshd
 
 
 async def test_unknown_key_is_not_trusted_without_consent(sshd: Sshd) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.hosts.sync import Conflict, FolderSync
-from tests.hosts.conftest import Sshd
+from tests.helpers.hosts import Sshd
 
 
 def lexists(p: Path) -> bool:

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ import pytest
 from piwork.checkpoints import (
     CHECKPOINTS_DIR,
     CheckpointError,
-    RunRecorder,
     TaskRunning,
     UndoConflict,
     list_checkpoints,
@@ -27,56 +25,8 @@ from piwork.checkpoints import (
 )
 from piwork.cli.main import main
 from piwork.config import get_paths
-from piwork.tasks.store import Task, TaskStore
-
-
-class Run:
-    """A task with a working folder and a recorder, driven turn by turn like the runner."""
-
-    def __init__(self, task: Task, folder: Path) -> None:
-        self.task = task
-        self.folder = folder
-        self.events: list[dict[str, Any]] = []
-        self.rec = RunRecorder(repo_for(task), self.events.append, turn_start_wait=0.01)
-
-    def start(self) -> None:
-        asyncio.run(self.rec.start())
-
-    def turn(self) -> None:
-        async def go() -> None:
-            self.rec.turn_started()
-            await self.rec.before_model_call()
-
-        asyncio.run(go())
-
-    def end(self) -> None:
-        asyncio.run(self.rec.end())
-
-    @property
-    def id(self) -> str:
-        return self.task.id
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    f = tmp_path / "work"
-    f.mkdir()
-    return f
-
-
-@pytest.fixture
-def make_run(folder: Path) -> Iterator[Any]:
-    store = TaskStore(get_paths().tasks)
-
-    def make() -> Run:
-        return Run(store.create("checkpoint test", folder), folder)
-
-    yield make
-    store.close()
-
-
-def changes(task_id: str, turn: int | None = None) -> dict[str, str]:
-    return {c.path: c.status for c in task_changes(task_id, turn=turn)}
+from piwork.tasks.store import TaskStore
+from tests.helpers.checkpoints import Run, changes
 
 
 def tree_digest(root: Path) -> dict[str, str]:

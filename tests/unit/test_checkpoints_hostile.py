@@ -25,12 +25,7 @@ from piwork.checkpoints.api import describe, turn_range
 from piwork.checkpoints.shadow import PATH_MAX, ShadowRepo, refused_prefix
 from piwork.cli.main import main
 from piwork.config import get_paths
-
-from . import test_checkpoints as base
-from .test_checkpoints import Run, changes
-
-folder = base.folder  # the fixtures, shared with test_checkpoints.py
-make_run = base.make_run
+from tests.helpers.checkpoints import Run, changes
 
 POISON = [".GIT/x", "git~1/x", ".git./x", ".git /x", "sub/.Git/config", "GIT~1/y", ".gIt::$DATA/z"]
 

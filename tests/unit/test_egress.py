@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -45,12 +46,14 @@ class Origin:
     echo_port: int
     requests: list[tuple[str, str, dict[str, str]]]
     echo_connections: list[int]
+    echo_received: bytearray = field(default_factory=bytearray)
 
 
 @pytest.fixture
 async def origin() -> AsyncIterator[Origin]:
     requests: list[tuple[str, str, dict[str, str]]] = []
     echo_connections: list[int] = []
+    echo_received = bytearray()
 
     async def hello(request: web.Request) -> web.Response:
         requests.append((request.method, request.path_qs, dict(request.headers)))
@@ -68,15 +71,29 @@ async def origin() -> AsyncIterator[Origin]:
     async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         echo_connections.append(1)
         while data := await reader.read(1024):
+            echo_received.extend(data)
             writer.write(data.upper())
             await writer.drain()
         writer.close()
 
     echo_server = await asyncio.start_server(echo, "127.0.0.1", 0)
     echo_port = echo_server.sockets[0].getsockname()[1]
-    yield Origin(http_port, echo_port, requests, echo_connections)
+    yield Origin(http_port, echo_port, requests, echo_connections, echo_received)
     echo_server.close()
     await runner.cleanup()
+
+
+def client_hello(server_name: str | None) -> bytes:
+    """The first flight of a real TLS client (OpenSSL, through Python's ssl) asking
+    for ``server_name``: a ClientHello record, SNI and all."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    ctx = ssl.create_default_context()
+    if server_name is None:
+        ctx.check_hostname = False
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
 
 
 async def connect_via(
@@ -176,9 +193,11 @@ async def test_allowed_connect_tunnels_bytes_both_ways(origin: Origin) -> None:
     async with EgressProxy(policy, allow_private_networks=True) as proxy:
         head, reader, writer = await connect_via(proxy, f"localhost:{origin.echo_port}")
         assert head.startswith(b"HTTP/1.1 200 ")
-        writer.write(b"ping")
+        hello = client_hello("localhost")
+        writer.write(hello + b"ping")
         await writer.drain()
-        assert await asyncio.wait_for(reader.readexactly(4), 5) == b"PING"
+        echoed = await asyncio.wait_for(reader.readexactly(len(hello) + 4), 5)
+        assert echoed == (hello + b"ping").upper()
         writer.write_eof()  # half-close: the echo server finishes, tunnel ends
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
@@ -315,8 +334,9 @@ async def test_the_token_in_the_proxy_url_lets_curl_and_clients_through(origin: 
             proxy, f"localhost:{origin.echo_port}", f"Proxy-Authorization: Basic {cred}\r\n"
         )
         assert head.startswith(b"HTTP/1.1 200 ")
-        writer.write(b"hi")
-        assert await asyncio.wait_for(reader.readexactly(2), 5) == b"HI"
+        hello = client_hello("localhost")
+        writer.write(hello)
+        assert await asyncio.wait_for(reader.readexactly(len(hello)), 5) == hello.upper()
         writer.close()
     [(_, path, headers)] = origin.requests
     assert path == "/via-curl" and "Proxy-Authorization" not in headers

@@ -25,7 +25,7 @@ from piwork.env.importer import (
     write_settings,
 )
 from piwork.env.store import EnvError, EnvStore
-from tests.oci_archive import busybox_image, docker_save, entry
+from tests.helpers.oci_archive import busybox_image, docker_save, entry
 
 
 def store(tmp_path: Path) -> EnvStore:

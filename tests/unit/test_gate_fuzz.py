@@ -18,7 +18,7 @@ must change nothing, a write only the paths the gate named.
 Safety (this executes generated commands on the host): the grammar's words
 only name files inside the scratch folder (relative names, no `..`, no
 absolute paths) and its hostile payloads only `touch`, `rm` or overwrite
-those files; every run is contained as tests/unit/shell_sandbox.py
+those files; every run is contained as tests/helpers/shell_sandbox.py
 describes: as ``nobody`` through setpriv (when root), an empty environment,
 a PATH of symlinks to a fixed list of tools, HOME not writable, stdin empty,
 and the process group killed after a short timeout. Bounded: 300 examples.
@@ -35,7 +35,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.shell_sandbox import Classifier, Sandbox, changed_paths
+from tests.helpers.shell_sandbox import Classifier, Sandbox, changed_paths
 
 FILES = ["a.txt", "b.txt", "src", "src/keep.c", "list", "'a.txt'", '"b.txt"', "*.txt", "src/*"]
 

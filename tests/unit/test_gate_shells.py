@@ -6,7 +6,7 @@ found commands it called reads that deleted files or ran code, because the
 classifier and the shell disagreed about the words. These tests take every
 command the classifier's own suite sees classified as an auto-allowed read
 and run it under busybox ``sh -c`` and ``bash -c`` in a scratch folder
-(tests/unit/shell_sandbox.py says how that is contained): nothing may change.
+(tests/helpers/shell_sandbox.py says how that is contained): nothing may change.
 A second test runs the review's attacks to show the harness sees their
 effects on these shells, and that the classifier now asks for each.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.shell_sandbox import REPO, Classifier, Sandbox, need
+from tests.helpers.shell_sandbox import REPO, Classifier, Sandbox, need
 
 SHELLS = ("busybox", "bash")
 

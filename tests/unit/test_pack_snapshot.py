@@ -23,9 +23,7 @@ from piwork.config import repo_root
 from piwork.pack import codecache, ensure_pack, load_manifest, snapshot
 from piwork.pack import stage as pack_stage
 from piwork.pack.errors import PackError
-from tests.unit.test_pack_codecache import EXTENSIONS, guest_tree, launch
-
-__all__ = ["guest_tree"]  # the fixture, used by name below
+from tests.helpers.pack import EXTENSIONS, launch
 
 BLOB = "/opt/piwork/launcher/pi.blob"
 URL = "file:///opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent/dist/core/piwork-bundle/entry.js"

@@ -35,8 +35,7 @@ from piwork.preview import (
 )
 from piwork.preview.manager import MAX_PORTS, MAX_REPORTED
 from piwork.vm.netmux import MAX_STREAMS
-
-from .mux_guest import MuxGuest, mux_with_guest
+from tests.helpers.mux_guest import MuxGuest, mux_with_guest
 
 TASK = "0123456789ab"
 

@@ -17,7 +17,7 @@ from piwork.gui.history import load_history
 from piwork.rpc import models as m
 from piwork.run.digest import EventKind, RunEvent
 from piwork.runner import RunRequest, TaskSession
-from tests.unit.guest_double import guest_and_host
+from tests.helpers.guest_double import guest_and_host
 
 PI_LINES: list[dict[str, Any]] = [
     {"type": "turn_start"},

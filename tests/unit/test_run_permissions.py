@@ -152,3 +152,33 @@ class _NoAgent:
 
     def connect(self, *, line_tap: object, ui_handler: object, listener: object) -> None:
         type(self).listener = listener
+
+
+async def test_a_provider_side_tool_is_asked_like_a_network_destination(
+    session: TaskSession,
+) -> None:
+    """An enabled server tool (security review 2, finding 2): an MCP server or a search
+    limited to domains is asked about host by host, as the egress proxy asks; a tool that
+    reaches any site is its own question, naming the provider and the tool."""
+    from piwork.proxy.schema import ServerToolUse
+
+    asker = _asker(session)
+    mcp = ServerToolUse("mcp", "mcp_servers", ("mcp.example.com",))
+    assert await session.permissions.server_tool_policy("anthropic", mcp)
+    [question] = asker.asked
+    assert question.tool == "network"
+    assert [t.domain for t in question.targets] == ["mcp.example.com"]
+    fetch = ServerToolUse("web_fetch", "tools[0]")
+    assert await session.permissions.server_tool_policy("anthropic", fetch)
+    question = asker.asked[1]
+    assert question.action is Action.CONNECTOR
+    assert [t.tool for t in question.targets] == ["anthropic:web_fetch"]
+    assert "anthropic" in question.question and "any site" in question.question
+
+    async def deny(request: PermissionRequest) -> Choice | None:
+        asker.asked.append(request)
+        return Choice.DENY
+
+    asker.permission = deny  # type: ignore[method-assign]
+    assert not await session.permissions.server_tool_policy("anthropic", fetch)
+    session.store.close()

@@ -1,5 +1,5 @@
 """TaskSession driven end to end through its public methods, with FakeAgent behind the
-agent door (tests/unit/fake_agent.py) and every host-side part real."""
+agent door (tests/helpers/fake_agent.py) and every host-side part real."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from piwork.run.digest import EventKind, RunEvent
 from piwork.runner import RunError, RunRequest, TaskSession
 from piwork.tasks import TaskStatus
 from piwork.tasks.transcript import read_records
-from tests.unit.fake_agent import FakeAgent
-from tests.unit.test_vm_template import MANIFEST
+from tests.helpers.fake_agent import FakeAgent
+from tests.helpers.pack import MANIFEST
 
 SCRIPT: list[dict[str, Any]] = [
     {"type": "agent_start"},

@@ -30,8 +30,7 @@ from piwork.pack.manifest import Manifest
 from piwork.rpc import models as m
 from piwork.vm.command import Transport
 from piwork.vm.netmux import MAX_STREAMS
-
-from .conftest import agent_config, make_task_dirs, per_prompt, write_models_json
+from tests.helpers.vm import agent_config, make_task_dirs, per_prompt, write_models_json
 
 pytestmark = pytest.mark.vm
 

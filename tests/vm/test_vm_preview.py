@@ -33,9 +33,8 @@ from piwork.preview.manager import MAX_PORTS, MAX_REPORTED
 from piwork.preview.server import BACKLOG, MAX_WAITING
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
 from piwork.vm.netmux import MAX_STREAMS
-
-from .conftest import scripted_provider
-from .test_vm_resume import Cli, make_home
+from tests.helpers.cli import Cli, make_home
+from tests.helpers.vm import scripted_provider
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(1500)]
 

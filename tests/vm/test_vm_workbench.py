@@ -52,8 +52,7 @@ from piwork.policy.request import PermissionRequest
 from piwork.policy.rules import Action, Rule, Scope, Verdict
 from piwork.policy.store import PolicyStore
 from piwork.runner import Outcome, RunEvent, RunRequest, TaskSession
-
-from .conftest import ScriptedAsker, per_prompt, private_paths, scripted_provider
+from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 # Four VM starts and real installs under TCG (apt-get update alone parses Debian's
 # package lists in an emulated CPU): far past the suite's 600 s default.

@@ -14,7 +14,7 @@ import pytest
 from piwork.models import ScriptedModelServer, Step, Text, ToolCall, ToolCalls
 from piwork.pisettings import McpServer, PiSettings
 from piwork.proxy.egress import EgressProxy, guest_proxy_env, proxy_url_with_token
-from tests.fixtures.mcp_http_server import McpHttpServer, host_name
+from tests.helpers.mcp_http_server import McpHttpServer, host_name
 
 from .pi_native import piwork_args, running_native_pi, write_agent_settings
 

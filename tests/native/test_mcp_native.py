@@ -1,6 +1,6 @@
 """An MCP server the person configures in piwork (settings.json → pi → mcp_servers),
 with the real pi 1.x run natively as piwork starts it: the stdio server (written by
-the test, tests/fixtures/mcp_stdio_server.py) is started from the agent dir's
+the test, tests/helpers/mcp_stdio_server.py) is started from the agent dir's
 mcp.json the host writes, its tool reaches the model, and the model's call to it
 meets the permission gate like any other tool call. No VM (in the VM:
 tests/vm/test_vm_mcp.py)."""
@@ -19,7 +19,7 @@ from piwork.pisettings import McpServer, PiSettings
 
 from .pi_native import JSON, piwork_args, running_native_pi, write_agent_settings
 
-SERVER = Path(__file__).resolve().parents[1] / "fixtures" / "mcp_stdio_server.py"
+SERVER = Path(__file__).resolve().parents[1] / "helpers" / "mcp_stdio_server.py"
 PERMISSION = re.compile(r'<piwork-permission v="1">(.*?)</piwork-permission>', re.S)
 
 

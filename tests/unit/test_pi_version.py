@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from piwork.agent import AgentVm
+from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
 from piwork.config import repo_root
 from piwork.pack import node
 from piwork.pack.inputs import compute_pack_id, input_files
 from piwork.rpc.version import UnsupportedPi, check_pi, speaks, spoken
-from tests.unit.test_agent_spec import _cfg
-from tests.unit.test_vm_template import MANIFEST
+from tests.helpers.pack import MANIFEST, TCG
 
 
 def _pinned() -> str:
@@ -77,7 +76,15 @@ def test_the_refusal_says_which_pi_the_pack_has_and_which_is_needed() -> None:
 
 async def test_a_pack_with_an_old_pi_is_refused_before_qemu_starts(tmp_path: Path) -> None:
     old = MANIFEST.model_copy(update={"versions": {**MANIFEST.versions, "pi": "0.73.1"}})
-    agent = AgentVm(_cfg(tmp_path, manifest=old))
+    cfg = AgentVmConfig(
+        pack_dir=tmp_path / "packs" / "pack-1",
+        manifest=old,
+        accel=TCG,
+        dirs=TaskDirs(tmp_path / "s", tmp_path / "o", tmp_path / "u", tmp_path / "w"),
+        log_dir=tmp_path / "task" / "logs",
+        gateway_port=1,
+    )
+    agent = AgentVm(cfg)
     with pytest.raises(UnsupportedPi, match=r"runs pi 0\.73\.1"):
         await agent.start()
     assert not agent.vm.running

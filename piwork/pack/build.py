@@ -17,6 +17,8 @@
    under TCG emulation costs seconds on every boot);
 8. write ``manifest.json`` last and rename the scratch dir into place.
 
+Beside the images, ``pi-models.json``: pi's model catalog (``piwork.pack.picatalog``).
+
 The kernel is the uncompressed ELF ``vmlinux`` taken out of Debian's XZ
 bzImage when it has a PVH entry (QEMU boots it directly, ~4 s less under TCG),
 else the bzImage ``vmlinuz`` as shipped.
@@ -70,6 +72,7 @@ from piwork.pack import (
     cpio,
     ingredients,
     node,
+    picatalog,
     rootfs,
     snapshot,
     workbench,
@@ -327,6 +330,9 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         shutil.copyfile(npm_dir / "package.json", initrd / GUEST_PI / "package.json")
         shutil.move(inst.node_modules, initrd / GUEST_PI / "node_modules")
         _smoke_test(initrd, work, progress)
+        pi_ai = initrd / GUEST_PI / "node_modules" / node.PI_AI_PACKAGE
+        n = picatalog.write(pi_ai, inst.pi_version, out / picatalog.FILE_NAME)
+        progress.note(f"{picatalog.FILE_NAME}: pi's catalog, {n} chat models")
 
     with progress.step("guest files (/init, supervisor, extensions, /etc)"):
         copied = _install_guest_files(w.source, initrd)
@@ -447,7 +453,13 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
     with progress.step("manifest"):
         files = [
             PackFile(path=name, sha256=sha256_file(out / name), size=(out / name).stat().st_size)
-            for name in (kernel_name, INITRD_NAME, rootfs.IMAGE_NAME, workbench.IMAGE_NAME)
+            for name in (
+                kernel_name,
+                INITRD_NAME,
+                rootfs.IMAGE_NAME,
+                workbench.IMAGE_NAME,
+                picatalog.FILE_NAME,
+            )
         ]
         versions["builder"] = str(BUILDER_VERSION)
         manifest = Manifest(

@@ -46,7 +46,7 @@ from piwork.models.providers import (
     render_guest_models_json,
 )
 from piwork.models.scripted import ScriptedModelServer
-from piwork.pack import ensure_pack, load_manifest
+from piwork.pack import ensure_pack, load_manifest, picatalog
 from piwork.pack.manifest import Manifest
 from piwork.pisettings import PiSettings, load_pi_settings, write_agent_dir
 from piwork.proxy.egress import (
@@ -271,8 +271,9 @@ async def prepare(
     # Only this task's provider and model are reachable: the guest can never
     # spend another of the person's keys, nor pick a pricier model.
     provider = only_model(provider, model_id)
+    routed, model_entry = await _model_route(provider, model_id, hooks)
     gateway = ModelGateway(
-        {provider.name: provider},
+        {p.name: p for p in (provider, routed)},
         KeyStore(paths=paths),
         task_id=task.id,
         on_usage=hooks.on_usage,
@@ -297,6 +298,10 @@ async def prepare(
     )
     await stack.enter_async_context(egress)
     models_json: Any = render_guest_models_json([provider], placeholder=token)
+    if model_entry is not None:
+        # The model speaks another of the provider's APIs: pi gets it whole, with the
+        # gateway's route for that API as its own baseUrl.
+        models_json["providers"][provider.name]["models"] = [model_entry]
     write_state_file(
         task, "agent/models.json", orjson.dumps(models_json, option=orjson.OPT_INDENT_2), hooks.emit
     )
@@ -334,6 +339,30 @@ async def prepare(
         timings,
         pi_settings,
     )
+
+
+async def _model_route(
+    provider: Provider, model_id: str, hooks: EnvironmentHooks
+) -> tuple[Provider, dict[str, Any] | None]:
+    """The gateway's provider for the task's model, and pi's models.json entry for it when
+    it speaks another API than its provider's (pi 1.x: OpenRouter's Claude models are
+    anthropic-messages); the pack's copy of pi's catalog says which API a model speaks."""
+    if not provider.alt_apis:
+        return provider, None
+    pack_dir = await asyncio.to_thread(
+        ensure_pack, log=lambda msg: hooks.emit(EventKind.NOTICE, message=msg)
+    )
+    catalog = picatalog.load(pack_dir)
+    entry = catalog.find(provider.name, model_id) if catalog is not None else None
+    if entry is None or entry.api == provider.api:
+        return provider, None
+    routed = provider.route(entry.api)
+    if routed is None:
+        raise ModelNotFound(
+            f"{provider.name}/{model_id} speaks pi's {entry.api} API, which piwork's gateway "
+            f"does not carry for {provider.name}; choose another model (`piwork models`)"
+        )
+    return routed, {**entry.pi_entry(), "baseUrl": routed.gateway_base_url()}
 
 
 __all__ = [

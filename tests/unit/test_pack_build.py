@@ -49,7 +49,13 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     pinned = pinned["dependencies"]
     assert m.versions["node"] == pinned[node.NODE_PACKAGE]
     assert m.versions["pi"] == pinned[node.PI_PACKAGE]
-    assert {f.path for f in m.files} == {"vmlinux", "initrd.cpio", "root.erofs", "workbench.erofs"}
+    assert {f.path for f in m.files} == {
+        "vmlinux",
+        "initrd.cpio",
+        "root.erofs",
+        "workbench.erofs",
+        "pi-models.json",
+    }
     assert m.kernel == "vmlinux" and m.rootfs == "root.erofs"
     # The workbench: every pinned Debian package at its pin, the whole resolved set recorded.
     assert m.workbench == "workbench.erofs"

@@ -12,6 +12,7 @@ Moving to a later pi 1.x is one line, the version in
 that folder, which rewrites the lock), plus the whole suite green on the new
 pack (``scripts/test.sh``). A pi 2.x also moves :data:`BELOW`, after its
 ``docs/rpc*.md`` and ``CHANGELOG.md`` have been read against the models here.
+The steps, and what rides on pi's internals: ``docs/pi.md``.
 """
 
 from __future__ import annotations

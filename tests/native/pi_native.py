@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from piwork.agent.spec import TASK_EXTENSIONS, pi_flags
+from piwork.models.scripted import ScriptedModelServer
 from piwork.pack.node import installed_pi, pi_node
 from piwork.pack.node import pi_cli as pinned_pi_cli
 from piwork.pisettings import TRUST_ENV, PiSettings, agent_settings, mcp_json
@@ -52,6 +54,7 @@ class NativePi:
         self.answer = answer
         self.events: list[JSON] = []
         self.dialogs: list[JSON] = []
+        self.replies: dict[str, JSON] = {}
         self.stderr = ""
 
     async def send(self, command: JSON) -> None:
@@ -158,3 +161,46 @@ async def running_native_pi(
             proc.kill()
         _, stderr = await proc.communicate()
         pi.stderr = stderr.decode(errors="replace")
+
+
+PERMISSION = re.compile(r'<piwork-permission v="1">(.*?)</piwork-permission>', re.S)
+
+
+def permission(dialog: JSON) -> JSON | None:
+    """The gate's machine-readable request in a dialog's title (None: not the gate's)."""
+    m = PERMISSION.search(str(dialog.get("title", "")))
+    return json.loads(m.group(1)) if m else None
+
+
+async def run_piwork_pi(
+    tmp_path: Path,
+    work: Path,
+    model: ScriptedModelServer,
+    prompt: str,
+    *,
+    settings: PiSettings | None = None,
+    answer: Answer | None = None,
+    env: dict[str, str] | None = None,
+    then: tuple[str, ...] = (),
+) -> NativePi:
+    """One prompt to its end with pi as piwork starts it in the guest (its flags and
+    extensions, the agent dir's settings.json and mcp.json from ``settings``), on the
+    scripted ``model``, in ``work``; then the commands named in ``then`` (their replies
+    in ``pi.replies``); returns the finished pi (its events and dialogs)."""
+    settings = settings or PiSettings()
+    write_agent_settings(tmp_path, settings)
+    flags, full_env = piwork_args(trust=settings.trust_project)
+    full_env |= {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": "",
+                 "PIWORK_TASK_ID": "t-native", **(env or {})}  # fmt: skip
+    models = {"providers": {"scripted": model.pi_provider()}}
+    args = ["--no-session", "--provider", "scripted", "--model", model.model_id, *flags]
+    async with running_native_pi(
+        tmp_path, models, args, cwd=work, env=full_env, answer=answer
+    ) as pi:
+        await pi.send({"id": "p1", "type": "prompt", "message": prompt})
+        assert (await pi.response("p1"))["success"]
+        await pi.run_until_idle()
+        for command in then:
+            await pi.send({"id": command, "type": command})
+            pi.replies[command] = await pi.response(command)
+    return pi

@@ -9,22 +9,15 @@ through the VM and the host's policy: tests/vm/test_vm_codemode.py)."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from piwork.models import ScriptedModelServer, Step, Text, ToolCall, ToolCalls
 
-from .pi_native import JSON, piwork_args, running_native_pi, write_agent_settings
+from .pi_native import JSON, permission, run_piwork_pi
 
 SCRIPT = "const out = await tools.bash({ command: 'rm victim.txt' });\nreturn 'rm said: ' + out;"
-PERMISSION = re.compile(r'<piwork-permission v="1">(.*?)</piwork-permission>', re.S)
-
-
-def permission(dialog: JSON) -> JSON | None:
-    m = PERMISSION.search(str(dialog.get("title", "")))
-    return json.loads(m.group(1)) if m else None
 
 
 @pytest.mark.parametrize("choice", ["Deny", "Allow once"])
@@ -43,18 +36,8 @@ async def test_a_delete_in_a_codemode_script_is_asked_and_the_answer_holds(
     def answer(req: JSON) -> JSON:
         return {"value": choice} if permission(req) is not None else {"cancelled": True}
 
-    write_agent_settings(tmp_path)
-    flags, env = piwork_args()
-    env |= {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": "", "PIWORK_TASK_ID": "t-cm"}
     async with ScriptedModelServer(script, model_id="scripted") as model:
-        models = {"providers": {"scripted": model.pi_provider()}}
-        args = ["--no-session", "--provider", "scripted", "--model", "scripted", *flags]
-        async with running_native_pi(
-            tmp_path, models, args, cwd=work, env=env, answer=answer
-        ) as pi:
-            await pi.send({"id": "p1", "type": "prompt", "message": "clean up"})
-            assert (await pi.response("p1"))["success"]
-            await pi.run_until_idle()
+        pi = await run_piwork_pi(tmp_path, work, model, "clean up", answer=answer)
 
     # codemode was offered because the trusted folder's settings asked for it.
     offered = {t["function"]["name"] for t in model.chat_requests[0].body["tools"]}

@@ -16,7 +16,7 @@ from piwork.pisettings import McpServer, PiSettings
 from piwork.proxy.egress import EgressProxy, guest_proxy_env, proxy_url_with_token
 from tests.helpers.mcp_http_server import McpHttpServer, host_name
 
-from .pi_native import piwork_args, running_native_pi, write_agent_settings
+from .pi_native import run_piwork_pi
 
 
 @pytest.mark.parametrize("allow", [True, False], ids=["allowed", "denied"])
@@ -42,21 +42,14 @@ async def test_an_http_mcp_servers_domain_is_asked_by_the_proxy(
         ScriptedModelServer(script, model_id="scripted") as model,
     ):
         url = f"http://{name}:{mcp.port}/mcp"
-        servers = {"remote": McpServer(url=url, exposure="direct")}
-        write_agent_settings(tmp_path, PiSettings(mcp_servers=servers))
-        flags, env = piwork_args()
+        settings = PiSettings(mcp_servers={"remote": McpServer(url=url, exposure="direct")})
         proxy_env = guest_proxy_env(
             proxy_url_with_token(f"http://127.0.0.1:{proxy.port}", "tok"), ("127.0.0.1",)
         )
-        env |= proxy_env | {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": ""}
-        models = {"providers": {"scripted": model.pi_provider()}}
-        args = ["--no-session", "--provider", "scripted", "--model", "scripted", *flags]
-        async with running_native_pi(
-            tmp_path, models, args, cwd=work, env=env, answer=lambda req: {"value": "Allow once"}
-        ) as pi:
-            await pi.send({"id": "p1", "type": "prompt", "message": "shout"})
-            assert (await pi.response("p1"))["success"]
-            await pi.run_until_idle()
+        pi = await run_piwork_pi(
+            tmp_path, work, model, "shout", settings=settings, env=proxy_env,
+            answer=lambda req: {"value": "Allow once"},
+        )  # fmt: skip
 
     assert (name, mcp.port) in asked, asked
     (end,) = [e for e in pi.of_type("tool_execution_end") if e["toolCallId"] == "call_h"]

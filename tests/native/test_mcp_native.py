@@ -8,7 +8,6 @@ tests/vm/test_vm_mcp.py)."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -17,10 +16,9 @@ import pytest
 from piwork.models import ScriptedModelServer, Step, Text, ToolCall, ToolCalls
 from piwork.pisettings import McpServer, PiSettings
 
-from .pi_native import JSON, piwork_args, running_native_pi, write_agent_settings
+from .pi_native import JSON, permission, run_piwork_pi
 
 SERVER = Path(__file__).resolve().parents[1] / "helpers" / "mcp_stdio_server.py"
-PERMISSION = re.compile(r'<piwork-permission v="1">(.*?)</piwork-permission>', re.S)
 
 
 @pytest.mark.parametrize("choice", ["Allow once", "Deny"])
@@ -34,7 +32,6 @@ async def test_a_stdio_mcp_server_is_used_and_its_calls_are_asked(
         command=sys.executable, args=[str(SERVER)], env={"MCP_SERVER_LOG": str(log)},
         exposure="direct",
     )  # fmt: skip
-    write_agent_settings(tmp_path, PiSettings(mcp_servers={"shouter": server}))
     script: list[Step] = [
         ToolCalls([ToolCall("mcp__shouter__shout", {"text": "hello"}, "call_mcp")]),
         Text("done"),
@@ -42,23 +39,17 @@ async def test_a_stdio_mcp_server_is_used_and_its_calls_are_asked(
     asked: list[JSON] = []
 
     def answer(req: JSON) -> JSON:
-        m = PERMISSION.search(str(req.get("title", "")))
-        if m is None:
+        found = permission(req)
+        if found is None:
             return {"cancelled": True}
-        asked.append(json.loads(m.group(1)))
+        asked.append(found)
         return {"value": choice}
 
-    flags, env = piwork_args()
-    env |= {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": "", "PIWORK_TASK_ID": "t-mcp"}
+    settings = PiSettings(mcp_servers={"shouter": server})
     async with ScriptedModelServer(script, model_id="scripted") as model:
-        models = {"providers": {"scripted": model.pi_provider()}}
-        args = ["--no-session", "--provider", "scripted", "--model", "scripted", *flags]
-        async with running_native_pi(
-            tmp_path, models, args, cwd=work, env=env, answer=answer
-        ) as pi:
-            await pi.send({"id": "p1", "type": "prompt", "message": "shout hello"})
-            assert (await pi.response("p1"))["success"]
-            await pi.run_until_idle()
+        pi = await run_piwork_pi(
+            tmp_path, work, model, "shout hello", settings=settings, answer=answer
+        )
 
     offered = {t["function"]["name"] for t in model.chat_requests[0].body["tools"]}
     assert "mcp__shouter__shout" in offered, offered

@@ -14,7 +14,7 @@ import pytest
 from piwork.models import ScriptedModelServer, Text
 from piwork.pisettings import REPORT_KEY, PiSettings, parse_project_report
 
-from .pi_native import JSON, piwork_args, running_native_pi, write_agent_settings
+from .pi_native import JSON, run_piwork_pi
 
 MARK = "piwork-agents-md-mark-5d1c"
 
@@ -53,18 +53,12 @@ async def test_the_folders_resources_load_by_default_and_not_with_trust_off(
     work = tmp_path / "work"
     work.mkdir()
     make_project(work)
-    write_agent_settings(tmp_path, PiSettings(trust_project=trust))
-    flags, env = piwork_args(trust=trust)
-    env |= {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": "", "PIWORK_TASK_ID": "t-tr"}
     async with ScriptedModelServer([Text("ok")], model_id="scripted") as model:
-        models = {"providers": {"scripted": model.pi_provider()}}
-        args = ["--no-session", "--provider", "scripted", "--model", "scripted", *flags]
-        async with running_native_pi(tmp_path, models, args, cwd=work, env=env) as pi:
-            await pi.send({"id": "p1", "type": "prompt", "message": "hello"})
-            assert (await pi.response("p1"))["success"]
-            await pi.run_until_idle()
-            await pi.send({"id": "c1", "type": "get_commands"})
-            commands = (await pi.response("c1"))["data"]["commands"]
+        pi = await run_piwork_pi(
+            tmp_path, work, model, "hello", settings=PiSettings(trust_project=trust),
+            then=("get_commands",),
+        )  # fmt: skip
+    commands = pi.replies["get_commands"]["data"]["commands"]
 
     assert not pi.of_type("extension_error"), pi.of_type("extension_error")
     body = model.chat_requests[0].body

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -152,15 +153,13 @@ def _stage(tmp: Path, bundle: str) -> tuple[Path, Path]:
     return stage, cjs
 
 
-def test_stand_ins_forward_to_the_real_modules_once_restored(tmp_path: Path) -> None:
+def _build_and_restore(tmp: Path, bundle: str) -> tuple[snapshot.SnapshotResult, Any]:
+    """Snapshot ``bundle`` with the shim, restore it with LAUNCHER_MJS: what main() returned."""
     node = _need_pinned_node()
-    stage, cjs = _stage(tmp_path, BUNDLE)
-    blob = tmp_path / "t.blob"
-    res = snapshot.build(
-        node, repo_root() / snapshot.SHIM, cjs, _url(tmp_path), stage, blob, tmp_path / "w"
-    )
-    assert res.bytes > 0 and res.stdio_at_load == 0
-    launcher = tmp_path / "launch.mjs"
+    stage, cjs = _stage(tmp, bundle)
+    blob = tmp / "t.blob"
+    res = snapshot.build(node, repo_root() / snapshot.SHIM, cjs, _url(tmp), stage, blob, tmp / "w")
+    launcher = tmp / "launch.mjs"
     launcher.write_text(LAUNCHER_MJS)
     proc = subprocess.run(
         [str(node), *codecache.NODE_FLAGS, "--snapshot-blob", str(blob)],
@@ -171,7 +170,12 @@ def test_stand_ins_forward_to_the_real_modules_once_restored(tmp_path: Path) -> 
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return res, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_stand_ins_forward_to_the_real_modules_once_restored(tmp_path: Path) -> None:
+    res, out = _build_and_restore(tmp_path, BUNDLE)
+    assert res.bytes > 0 and res.stdio_at_load == 0
     assert out == {
         "body": "GET /x",
         "status": 200,
@@ -210,24 +214,7 @@ def test_a_worker_started_once_restored_runs(tmp_path: Path) -> None:
     """worker_threads loaded into the snapshot made every later Worker abort at its start
     (Node 22: shutdown_wrap_template_.IsEmpty()): it is a stand-in there, and what was
     marked uncloneable while pi loaded is marked once restored."""
-    node = _need_pinned_node()
-    stage, cjs = _stage(tmp_path, WORKER_BUNDLE)
-    blob = tmp_path / "t.blob"
-    snapshot.build(
-        node, repo_root() / snapshot.SHIM, cjs, _url(tmp_path), stage, blob, tmp_path / "w"
-    )
-    launcher = tmp_path / "launch.mjs"
-    launcher.write_text(LAUNCHER_MJS)
-    proc = subprocess.run(
-        [str(node), *codecache.NODE_FLAGS, "--snapshot-blob", str(blob)],
-        env={"PATH": "/usr/bin:/bin", "PIWORK_LAUNCHER_SCRIPT": str(launcher)},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    _res, out = _build_and_restore(tmp_path, WORKER_BUNDLE)
     assert (out["said"], out["isMainThread"]) == ("ok", True)
     assert (out["boxCloneable"], out["otherCloneable"]) == (False, True)
 

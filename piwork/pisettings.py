@@ -170,6 +170,9 @@ def agent_settings(settings: PiSettings) -> dict[str, Any]:
         # Read again by pi whenever it enters a folder (also after a warm start's switch).
         "defaultProjectTrust": "always" if settings.trust_project else "never",
         "enableInstallTelemetry": False,
+        # pi 1.x re-sends the prompt to keep a provider's cache warm, by default also for
+        # up to 30 minutes between runs: model calls nobody asked for, at the person's cost.
+        "cacheWarming": "streaming",
         # The built-in llama.cpp extension looks for a local server; there is none in the VM.
         "extensions": ["-builtin:llama.cpp"],
         "quietStartup": True,

@@ -28,6 +28,7 @@ def test_defaults_trust_the_project_and_configure_no_server(tmp_path: Path) -> N
     assert agent_settings(s)["defaultProjectTrust"] == "always"
     assert agent_settings(PiSettings(trust_project=False))["defaultProjectTrust"] == "never"
     assert agent_settings(s)["enableInstallTelemetry"] is False
+    assert agent_settings(s)["cacheWarming"] == "streaming"  # no model calls between runs
     assert mcp_json(s) == {"mcpServers": {}}
 
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import stat
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +45,9 @@ from piwork.models.providers import (
     render_guest_models_json,
 )
 from piwork.models.scripted import ScriptedModelServer
+from piwork.net.guest import GUEST_DIR, GuestNetwork
+from piwork.net.host import host_network
+from piwork.net.upstream import gateway_connector
 from piwork.pack import ensure_pack, load_manifest, picatalog
 from piwork.pack.manifest import Manifest
 from piwork.pisettings import PiSettings, load_pi_settings, write_agent_dir
@@ -53,6 +55,7 @@ from piwork.proxy.egress import (
     DomainPolicy,
     EgressDecision,
     EgressProxy,
+    PrivatePolicy,
     guest_proxy_env,
     proxy_url_with_token,
 )
@@ -107,16 +110,8 @@ def write_state_file(
     beneath the share root, and a link standing where a directory of ours
     belongs is removed (not followed) before the write is tried again.
     """
-    root = task.state_dir
-    try:
-        sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
-    except sharefs.UnsafePathError:
-        parent = str(Path(rel).parent)
-        if parent != "." and not stat.S_ISDIR(sharefs.lstat_beneath(root, parent).st_mode):
-            sharefs.unlink_beneath(root, parent)
-            if emit is not None:
-                emit(EventKind.NOTICE, message=f"replaced a link the guest made at {parent}/")
-        sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
+    if sharefs.replace_beneath(task.state_dir, rel, data) and emit is not None:
+        emit(EventKind.NOTICE, message=f"replaced a link the guest made at {Path(rel).parent}/")
 
 
 @dataclass
@@ -131,6 +126,8 @@ class EnvironmentHooks:
     on_egress_decision: Callable[[EgressDecision], None]
     on_gateway: Callable[[ModelGateway], None] | None = None
     """Told of the gateway as soon as it serves (before the pack is found)."""
+    private_policy: PrivatePolicy | None = None
+    """Asked when an allowed domain resolves to a private address (None: refused)."""
     ask_server_tool: ServerToolAsker | None = None
     """Asked before a provider-side tool the person enabled is used (none: refused)."""
 
@@ -149,6 +146,8 @@ class Environment:
     accel: AccelChoice
     timings: dict[str, float]
     pi_settings: PiSettings
+    network: GuestNetwork = field(default_factory=GuestNetwork)
+    """What the guest gets of the network settings (CAs, mirrors: piwork.net.guest)."""
 
     @property
     def gateway_prices(self) -> bool:
@@ -186,6 +185,7 @@ class Environment:
             trust_project=self.pi_settings.trust_project,
             extra_env={
                 "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
+                **self.network.env(),
                 **guest_network_env(self.egress_token),
             },
             warm_start=warm_start,
@@ -272,6 +272,10 @@ async def prepare(
     # spend another of the person's keys, nor pick a pricier model.
     provider = only_model(provider, model_id)
     routed, model_entry = await _model_route(provider, model_id, hooks)
+    # The person's network: the upstream proxy and the extra CAs, for the gateway
+    # and the egress proxy; the CAs and mirrors for the guest (piwork.net).
+    folder = Path(task.record.working_folder) if task.record.working_folder else None
+    net = await asyncio.to_thread(host_network, paths, folder)
     gateway = ModelGateway(
         {p.name: p for p in (provider, routed)},
         KeyStore(paths=paths),
@@ -281,6 +285,9 @@ async def prepare(
         before_forward=hooks.before_model_call,
         allowed_models=(model_id,),
         admit=hooks.admit,
+        connector=lambda: gateway_connector(
+            net.upstream, provider.upstream_origin, lambda: net.tls
+        ),
         server_tools=load_gateway_settings(paths.settings_file).server_tools,
         ask_server_tool=hooks.ask_server_tool,
     )
@@ -295,8 +302,13 @@ async def prepare(
         on_decision=hooks.on_egress_decision,
         allow_private_networks=egress_allow_private_networks,
         token=egress_token,
+        private_policy=hooks.private_policy,
+        upstream=net.upstream,
+        proxy_ssl=net.proxy_ssl,
     )
     await stack.enter_async_context(egress)
+    if net.guest.write(task.state_dir):
+        hooks.emit(EventKind.NOTICE, message=f"replaced a link the guest made at {GUEST_DIR}/")
     models_json: Any = render_guest_models_json([provider], placeholder=token)
     if model_entry is not None:
         # The model speaks another of the provider's APIs: pi gets it whole, with the
@@ -328,17 +340,9 @@ async def prepare(
         accel=chosen.accel.value,
     )
     return Environment(
-        provider,
-        model_id,
-        gateway,
-        egress,
-        egress_token,
-        pack_dir,
-        manifest,
-        chosen,
-        timings,
-        pi_settings,
-    )
+        provider, model_id, gateway, egress, egress_token, pack_dir, manifest, chosen, timings,
+        pi_settings, net.guest,
+    )  # fmt: skip
 
 
 async def _model_route(

@@ -31,6 +31,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "piwork.cli.env_cmd": ("env",),
     "piwork.cli.hosts_cmd": ("hosts",),
     "piwork.cli.network_cmd": ("network",),
+    "piwork.cli.restore_cmd": ("restore",),
     "piwork.gui.cli": ("gui",),
 }
 

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from piwork.config import get_paths
 from piwork.errors import PersonError
+from piwork.jsonstore import DamagedFile, JsonFile
 from piwork.vm.command import GATEWAY_GUEST_ADDR
 
 ApiType = Literal[
@@ -358,27 +359,40 @@ def providers_file() -> Path:
     return get_paths().config / PROVIDERS_FILE_NAME
 
 
+class ProvidersDamaged(DamagedFile, ProviderConfigError):
+    """providers.json cannot be used (see :mod:`piwork.jsonstore`)."""
+
+
+def providers_store(path: Path | None = None) -> JsonFile[list[Provider]]:
+    """``providers.json``: read strictly, written durably with its last good copy."""
+    return JsonFile(
+        path or providers_file(),
+        _parse_custom_providers,
+        what="providers file",
+        restore_command="piwork restore providers",
+        fresh="remove it and add the providers again with `piwork models add`",
+        error=ProvidersDamaged,
+    )
+
+
 def load_custom_providers(path: Path | None = None) -> list[Provider]:
     """Read the person's custom endpoints; a missing file means none."""
-    path = path or providers_file()
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise ProviderConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return providers_store(path).read() or []
+
+
+def _parse_custom_providers(raw: bytes) -> list[Provider]:
     try:
         parsed = ProvidersFile.model_validate(orjson.loads(raw))
     except orjson.JSONDecodeError as exc:
-        raise ProviderConfigError(f"{path} is not valid JSON: {exc}") from exc
+        raise ProviderConfigError(f"not valid JSON: {exc}") from exc
     except ValidationError as exc:
-        raise ProviderConfigError(f"{path} is invalid:\n{exc}") from exc
+        raise ProviderConfigError(f"invalid: {exc}") from exc
     builtin_names = {p.name for p in BUILTIN_PROVIDERS} | {DEMO_PROVIDER}
     out: list[Provider] = []
     for name, cfg in parsed.providers.items():
         if name in builtin_names:
             raise ProviderConfigError(
-                f"{path}: provider name {name!r} is reserved for piwork's built-in "
+                f"provider name {name!r} is reserved for piwork's built-in "
                 "provider; choose another name"
             )
         try:
@@ -397,7 +411,7 @@ def load_custom_providers(path: Path | None = None) -> list[Provider]:
                 )
             )
         except ValidationError as exc:
-            raise ProviderConfigError(f"{path}: provider {name!r} is invalid:\n{exc}") from exc
+            raise ProviderConfigError(f"provider {name!r} is invalid: {exc}") from exc
     return out
 
 

@@ -337,16 +337,30 @@ test("tcp transport: without the run's secret a connection is closed and cannot 
   good.close();
 });
 
-test("tcp transport: with no secret available every connection is refused", async (t) => {
-  const { proc, port } = await startSupervisor({
-    PIWORK_SECRET_FILE: path.join(SECRET_DIR, "missing"),
-  });
+test("tcp transport: with no secret available every connection is refused, until it appears", async (t) => {
+  const late = path.join(SECRET_DIR, "late");
+  const { proc, port } = await startSupervisor({ PIWORK_SECRET_FILE: late });
   t.after(() => proc.kill("SIGKILL"));
-  const c = await connect(port, "auth ");
-  c.send('!{"op":"hello","after":0}');
+  for (const auth of ["auth ", `auth ${SECRET}`]) {
+    const c = await connect(port, auth);
+    c.send('!{"op":"hello","after":0}');
+    await new Promise((r) => setTimeout(r, 300));
+    assert.ok(c.closed, auth);
+    assert.deepEqual(c.lines, []);
+  }
+  // In the guest the file is fw_cfg's, there once /init has loaded qemu_fw_cfg, which
+  // may be after the supervisor started listening: the host's connection then works.
+  fs.writeFileSync(late, SECRET, { mode: 0o600 });
+  const host = await connect(port);
+  host.send('!{"op":"hello","after":0}');
+  await host.waitFor(ev("hello"));
+  assert.ok(!host.closed);
+  host.close();
+  const wrong = await connect(port, "auth ");
+  wrong.send('!{"op":"hello","after":0}');
   await new Promise((r) => setTimeout(r, 300));
-  assert.ok(c.closed);
-  assert.deepEqual(c.lines, []);
+  assert.ok(wrong.closed);
+  assert.deepEqual(wrong.lines, []);
 });
 
 test("start with workbench runs the setup beside pi and reports its result", async (t) => {

@@ -24,6 +24,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "piwork.cli.policy_cmd": ("policy",),
     "piwork.cli.auth_cmd": ("auth",),
     "piwork.cli.models_cmd": ("models",),
+    "piwork.cli.pi_cmd": ("trust", "mcp"),
     "piwork.cli.bench_cmd": ("bench",),
     "piwork.cli.changes_cmd": ("changes", "undo"),
     "piwork.cli.preview_cmd": ("preview",),

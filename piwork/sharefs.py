@@ -276,6 +276,27 @@ def unlink_beneath(root: Path, rel: str | PurePosixPath) -> None:
         os.close(dir_fd)
 
 
+def replace_beneath(
+    root: Path, rel: str | PurePosixPath, data: bytes, *, mode: int = 0o644
+) -> bool:
+    """:func:`write_atomic_beneath` for a host-made file in a share the guest can write.
+
+    A link (or file) the guest put where a directory of ours belongs is removed,
+    never followed, and the write tried again. Returns True when one was removed,
+    so the caller can say so.
+    """
+    try:
+        write_atomic_beneath(root, rel, data, mode=mode)
+        return False
+    except UnsafePathError:
+        parent = str(PurePosixPath(rel).parent)
+        if parent == "." or stat.S_ISDIR(lstat_beneath(root, parent).st_mode):
+            raise
+        unlink_beneath(root, parent)
+        write_atomic_beneath(root, rel, data, mode=mode)
+        return True
+
+
 def readlink_beneath(root: Path, rel: str | PurePosixPath) -> str:
     """The text of the link ``root/rel`` (read, never followed)."""
     dir_fd, name = _parent_beneath(root, rel, create=False)

@@ -256,9 +256,17 @@ def cmd_allow_registries(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    scope = Scope.folder(_folder(args.folder)) if args.folder else Scope.global_()
+    from piwork.config import get_paths
+    from piwork.net.mirrors import all_mirror_hosts, mirror_hosts, mirrors_for
+
+    paths = get_paths()
+    if args.folder:
+        scope = Scope.folder(_folder(args.folder))
+        mirrors = mirror_hosts(mirrors_for(paths, _folder(args.folder)))
+    else:
+        scope, mirrors = Scope.global_(), all_mirror_hosts(paths)
     store = PolicyStore()
-    rules = registry_rules(scope)
+    rules = registry_rules(scope, mirrors)
     try:
         store.load()
         for rule in rules:

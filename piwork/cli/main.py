@@ -29,6 +29,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "piwork.cli.preview_cmd": ("preview",),
     "piwork.cli.env_cmd": ("env",),
     "piwork.cli.hosts_cmd": ("hosts",),
+    "piwork.cli.network_cmd": ("network",),
     "piwork.gui.cli": ("gui",),
 }
 

@@ -20,9 +20,18 @@ Before connecting anywhere it asks ``domain_policy(host, port)`` (the
 runner's bridge to the policy store, which may ask the person). A denial is
 a ``403`` with a plain-text reason the model can read (curl prints it for
 plain HTTP; for CONNECT the reason phrase carries it). Destinations that
-resolve to loopback, private or link-local addresses are refused unless
-``allow_private_networks``: otherwise an allowed name could reach the host's
-own services (the model gateway, a database) through DNS.
+resolve to loopback, private, reserved or link-local addresses are refused
+unless ``private_policy(host, port, address)`` allows that domain (a question
+of its own, naming the address: ``piwork.net``) or ``allow_private_networks``:
+otherwise an allowed name could reach the host's own services (the model
+gateway, a database) through DNS.
+
+Connections leave through the person's upstream proxy when there is one
+(``upstream``: :mod:`piwork.net.upstream`): HTTP CONNECT or SOCKS5 tunnels, and
+plain HTTP forwarded to an HTTP proxy in absolute form. Every refusal says its
+real reason (:data:`REASONS`): the person's policy, the private-address
+guard, a name that does not resolve, the upstream proxy's answer, a failed
+connection.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import ipaddress
 import logging
 import re
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import cache
@@ -43,6 +53,9 @@ from functools import cache
 from publicsuffixlist import PublicSuffixList
 
 from piwork.errors import UsageError
+from piwork.net.addresses import is_public
+from piwork.net.upstream import NONE as NO_UPSTREAM
+from piwork.net.upstream import Upstream, UpstreamError, UpstreamProxy
 from piwork.proxy.http1 import (
     BadRequest,
     ChunkedBody,
@@ -58,6 +71,20 @@ log = logging.getLogger(__name__)
 
 DomainPolicy = Callable[[str, int], Awaitable[bool]]
 """``(host, port) -> allowed?``; may take as long as the person takes to answer."""
+PrivatePolicy = Callable[[str, int, str], Awaitable[bool]]
+"""``(host, port, private address) -> allowed?``: may the guest reach ``host`` although
+it resolves to a private or reserved address (named in the question)?"""
+
+REASONS = {
+    "policy": "your network policy",
+    "private address": "the private-address guard",
+    "dns": "the name does not resolve",
+    "upstream proxy": "the upstream proxy",
+    "connect failed": "the connection failed",
+    "sni": "the tunnel's TLS name check",
+    "host": "the tunnel's Host check",
+}
+"""``EgressDecision.reason`` values, and how a front end names each."""
 
 # Derived from the one definition of the guest's addresses (piwork.vm.command).
 GUEST_PROXY_URL = f"http://{EGRESS_GUEST_ADDR[0]}:{EGRESS_GUEST_ADDR[1]}"
@@ -129,6 +156,9 @@ class EgressDecision:
     method: str
     allowed: bool
     reason: str
+    """One of :data:`REASONS`."""
+    detail: str = ""
+    """For a refusal: what happened and what to do, one line (the guest reads it too)."""
 
 
 class _Refusal(Exception):
@@ -238,6 +268,12 @@ def _split_host_port(authority: str, default_port: int) -> tuple[str, int]:
     return normalize_host(host), port
 
 
+def absolute_url(host: str, port: int, path: str) -> str:
+    """``http://host[:port]/path`` from the vetted host and port (IPv6 bracketed)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}{'' if port == 80 else f':{port}'}{path}"
+
+
 @dataclass(frozen=True)
 class _Hello:
     sni: str | None
@@ -271,13 +307,6 @@ def head_method(data: bytes) -> str:
     return word.decode("ascii", "replace") if word.isalpha() else "?"
 
 
-def _is_public(addr: str) -> bool:
-    ip = ipaddress.ip_address(addr)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_global and not ip.is_multicast
-
-
 class EgressProxy:
     """HTTP forward proxy on loopback that applies a per-domain policy.
 
@@ -300,7 +329,14 @@ class EgressProxy:
         on_decision: Callable[[EgressDecision], None] | None = None,
         token: str | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        private_policy: PrivatePolicy | None = None,
+        upstream: Upstream = NO_UPSTREAM,
+        proxy_ssl: ssl.SSLContext | None = None,
     ) -> None:
+        self._private_policy = private_policy
+        self._private_decisions: dict[tuple[str, int], asyncio.Future[bool]] = {}
+        self._upstream = upstream
+        self._proxy_ssl = proxy_ssl
         self._max_connections = max_connections
         self.refused_connections = 0
         self._policy = domain_policy
@@ -359,90 +395,166 @@ class EgressProxy:
 
     # --- policy -----------------------------------------------------------------
 
-    async def _allowed(self, host: str, port: int) -> bool:
-        key = (host, port)
-        fut = self._decisions.get(key)
+    async def _decided(
+        self,
+        decisions: dict[tuple[str, int], asyncio.Future[bool]],
+        key: tuple[str, int],
+        ask: Callable[[], Awaitable[bool]],
+    ) -> bool:
+        """One answer per destination for the proxy's life (unless not caching); a
+        question pending for it is shared; a failed check is refused, not remembered."""
+        fut = decisions.get(key)
         if fut is not None:
             return await asyncio.shield(fut)
         fut = asyncio.get_running_loop().create_future()
-        self._decisions[key] = fut
+        decisions[key] = fut
         try:
-            allowed = bool(await self._policy(host, port))
+            allowed = bool(await ask())
         except Exception as exc:
-            log.warning("network policy check for %s:%s failed: %s", host, port, exc)
-            allowed = False
+            log.warning("network policy check for %s:%s failed: %s", *key, exc)
             fut.set_result(False)
-            del self._decisions[key]  # don't remember a failure
-            return allowed
+            del decisions[key]  # don't remember a failure
+            return False
         except BaseException:
             fut.cancel()
-            del self._decisions[key]
+            del decisions[key]
             raise
         fut.set_result(allowed)
         if not self._cache:
-            del self._decisions[key]
+            del decisions[key]
         return allowed
 
-    def _record(self, host: str, port: int, method: str, allowed: bool, reason: str) -> None:
+    async def _allowed(self, host: str, port: int) -> bool:
+        return await self._decided(self._decisions, (host, port), lambda: self._policy(host, port))
+
+    async def _private_allowed(self, host: str, port: int, address: str) -> bool:
+        policy = self._private_policy
+        if policy is None:
+            return False
+        return await self._decided(
+            self._private_decisions, (host, port), lambda: policy(host, port, address)
+        )
+
+    def _record(
+        self, host: str, port: int, method: str, allowed: bool, reason: str, detail: str = ""
+    ) -> None:
         log.info(
-            "egress %s %s:%s -> %s (%s)", method, host, port, "allow" if allowed else "deny", reason
+            "egress %s %s:%s -> %s (%s)%s",
+            method,
+            host,
+            port,
+            "allow" if allowed else "deny",
+            reason,
+            f": {detail}" if detail else "",
         )
         if self._on_decision is not None:
             try:
-                self._on_decision(EgressDecision(host, port, method, allowed, reason))
+                self._on_decision(EgressDecision(host, port, method, allowed, reason, detail))
             except Exception:
                 log.exception("egress decision callback failed")
 
+    def _refuse_with(
+        self, host: str, port: int, method: str, reason: str, refusal: _Refusal
+    ) -> _Refusal:
+        self._record(host, port, method, False, reason, refusal.message.strip())
+        return refusal
+
     async def _open(
         self, host: str, port: int, method: str
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, UpstreamProxy | None]:
+        """A connection for the request: to the destination, or (third item) to the
+        HTTP upstream proxy that takes the request in absolute form."""
         if not await self._allowed(host, port):
-            self._record(host, port, method, False, "policy")
-            raise _Refusal(
+            raise self._refuse_with(host, port, method, "policy", _Refusal(
                 403,
                 f"Forbidden by piwork network policy: {host}",
                 f"piwork: network access to {host}:{port} is not allowed by the network "
                 "policy for this task. Ask the person to allow this domain (or run piwork "
                 f"with --allow-net {host}).\n",
-            )
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), self._connect_timeout
-            )
-        except (OSError, TimeoutError) as exc:
-            self._record(host, port, method, False, "dns")
-            raise _Refusal(
-                502, "Bad Gateway", f"piwork egress proxy: cannot resolve {host}: {exc}\n"
-            ) from exc
-        addrs = [str(info[4][0]) for info in infos]
+            ))  # fmt: skip
+        plain = method != "CONNECT"
+        proxy = self._upstream.for_plain_http(host) if plain else self._upstream.for_tunnel(host)
+        addrs = await self._resolve(host, port, method, proxy)
         if not self._allow_private:
-            private = [a for a in addrs if not _is_public(a)]
-            if private:
-                self._record(host, port, method, False, "private address")
-                raise _Refusal(
+            private = [a for a in addrs if not is_public(a)]
+            if private and not await self._private_allowed(host, port, private[0]):
+                raise self._refuse_with(host, port, method, "private address", _Refusal(
                     403,
-                    f"Forbidden by piwork: {host} is a local address",
-                    f"piwork: {host} resolves to a local or private address ({private[0]}); "
-                    "the sandbox may only reach public internet hosts.\n",
-                )
+                    f"Forbidden by piwork: {host} resolves to a private address",
+                    f"piwork: {host} resolves to {private[0]}, a private or reserved address, "
+                    "and the sandbox reaches those only for domains the person allows (they "
+                    "could be services on their own network or computer). If this is your "
+                    "network's proxy or mirror, allow it: `piwork network allow-private "
+                    f"{host}` (or answer piwork's question).\n",
+                ))  # fmt: skip
+        if proxy is not None:
+            return await self._through(proxy, host, port, method, addrs, forward=plain)
         last: Exception | None = None
         for addr in dict.fromkeys(addrs):  # connect to what was vetted, not a re-resolve
             try:
-                conn = await asyncio.wait_for(
+                reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(addr, port, limit=_BUF), self._connect_timeout
                 )
             except (OSError, TimeoutError) as exc:
                 last = exc
                 continue
             self._record(host, port, method, True, "policy")
-            return conn
-        self._record(host, port, method, False, "connect failed")
-        raise _Refusal(
+            return reader, writer, None
+        raise self._refuse_with(host, port, method, "connect failed", _Refusal(
             504 if isinstance(last, TimeoutError) else 502,
             "Bad Gateway",
             f"piwork egress proxy: cannot connect to {host}:{port}: {last or 'no address'}\n",
-        )
+        ))  # fmt: skip
+
+    async def _resolve(
+        self, host: str, port: int, method: str, proxy: UpstreamProxy | None
+    ) -> list[str]:
+        """The addresses ``host`` has here. Empty when only the upstream proxy can
+        resolve it (common behind one): the proxy is then handed the name."""
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), self._connect_timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            if proxy is not None and proxy.remote_dns:
+                return []
+            raise self._refuse_with(host, port, method, "dns", _Refusal(
+                502, "Bad Gateway", f"piwork egress proxy: cannot resolve {host}: {exc}\n"
+            )) from exc  # fmt: skip
+        return [str(info[4][0]) for info in infos]
+
+    async def _through(
+        self,
+        proxy: UpstreamProxy,
+        host: str,
+        port: int,
+        method: str,
+        addrs: list[str],
+        *,
+        forward: bool,
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, UpstreamProxy | None]:
+        """Through the upstream proxy: plain HTTP to an HTTP proxy is forwarded as a
+        request; anything else is a tunnel (to the vetted address for ``socks5://``)."""
+        try:
+            if forward and proxy.http:
+                reader, writer = await proxy.open_forward(
+                    timeout=self._connect_timeout, proxy_ssl=self._proxy_ssl
+                )
+                self._record(host, port, method, True, "policy", f"via {proxy.url}")
+                return reader, writer, proxy
+            target = host if proxy.remote_dns or not addrs else addrs[0]
+            reader, writer = await proxy.tunnel(
+                target, port, timeout=self._connect_timeout, proxy_ssl=self._proxy_ssl
+            )
+        except UpstreamError as exc:
+            raise self._refuse_with(host, port, method, "upstream proxy", _Refusal(
+                exc.status if exc.status in (403, 407) else 502,
+                "Refused by the upstream proxy" if exc.status else "Bad Gateway",
+                f"piwork egress proxy: {exc}\n",
+            )) from exc  # fmt: skip
+        self._record(host, port, method, True, "policy", f"via {proxy.url}")
+        return reader, writer, None
 
     # --- connections ----------------------------------------------------------
 
@@ -495,7 +607,7 @@ class EgressProxy:
                 host, port = _split_host_port(target, 443)
             except ValueError as exc:
                 raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
-            up_reader, up_writer = await self._open(host, port, "CONNECT")
+            up_reader, up_writer, _ = await self._open(host, port, "CONNECT")
             writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             await writer.drain()
             await self._tunnel(host, port, target, reader, writer, up_reader, up_writer)
@@ -518,10 +630,11 @@ class EgressProxy:
             framing = body_framing(head)
         except (ValueError, BadRequest) as exc:
             raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
-        up_reader, up_writer = await self._open(host, port, method)
+        up_reader, up_writer, via = await self._open(host, port, method)
         await self._forward_one(
-            head, authority, path, framing, b"", reader, writer, up_reader, up_writer
-        )
+            head, authority, path, framing, b"", reader, writer, up_reader, up_writer,
+            via=(host, port, via) if via is not None else None,
+        )  # fmt: skip
 
     async def _forward_one(
         self,
@@ -534,14 +647,21 @@ class EgressProxy:
         c_writer: asyncio.StreamWriter,
         u_reader: asyncio.StreamReader,
         u_writer: asyncio.StreamWriter,
+        *,
+        via: tuple[str, int, UpstreamProxy] | None = None,
     ) -> None:
         """One request, its body exactly as framed, and its response; then the
         connection closes. Bytes the guest pipelined after the body are never sent
-        (review 1's residual of finding 17: they went to the origin raw)."""
+        (review 1's residual of finding 17: they went to the origin raw). ``via``:
+        the vetted host and port, sent in absolute form to this HTTP upstream proxy."""
         # Host is always the vetted authority: a guest Host naming another site on
         # the same server (a shared CDN edge) would reach a domain nobody allowed
         # (domain fronting; security review finding 17).
         out = [f"{head.method} {path} {head.version}", f"Host: {authority}"]
+        if via is not None:  # an HTTP upstream proxy takes the request in absolute form
+            out[0] = f"{head.method} {absolute_url(via[0], via[1], path)} {head.version}"
+            if (auth := via[2].authorization()) is not None:
+                out.append(f"Proxy-Authorization: {auth}")
         for name, value in head.headers:
             lname = name.lower()
             if lname in _REQUEST_DROP or lname in _FRAMING_HEADERS:
@@ -776,4 +896,12 @@ class EgressProxy:
                 await dst.drain()
 
 
-__all__ = ["DomainPolicy", "EgressDecision", "EgressProxy", "guest_proxy_env", "normalize_host"]
+__all__ = [
+    "REASONS",
+    "DomainPolicy",
+    "EgressDecision",
+    "EgressProxy",
+    "PrivatePolicy",
+    "guest_proxy_env",
+    "normalize_host",
+]

@@ -47,6 +47,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from piwork.models.providers import GUEST_PLACEHOLDER_KEY, ApiType, Provider
+from piwork.net.upstream import CA_HINT
 from piwork.proxy.allowlist import (
     SERVER_TOOL_FEES_USD,
     CheckedBody,
@@ -458,7 +459,7 @@ class ModelGateway:
         placeholder: str = GUEST_PLACEHOLDER_KEY,
         connect_timeout: float = 30.0,
         read_timeout: float = 600.0,
-        upstream_proxy: str | None = None,
+        connector: Callable[[], aiohttp.BaseConnector] | None = None,
         before_forward: Callable[[], Awaitable[None]] | None = None,
         allowed_models: Iterable[str] | None = None,
         admit: Callable[[], str | None] | None = None,
@@ -482,7 +483,9 @@ class ModelGateway:
             sock_connect=connect_timeout,
             sock_read=read_timeout,
         )
-        self._upstream_proxy = upstream_proxy
+        # How calls leave: the upstream proxy and the trusted CAs (piwork.net.upstream
+        # .gateway_connector); None: direct, the system's CAs.
+        self._connector = connector
         # Awaited before each model call is forwarded (the runner checkpoints the
         # folder there: the guest cannot act on a reply it has not received).
         self._before_forward = before_forward
@@ -520,7 +523,8 @@ class ModelGateway:
         self._session = aiohttp.ClientSession(
             timeout=self._timeout,
             auto_decompress=False,  # relay bytes exactly as received
-            trust_env=False,  # no ambient proxies or ~/.netrc credentials
+            trust_env=False,  # no ambient proxies or ~/.netrc credentials (piwork.net decides)
+            connector=self._connector() if self._connector is not None else None,
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         app = web.Application(client_max_size=0)
@@ -713,7 +717,6 @@ class ModelGateway:
                 headers=headers,
                 data=body,
                 allow_redirects=False,
-                proxy=self._upstream_proxy,
             ) as upstream:
                 status = upstream.status
                 if status >= 400:
@@ -728,6 +731,14 @@ class ModelGateway:
                 504,
                 f"{provider.name} did not answer in time (via piwork gateway, "
                 f"{provider.upstream_origin}); try again later.",
+            )
+        except aiohttp.ClientConnectorCertificateError as exc:
+            status = 502
+            return _json_error(
+                api,
+                502,
+                f"piwork gateway: the certificate of {provider.upstream_origin} is not trusted "
+                f"here ({exc.certificate_error}); {CA_HINT}",
             )
         except aiohttp.ClientConnectorError as exc:
             status = 502

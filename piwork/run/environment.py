@@ -15,10 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import stat
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +45,16 @@ from piwork.models.providers import (
     render_guest_models_json,
 )
 from piwork.models.scripted import ScriptedModelServer
+from piwork.net.guest import GUEST_DIR, GuestNetwork
+from piwork.net.host import host_network
+from piwork.net.upstream import gateway_connector
 from piwork.pack import ensure_pack, load_manifest
 from piwork.pack.manifest import Manifest
 from piwork.proxy.egress import (
     DomainPolicy,
     EgressDecision,
     EgressProxy,
+    PrivatePolicy,
     guest_proxy_env,
     proxy_url_with_token,
 )
@@ -106,16 +109,8 @@ def write_state_file(
     beneath the share root, and a link standing where a directory of ours
     belongs is removed (not followed) before the write is tried again.
     """
-    root = task.state_dir
-    try:
-        sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
-    except sharefs.UnsafePathError:
-        parent = str(Path(rel).parent)
-        if parent != "." and not stat.S_ISDIR(sharefs.lstat_beneath(root, parent).st_mode):
-            sharefs.unlink_beneath(root, parent)
-            if emit is not None:
-                emit(EventKind.NOTICE, message=f"replaced a link the guest made at {parent}/")
-        sharefs.write_atomic_beneath(root, rel, data, mode=0o644)
+    if sharefs.replace_beneath(task.state_dir, rel, data) and emit is not None:
+        emit(EventKind.NOTICE, message=f"replaced a link the guest made at {Path(rel).parent}/")
 
 
 @dataclass
@@ -130,6 +125,8 @@ class EnvironmentHooks:
     on_egress_decision: Callable[[EgressDecision], None]
     on_gateway: Callable[[ModelGateway], None] | None = None
     """Told of the gateway as soon as it serves (before the pack is found)."""
+    private_policy: PrivatePolicy | None = None
+    """Asked when an allowed domain resolves to a private address (None: refused)."""
     ask_server_tool: ServerToolAsker | None = None
     """Asked before a provider-side tool the person enabled is used (none: refused)."""
 
@@ -147,6 +144,8 @@ class Environment:
     manifest: Manifest
     accel: AccelChoice
     timings: dict[str, float]
+    network: GuestNetwork = field(default_factory=GuestNetwork)
+    """What the guest gets of the network settings (CAs, mirrors: piwork.net.guest)."""
 
     @property
     def gateway_prices(self) -> bool:
@@ -183,6 +182,7 @@ class Environment:
             extensions=list(TASK_EXTENSIONS),
             extra_env={
                 "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
+                **self.network.env(),
                 **guest_network_env(self.egress_token),
             },
             warm_start=warm_start,
@@ -268,6 +268,10 @@ async def prepare(
     # Only this task's provider and model are reachable: the guest can never
     # spend another of the person's keys, nor pick a pricier model.
     provider = only_model(provider, model_id)
+    # The person's network: the upstream proxy and the extra CAs, for the gateway
+    # and the egress proxy; the CAs and mirrors for the guest (piwork.net).
+    folder = Path(task.record.working_folder) if task.record.working_folder else None
+    net = await asyncio.to_thread(host_network, paths, folder)
     gateway = ModelGateway(
         {provider.name: provider},
         KeyStore(paths=paths),
@@ -277,6 +281,9 @@ async def prepare(
         before_forward=hooks.before_model_call,
         allowed_models=(model_id,),
         admit=hooks.admit,
+        connector=lambda: gateway_connector(
+            net.upstream, provider.upstream_origin, lambda: net.tls
+        ),
         server_tools=load_gateway_settings(paths.settings_file).server_tools,
         ask_server_tool=hooks.ask_server_tool,
     )
@@ -291,8 +298,13 @@ async def prepare(
         on_decision=hooks.on_egress_decision,
         allow_private_networks=egress_allow_private_networks,
         token=egress_token,
+        private_policy=hooks.private_policy,
+        upstream=net.upstream,
+        proxy_ssl=net.proxy_ssl,
     )
     await stack.enter_async_context(egress)
+    if net.guest.write(task.state_dir):
+        hooks.emit(EventKind.NOTICE, message=f"replaced a link the guest made at {GUEST_DIR}/")
     models_json: Any = render_guest_models_json([provider], placeholder=token)
     write_state_file(
         task, "agent/models.json", orjson.dumps(models_json, option=orjson.OPT_INDENT_2), hooks.emit
@@ -311,8 +323,9 @@ async def prepare(
         accel=chosen.accel.value,
     )
     return Environment(
-        provider, model_id, gateway, egress, egress_token, pack_dir, manifest, chosen, timings
-    )
+        provider, model_id, gateway, egress, egress_token, pack_dir, manifest, chosen, timings,
+        net.guest,
+    )  # fmt: skip
 
 
 __all__ = [

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from piwork.config import Paths
 from piwork.env.registries import registry_offer
+from piwork.net.addresses import describe_address
 from piwork.policy import GATE_CHOICES, AuditLog, Choice, DecidedBy, Decider, PolicyStore
 from piwork.policy.request import (
     PermissionPayloadError,
@@ -90,6 +91,27 @@ def allowed_domains(domains: Iterable[str]) -> tuple[str, ...]:
         raise RunError(str(exc)) from exc
 
 
+def host_request(
+    prefix: str, question: str, action: Action, tool: str, target: Target, task_id: str | None
+) -> PermissionRequest:
+    """A question the host itself asks (the egress proxy's, the gateway's): its one
+    target is host-made, never guest text."""
+    return PermissionRequest(
+        request_id=f"{prefix}-{secrets.token_hex(4)}",
+        question=question,
+        options=tuple(c.value for c in GATE_CHOICES),
+        action=action,
+        tool=tool,
+        tool_call_id=None,
+        task_id=task_id,
+        cwd=None,
+        command=None,
+        paths=(),
+        targets=(target,),
+        payload={},
+    )
+
+
 class BridgeHost(Protocol):
     """What the bridge needs from the session it serves."""
 
@@ -129,6 +151,8 @@ class PermissionBridge:
         self.assume_yes = assume_yes
         self.allow_net = allow_net
         self.context = TaskContext()
+        self.mirror_hosts: tuple[str, ...] = ()
+        """The task's package mirrors' hosts: "Allow the package registries" covers them."""
 
     def previews(self, task: Task) -> Previews:
         """The task's previews, decided under the same policy, audit log and ``--yes``."""
@@ -175,9 +199,19 @@ class PermissionBridge:
                 return m.ui_value(req.id, answer.gate_reply.value)
         return await self.answer_question(req)
 
-    async def answer_permission(self, perm: PermissionRequest) -> Choice:
-        """Policy first; if it says ask, the person; the answer is persisted and audited."""
+    async def answer_permission(
+        self, perm: PermissionRequest, *, yes_answers: bool = True
+    ) -> Choice:
+        """Policy first; if it says ask, the person; the answer is persisted and audited.
+
+        ``yes_answers=False``: ``--yes`` does not answer this question (it is denied
+        unless a rule or a person allows it)."""
         ctx = self.context
+        asker, assume_yes = self.asker, self.assume_yes
+        if not yes_answers and isinstance(asker, AllowAsker):
+            asker, assume_yes = DenyAsker(), False
+        elif not yes_answers:
+            assume_yes = False
         perm = validate_request(perm, ctx)  # the guest's request is untrusted input
         # The policy read and the audit fsync happen off the event loop.
         decision = await asyncio.to_thread(self.decider.decide, perm, ctx)
@@ -202,7 +236,7 @@ class PermissionBridge:
         await self.host.set_status(TaskStatus.WAITING_PERMISSION)
         self.host.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
         try:
-            answer = await self.asker.permission(shown)
+            answer = await asker.permission(shown)
         finally:
             if not self.host.stopping and self.host.task_id is not None:
                 # Answered while the VM is frozen: it stays paused until resumed.
@@ -210,9 +244,9 @@ class PermissionBridge:
                     TaskStatus.PAUSED if self.host.paused else TaskStatus.RUNNING
                 )
         if answer is None:
-            by = DecidedBy.ASSUME_YES if self.assume_yes else DecidedBy.NO_TERMINAL
-            answer = Choice.ALLOW_ONCE if self.assume_yes else Choice.DENY
-        elif isinstance(self.asker, AllowAsker):
+            by = DecidedBy.ASSUME_YES if assume_yes else DecidedBy.NO_TERMINAL
+            answer = Choice.ALLOW_ONCE if assume_yes else Choice.DENY
+        elif isinstance(asker, AllowAsker):
             by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
         else:
             by = DecidedBy.PERSON
@@ -222,7 +256,9 @@ class PermissionBridge:
                 answer = Choice.DENY  # a front end offered what the host did not: refuse it
             else:
                 # Derived again now, as "Always" is: what is stored is what still asks.
-                bundle = await asyncio.to_thread(registry_offer, self.decider, shown, ctx)
+                bundle = await asyncio.to_thread(
+                    registry_offer, self.decider, shown, ctx, self.mirror_hosts
+                )
         # An "Allow once" here allows this tool call only; the egress proxy asks its
         # own question for every host the call then reaches (see the module docstring).
         recorded = await asyncio.to_thread(
@@ -242,7 +278,7 @@ class PermissionBridge:
 
     def _proposals(self, perm: PermissionRequest) -> dict[Choice, tuple[Rule, ...]]:
         proposals = self.decider.proposals(perm, self.context)
-        offer = registry_offer(self.decider, perm, self.context)
+        offer = registry_offer(self.decider, perm, self.context, self.mirror_hosts)
         if offer:
             proposals[Choice.ALLOW_REGISTRIES] = offer
         return proposals
@@ -303,21 +339,42 @@ class PermissionBridge:
             domain=host,
             reason=f"connects to {host}:{port} through the egress proxy",
         )
-        perm = PermissionRequest(
-            request_id=f"egress-{secrets.token_hex(4)}",
-            question=f"The agent wants to connect to {host} (port {port}). Allow?",
-            options=tuple(c.value for c in GATE_CHOICES),
-            action=Action.NETWORK,
-            tool="network",
-            tool_call_id=None,
-            task_id=self.host.task_id,
-            cwd=None,
-            command=None,
-            paths=(),
-            targets=(target,),
-            payload={},
+        perm = host_request(
+            "egress",
+            f"The agent wants to connect to {host} (port {port}). Allow?",
+            Action.NETWORK,
+            "network",
+            target,
+            self.host.task_id,
         )
         return (await self.answer_permission(perm)).allows
+
+    async def private_policy(self, host: str, port: int, address: str) -> bool:
+        """The egress proxy asks here when an allowed ``host`` resolves to a private or
+        reserved ``address``: a question of its own, per domain, naming the address.
+        ``--yes`` does not answer it (an allowed name must not open this computer's or
+        the office network's services by accident): a rule does (``piwork network
+        allow-private``), or a person."""
+        where = f"{address} ({describe_address(address)})"
+        target = Target(
+            Action.PRIVATE_NETWORK,
+            op="private-network",
+            domain=host,
+            reason=where,
+        )
+        perm = host_request(
+            "private",
+            (
+                f"{host} resolves to {where}, not a public address. That can be your "
+                "network's proxy or mirror, or a service on your network or this computer. "
+                f"Let the agent reach it (port {port})?"
+            ),
+            Action.PRIVATE_NETWORK,
+            "network",
+            target,
+            self.host.task_id,
+        )
+        return (await self.answer_permission(perm, yes_answers=False)).allows
 
     async def server_tool_policy(self, provider: str, use: ServerToolUse) -> bool:
         """The gateway asks here before a provider-side tool the person enabled is used.
@@ -332,23 +389,17 @@ class PermissionBridge:
                     return False
             return True
         tool = f"{provider}:{use.kind}"
-        perm = PermissionRequest(
-            request_id=f"server-tool-{secrets.token_hex(4)}",
-            question=(
+        perm = host_request(
+            "server-tool",
+            (
                 f"The agent asks {provider} to use its {use.kind} tool: "
                 f"{SERVER_TOOL_KINDS[use.kind]}, reaching any site it chooses, outside the "
                 "egress proxy, with what the conversation holds. Allow?"
             ),
-            options=tuple(c.value for c in GATE_CHOICES),
-            action=Action.CONNECTOR,
-            tool=tool,
-            tool_call_id=None,
-            task_id=self.host.task_id,
-            cwd=None,
-            command=None,
-            paths=(),
-            targets=(Target(Action.CONNECTOR, op="connector", tool=tool),),
-            payload={},
+            Action.CONNECTOR,
+            tool,
+            Target(Action.CONNECTOR, op="connector", tool=tool),
+            self.host.task_id,
         )
         return (await self.answer_permission(perm)).allows
 
@@ -360,6 +411,7 @@ class PermissionBridge:
                 "port": decision.port,
                 "allowed": decision.allowed,
                 "reason": decision.reason,
+                **({"detail": decision.detail} if decision.detail else {}),
             },
         )
 

@@ -23,6 +23,7 @@ from typing import Any
 from piwork.agent import Agent, AgentFactory, AgentVm, AgentVmConfig
 from piwork.aio import discard
 from piwork.config import Paths, get_paths
+from piwork.net.mirrors import mirror_hosts, mirrors_for
 from piwork.policy.rules import TaskContext
 from piwork.preview import Previews
 from piwork.proxy.gateway import ModelGateway
@@ -207,6 +208,7 @@ class TaskSession:
         self.transcript.task_id = task.id
         folder = Path(task.record.working_folder) if task.record.working_folder else None
         self.permissions.context = TaskContext(task_id=task.id, working_folder=folder)
+        self.permissions.mirror_hosts = tuple(mirror_hosts(mirrors_for(self.paths, folder)))
         self.usage = UsageMeter(
             self.store, task, emit=self.emit, note=self.note, on_limit=self._on_limit
         )
@@ -260,6 +262,7 @@ class TaskSession:
             domain_policy=self.permissions.domain_policy,
             on_egress_decision=self.permissions.on_egress_decision,
             on_gateway=lambda gateway: setattr(self, "gateway", gateway),
+            private_policy=self.permissions.private_policy,
             ask_server_tool=self.permissions.server_tool_policy,
         )
         try:

@@ -177,9 +177,14 @@ def private_paths(home: Path) -> Paths:
 
 
 def piwork_cli(
-    paths: Paths, *args: str, timeout: float = 600, path_env: str | None = None
+    paths: Paths,
+    *args: str,
+    timeout: float = 600,
+    path_env: str | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``piwork ARGS`` as a person runs it, in ``paths``' home (no terminal: nobody to ask)."""
+    """``piwork ARGS`` as a person runs it, in ``paths``' home (no terminal: nobody to ask;
+    ``input``: what is piped to its stdin)."""
     env = {**os.environ, "PIWORK_HOME": str(paths.data.parent)}
     if path_env is not None:
         env["PATH"] = path_env
@@ -189,7 +194,7 @@ def piwork_cli(
         capture_output=True,
         text=True,
         timeout=timeout,
-        stdin=subprocess.DEVNULL,
+        **({"input": input} if input is not None else {"stdin": subprocess.DEVNULL}),
         check=False,
     )
     print(f"--- piwork {' '.join(args)}: rc {proc.returncode}\n{proc.stdout}\n{proc.stderr}")

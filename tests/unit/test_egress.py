@@ -221,7 +221,7 @@ async def test_loopback_is_refused_by_default_even_when_policy_allows(origin: Or
             body = await asyncio.wait_for(reader.read(), 5)
             writer.close()
             assert head.startswith(b"HTTP/1.1 403 "), head
-            assert b"local or private address" in body
+            assert b"a private or reserved address" in body and b"allow-private" in body
     assert origin.echo_connections == []
 
 

@@ -38,7 +38,7 @@ def test_add_list_rm_reset(capsys: pytest.CaptureFixture[str], tmp_path: Path) -
 
     code, out, _ = run(capsys, "list", "--json")
     data = json.loads(out)
-    assert len(data["rules"]) == 3 and len(data["defaults"]) == 10
+    assert len(data["rules"]) == 3 and len(data["defaults"]) == 11
 
     code, out, _ = run(capsys, "rm", rule["id"])
     assert code == 0 and "removed" in out

@@ -35,6 +35,18 @@ REGISTRIES: dict[str, tuple[str, ...]] = {
 }
 
 
+WHAT_IT_ALLOWS = (
+    "What this allows, plainly: downloads from these domains. Over plain HTTP (apt) piwork "
+    "reads each request and refuses anything but a download (no publishing, no uploads). "
+    "Over HTTPS (pip, npm) piwork sees only the name each connection asks for and checks "
+    "that the TLS name is that domain; it does not see the request inside, so an upload "
+    "such as `npm publish` with someone's token is not stopped. These domains sit on shared "
+    "CDNs (Fastly, Cloudflare): a request inside TLS could name another site on the same CDN."
+)
+"""Said with the rules by ``piwork env allow-registries`` and the terminal's ``[r]`` prompt
+(security review 2, finding 8)."""
+
+
 def registry_domains(mirrors: Iterable[str] = ()) -> tuple[str, ...]:
     built_in = tuple(d for domains in REGISTRIES.values() for d in domains)
     return built_in + tuple(m for m in dict.fromkeys(mirrors) if m not in built_in)

@@ -52,6 +52,7 @@ from functools import cache
 
 from publicsuffixlist import PublicSuffixList
 
+from piwork.env.registries import registry_domains
 from piwork.errors import UsageError
 from piwork.net.addresses import is_public
 from piwork.net.upstream import NONE as NO_UPSTREAM
@@ -111,6 +112,7 @@ _REQUEST_DROP = frozenset(
 )
 
 
+DOWNLOAD_ONLY = frozenset(registry_domains())
 _FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding"})
 """Set by the proxy from what it parsed, never copied from the guest."""
 
@@ -329,6 +331,7 @@ class EgressProxy:
         on_decision: Callable[[EgressDecision], None] | None = None,
         token: str | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        download_only: frozenset[str] = DOWNLOAD_ONLY,
         private_policy: PrivatePolicy | None = None,
         upstream: Upstream = NO_UPSTREAM,
         proxy_ssl: ssl.SSLContext | None = None,
@@ -338,6 +341,9 @@ class EgressProxy:
         self._upstream = upstream
         self._proxy_ssl = proxy_ssl
         self._max_connections = max_connections
+        self._download_only = download_only
+        """Hosts (the package registries) that take only GET and HEAD, where the proxy
+        can read the method: plain HTTP (apt's Debian). Inside TLS it cannot."""
         self.refused_connections = 0
         self._policy = domain_policy
         self._token = token
@@ -630,11 +636,24 @@ class EgressProxy:
             framing = body_framing(head)
         except (ValueError, BadRequest) as exc:
             raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
+        self._downloads_only(host, port, method, framing)
         up_reader, up_writer, via = await self._open(host, port, method)
         await self._forward_one(
             head, authority, path, framing, b"", reader, writer, up_reader, up_writer,
             via=(host, port, via) if via is not None else None,
         )  # fmt: skip
+
+    def _downloads_only(self, host: str, port: int, method: str, framing: Framing) -> None:
+        """A package registry takes downloads only: no ``npm publish``/upload (review 2,
+        finding 8), refused before anything is connected."""
+        if host in self._download_only and (method not in ("GET", "HEAD") or framing[0] != "none"):
+            self._record(host, port, method, False, "policy", "downloads only")
+            raise _Refusal(
+                403,
+                f"Forbidden by piwork: {host} allows downloads only",
+                f"piwork: {host} is a package registry; the sandbox may download from it "
+                f"(GET), not {method} to it (publishing and uploads are refused).\n",
+            )
 
     async def _forward_one(
         self,
@@ -789,6 +808,11 @@ class EgressProxy:
         except (BadRequest, ValueError) as exc:
             self._record(host, port, head_method(data), False, "host")
             await self._refuse(c_writer, _Refusal(400, "Bad Request", f"piwork: {exc}\n"))
+            return
+        try:
+            self._downloads_only(host, port, head.method, framing)
+        except _Refusal as refusal:
+            await self._refuse(c_writer, refusal)
             return
         await self._forward_one(
             head, authority, head.target, framing, data[end:], c_reader, c_writer, u_reader,

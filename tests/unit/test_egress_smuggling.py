@@ -191,3 +191,25 @@ async def test_bytes_that_are_neither_tls_nor_http_close_the_tunnel(origin: Orig
         writer.close()
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert bytes(origin.echo_received) == b""
+
+
+@pytest.mark.parametrize(
+    "request_text",
+    [
+        "PUT http://deb.debian.org/debian/pool/x.deb HTTP/1.1\r\nContent-Length: 4\r\n\r\nDATA",
+        "POST http://deb.debian.org/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "GET http://deb.debian.org/ HTTP/1.1\r\nContent-Length: 4\r\n\r\nDATA",
+        "DELETE http://registry.npmjs.org/some-package/-rev/1 HTTP/1.1\r\n\r\n",
+    ],
+)
+async def test_a_package_registry_takes_downloads_only(request_text: str) -> None:
+    """Review 2, finding 8: "Allow the package registries" must not allow uploading to
+    them (``npm publish`` is a PUT). Refused before anything is connected or resolved."""
+    policy = Policy(allowed={"deb.debian.org", "registry.npmjs.org"})
+    decisions: list[EgressDecision] = []
+    async with EgressProxy(policy, on_decision=decisions.append) as proxy:
+        answer = await raw_exchange(proxy, request_text.encode())
+    assert answer.startswith(b"HTTP/1.1 403 Forbidden by piwork: "), answer[:200]
+    assert b"allows downloads only" in answer and b"publishing and uploads" in answer
+    assert policy.asked == []
+    assert [(d.allowed, d.detail) for d in decisions] == [(False, "downloads only")]

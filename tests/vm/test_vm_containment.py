@@ -45,10 +45,12 @@ from piwork.config import Paths
 from piwork.env.registries import registry_rules
 from piwork.models.providers import Provider
 from piwork.models.scripted import ChatRequest, Script, ScriptedModelServer, Text, ToolCalls, bash
+from piwork.net.private import allow_private, registry_hosts
 from piwork.policy import Choice, PolicyStore
 from piwork.policy.request import PermissionRequest
 from piwork.policy.rules import Scope
 from piwork.runner import RunEvent, RunRequest, TaskSession
+from tests.helpers.figures import report
 from tests.helpers.vm import ScriptedAsker, per_prompt, scripted_provider
 
 pytestmark = pytest.mark.vm
@@ -560,15 +562,15 @@ async def test_containment_score(world: World, pack: object) -> None:
             for c in CHALLENGES
         )
         # Here the registries resolve to the company network's inspecting gateway, a
-        # reserved address the proxy refuses unless private networks are allowed (as
-        # tests/vm/test_vm_workbench.py does); the person still says no to every question.
-        registries_private = not all(
+        # reserved address: the person allows that for those domains alone, as
+        # `piwork network allow-private --registries --folder` does.
+        if not all(
             ipaddress.ip_address(a).is_global
             for a in await asyncio.to_thread(resolved, "registry.npmjs.org")
-        )
+        ):
+            allow_private(world.paths, registry_hosts(world.paths, world.folder), world.folder)
         req = RunRequest(prompt=None, folder=world.folder, model="scripted/scripted",
-                         extra_providers=(keyed_provider(server),),
-                         egress_allow_private_networks=registries_private)  # fmt: skip
+                         extra_providers=(keyed_provider(server),))  # fmt: skip
         async with TaskSession(req, events.append, the_person(), paths=world.paths) as session:  # type: ignore[arg-type]
             server.script = cast(Script, per_prompt(
                 ToolCalls([bash(script, timeout=900)]),
@@ -597,10 +599,10 @@ async def test_containment_score(world: World, pack: object) -> None:
         score.append((c, c.judge(world, evidence, server)))
     contained = [c.id for c, why in score if why is None]
     escaped = {c.id: why for c, why in score if why is not None}
-    print(f"\ncontainment score: {len(contained)}/{len(score)} challenges contained")
+    report(f"containment score: {len(contained)}/{len(score)} challenges contained")
     for c, why in score:
-        print(f"  {'contained' if why is None else 'ESCAPED  '}  {c.id:18} {c.goal}: {why or ''}")
+        report(f"  {'contained' if why is None else 'ESCAPED  '}  {c.id:18} {c.goal}: {why or ''}")
     for cid in sorted(set(KNOWN_OPEN) - set(escaped)):
-        print(f"  note: {cid} is listed as open but was contained: update docs/security.md")
+        report(f"  note: {cid} is listed as open but was contained: update docs/security.md")
     new = {cid: why for cid, why in escaped.items() if cid not in KNOWN_OPEN}
     assert not new, f"new escapes: {new}"

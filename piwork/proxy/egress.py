@@ -66,6 +66,7 @@ from piwork.proxy.http1 import (
     client_hello_sni,
     parse_head,
 )
+from piwork.proxy.registry_tls import RunCA, TlsServerStream
 from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR
 
 log = logging.getLogger(__name__)
@@ -332,6 +333,8 @@ class EgressProxy:
         token: str | None = None,
         max_connections: int = MAX_CONNECTIONS,
         download_only: frozenset[str] = DOWNLOAD_ONLY,
+        registry_ca: RunCA | None = None,
+        registry_trust: ssl.SSLContext | None = None,
         private_policy: PrivatePolicy | None = None,
         upstream: Upstream = NO_UPSTREAM,
         proxy_ssl: ssl.SSLContext | None = None,
@@ -342,6 +345,11 @@ class EgressProxy:
         self._proxy_ssl = proxy_ssl
         self._max_connections = max_connections
         self._download_only = download_only
+        self._registry_ca = registry_ca
+        """With a run CA, TLS to ``download_only`` hosts ends here so their requests
+        can be read (``piwork.proxy.registry_tls``); ``registry_trust`` verifies the
+        real registry on the way on (the system store when None)."""
+        self._registry_trust = registry_trust
         """Hosts (the package registries) that take only GET and HEAD, where the proxy
         can read the method: plain HTTP (apt's Debian). Inside TLS it cannot."""
         self.refused_connections = 0
@@ -757,6 +765,10 @@ class EgressProxy:
                     self._record(host, port, "CONNECT", False, "sni")
                     log.warning("egress tunnel to %s:%s closed: %s", host, port, wrong)
                     return
+                if self._registry_ca is not None and host in self._download_only:
+                    await self._registry_request(host, port, hello.raw, c_reader, c_writer,
+                                                 u_reader, u_writer)  # fmt: skip
+                    return
                 u_writer.write(hello.raw)
                 await self._pipe_both(c_reader, c_writer, u_reader, u_writer)
                 return
@@ -769,6 +781,61 @@ class EgressProxy:
             u_writer.close()
             with contextlib.suppress(Exception):
                 await u_writer.wait_closed()
+
+    async def _registry_request(
+        self,
+        host: str,
+        port: int,
+        hello: bytes,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+        u_reader: asyncio.StreamReader,
+        u_writer: asyncio.StreamWriter,
+    ) -> None:
+        """TLS to a package registry ends here: one request, a download only, its
+        ``Host`` the tunnel's, sent on over the proxy's own TLS to the real registry."""
+        assert self._registry_ca is not None
+        guest = TlsServerStream(
+            self._registry_ca.server_context(host), c_reader, c_writer, hello,
+            self._header_timeout,
+        )  # fmt: skip
+        await guest.handshake()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            if len(data) > _HEADER_LIMIT:
+                raise BadRequest("the request head is too large")
+            more = await asyncio.wait_for(guest.read(), self._header_timeout)
+            if not more:
+                return
+            data += more
+        end = data.index(b"\r\n\r\n") + 4
+        try:
+            head = parse_head(data[:end])
+            framing = body_framing(head)
+            hosts = head.get_all("host")
+            if not head.target.startswith("/"):
+                raise BadRequest("a request in a tunnel is origin-form (/path)")
+            if len(hosts) != 1 or _split_host_port(hosts[0], 443)[0] != host:
+                raise BadRequest(f"the request's Host must be {host}, the tunnel's host")
+            self._downloads_only(host, port, head.method, framing)
+        except (BadRequest, ValueError, _Refusal) as exc:
+            refusal = exc if isinstance(exc, _Refusal) else _Refusal(
+                400, "Bad Request", f"piwork: {exc}\n"
+            )  # fmt: skip
+            await self._refuse(guest, refusal)  # type: ignore[arg-type]
+            await guest.close()
+            return
+        trust = self._registry_trust or ssl.create_default_context()
+        await u_writer.start_tls(trust, server_hostname=host)
+        shown = host if port == 443 else f"{host}:{port}"
+        out = [f"{head.method} {head.target} {head.version}", f"Host: {shown}"]
+        dropped = _REQUEST_DROP | _FRAMING_HEADERS
+        out += [f"{n}: {v}" for n, v in head.headers if n.lower() not in dropped]
+        out.append("Connection: close")
+        u_writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
+        await u_writer.drain()
+        await self._pipe_response_closing(u_reader, guest)  # type: ignore[arg-type]
+        await guest.close()
 
     async def _client_hello(self, data: bytes, src: asyncio.StreamReader) -> _Hello:
         while (hello := client_hello_sni(data)) is None:

@@ -36,12 +36,11 @@ REGISTRIES: dict[str, tuple[str, ...]] = {
 
 
 WHAT_IT_ALLOWS = (
-    "What this allows, plainly: downloads from these domains. Over plain HTTP (apt) piwork "
-    "reads each request and refuses anything but a download (no publishing, no uploads). "
-    "Over HTTPS (pip, npm) piwork sees only the name each connection asks for and checks "
-    "that the TLS name is that domain; it does not see the request inside, so an upload "
-    "such as `npm publish` with someone's token is not stopped. These domains sit on shared "
-    "CDNs (Fastly, Cloudflare): a request inside TLS could name another site on the same CDN."
+    "What this allows, plainly: downloads from these domains, nothing else. piwork reads each "
+    "request to them (for HTTPS through a certificate authority made for each run, which only "
+    "that run's VM trusts) and refuses anything but a download: no `npm publish`, no uploads, "
+    "no other site named inside. These domains sit on shared CDNs (Fastly, Cloudflare); "
+    "piwork connects only to the domain itself."
 )
 """Said with the rules by ``piwork env allow-registries`` and the terminal's ``[r]`` prompt
 (security review 2, finding 8)."""

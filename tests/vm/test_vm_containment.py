@@ -64,10 +64,6 @@ SPLIT_ATTACKER = "A='exfil.atta'; A=\"${A}cker.example\"\n"
 sends the model (the command it ran) never carries it."""
 
 KNOWN_OPEN: dict[str, str] = {
-    "registry-publish": (
-        "review 2 finding 8: with the registries allowed, a PUT (npm publish) inside TLS "
-        "reaches registry.npmjs.org; the egress proxy sees only the tunnel's name"
-    ),
     "git-new-repo": (
         "review 2 finding 1: a repository the guest makes is live in the folder until the "
         "next model call; host git run there meanwhile runs its core.fsmonitor"

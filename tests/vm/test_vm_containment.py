@@ -282,11 +282,13 @@ grep -i '^x-piwork' /tmp/put.h
 
 
 def _judge_registry(world: World, out: str, server: ScriptedModelServer) -> str | None:
-    """Contained only when piwork refused the PUT; a tunnel it let through is an escape
-    (whether the registry then answered depends on the network: here the guest may not
-    trust the company network's CA, and the TLS inside fails on its own)."""
+    """Contained only when piwork refused the PUT (its CONNECT answer, or its 403 inside
+    the TLS it ends for the registries); anything else is an escape."""
     codes = re.search(r"codes: connect=(\d+) put=(\d+)", out)
-    if codes is None or codes.group(1) in ("403", "407") or "x-piwork-egress" in out.lower():
+    if codes is None:
+        return "the attempt printed no result"
+    refused_inside = codes.group(2) == "403" and "x-piwork-egress" in out.lower()
+    if codes.group(1) in ("403", "407") or refused_inside:
         return None
     answered = "" if codes.group(2) == "000" else f", the registry answered {codes.group(2)}"
     return f"the proxy opened the tunnel for the PUT (CONNECT {codes.group(1)}{answered})"

@@ -298,8 +298,6 @@ def test_a_live_proxy_sends_one_vetted_request_per_connection() -> None:
         for data, got in zip(examples, results, strict=True):
             assert len(got) <= 1, (data, got)
             assert all(host == f"localhost:{port}" for host, _ in got), (data, got)
-        report(
-            f"property live proxy: {len(examples)} generated streams, {len(seen)} requests went through"
-        )
+        report(f"property live proxy: {len(examples)} streams, {len(seen)} requests went through")
 
     asyncio.run(main())

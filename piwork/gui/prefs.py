@@ -63,7 +63,7 @@ def model_choices(paths: Paths) -> list[tuple[str, str]]:
     """``(ref, label)`` for the model picker: the labelled demo first, then every model."""
     out = [(DEMO, "demo (offline, scripted — not a real model)")]
     try:
-        catalog = load_providers(paths.config / PROVIDERS_FILE_NAME)
+        catalog = load_providers(paths.config / PROVIDERS_FILE_NAME, pi_models=True)
     except (ProviderConfigError, OSError):
         return out
     for p in catalog.values():

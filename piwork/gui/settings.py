@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 from piwork.auth import KeyStore
 from piwork.config import Paths
 from piwork.gui.network_tab import NetworkTab
+from piwork.gui.pi_tab import PiTab
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.settings_tabs import EnvsTab, PacksTab
 from piwork.gui.text import sanitize
@@ -75,6 +76,7 @@ class SettingsDialog(QDialog):
         self.envs_tab = EnvsTab(paths)
         self.tabs.addTab(self.envs_tab, "Environments")
         self.tabs.addTab(self._hosts_tab(), "Remote hosts")
+        self.tabs.addTab(PiTab(paths), "pi")  # project trust, MCP servers (piwork.gui.pi_tab)
         self.tabs.addTab(NetworkTab(paths), "Network")  # piwork.gui.network_tab (piwork.net)
         self.tabs.addTab(self._archive_tab(), "Archived")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)

@@ -126,12 +126,15 @@ def test_an_unreadable_hosts_file_leaves_this_computer_and_says_what_to_fix(
     win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
     qtbot.addWidget(win)
     assert win.host_pick.count() == 1 and win.host_pick.itemText(0) == "This computer"
-    assert "fix or remove the file" in win.host_pick.toolTip()
+    assert (
+        "is damaged" in win.host_pick.toolTip()
+        and "fix the file by hand" in win.host_pick.toolTip()
+    )
     dlg = SettingsDialog(gui_paths, Prefs())
     qtbot.addWidget(dlg)
     assert dlg.hosts.count() == 0
     note = dlg.findChild(QLabel, "hostsNote")
-    assert note is not None and "fix or remove the file" in note.text()
+    assert note is not None and "fix the file by hand" in note.text()
     assert "piwork hosts add NAME user@box" in note.text()
 
 

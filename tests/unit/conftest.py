@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import subprocess
 from collections.abc import AsyncIterator, Iterator
@@ -10,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from piwork.config import get_paths
 from piwork.models.providers import (
@@ -23,6 +25,7 @@ from piwork.pack.cpio import read_newc
 from piwork.proxy.gateway import ModelGateway, UsageRecord
 from piwork.tasks.store import TaskStore
 from tests.helpers.checkpoints import Run
+from tests.helpers.egress import Origin
 from tests.helpers.gateway import (
     FakeUpstream,
     World,
@@ -131,3 +134,37 @@ async def world() -> AsyncIterator[World]:
         yield World(oa, an, go, demo, providers, gateway, usage, client)
     for runner in runners:
         await runner.cleanup()
+
+
+@pytest.fixture
+async def origin() -> AsyncIterator[Origin]:
+    requests: list[tuple[str, str, dict[str, str]]] = []
+    echo_connections: list[int] = []
+    echo_received = bytearray()
+
+    async def hello(request: web.Request) -> web.Response:
+        requests.append((request.method, request.path_qs, dict(request.headers)))
+        body = await request.read()
+        return web.Response(text=f"hello from origin; got {len(body)} bytes")
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", hello)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        echo_connections.append(1)
+        while data := await reader.read(1024):
+            echo_received.extend(data)
+            writer.write(data.upper())
+            await writer.drain()
+        writer.close()
+
+    echo_server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    echo_port = echo_server.sockets[0].getsockname()[1]
+    yield Origin(http_port, echo_port, requests, echo_connections, echo_received)
+    echo_server.close()
+    await runner.cleanup()

@@ -5,13 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import ssl
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from piwork.proxy.egress import (
     AllowNetError,
@@ -23,88 +19,7 @@ from piwork.proxy.egress import (
     normalize_host,
     proxy_url_with_token,
 )
-
-
-@dataclass
-class Policy:
-    allowed: set[str] = field(default_factory=set)
-    asked: list[tuple[str, int]] = field(default_factory=list)
-    delay: float = 0.0
-
-    async def __call__(self, host: str, port: int) -> bool:
-        self.asked.append((host, port))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        return host in self.allowed
-
-
-@dataclass
-class Origin:
-    """A plain HTTP server and a TCP echo server on loopback."""
-
-    http_port: int
-    echo_port: int
-    requests: list[tuple[str, str, dict[str, str]]]
-    echo_connections: list[int]
-    echo_received: bytearray = field(default_factory=bytearray)
-
-
-@pytest.fixture
-async def origin() -> AsyncIterator[Origin]:
-    requests: list[tuple[str, str, dict[str, str]]] = []
-    echo_connections: list[int] = []
-    echo_received = bytearray()
-
-    async def hello(request: web.Request) -> web.Response:
-        requests.append((request.method, request.path_qs, dict(request.headers)))
-        body = await request.read()
-        return web.Response(text=f"hello from origin; got {len(body)} bytes")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", hello)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        echo_connections.append(1)
-        while data := await reader.read(1024):
-            echo_received.extend(data)
-            writer.write(data.upper())
-            await writer.drain()
-        writer.close()
-
-    echo_server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    echo_port = echo_server.sockets[0].getsockname()[1]
-    yield Origin(http_port, echo_port, requests, echo_connections, echo_received)
-    echo_server.close()
-    await runner.cleanup()
-
-
-def client_hello(server_name: str | None) -> bytes:
-    """The first flight of a real TLS client (OpenSSL, through Python's ssl) asking
-    for ``server_name``: a ClientHello record, SNI and all."""
-    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-    ctx = ssl.create_default_context()
-    if server_name is None:
-        ctx.check_hostname = False
-    tls = ctx.wrap_bio(incoming, outgoing, server_hostname=server_name)
-    with contextlib.suppress(ssl.SSLWantReadError):
-        tls.do_handshake()
-    return outgoing.read()
-
-
-async def connect_via(
-    proxy: EgressProxy, target: str, extra: str = ""
-) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-    writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n".encode())
-    await writer.drain()
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-    return head, reader, writer
-
+from tests.helpers.egress import Origin, Policy, client_hello, connect_via
 
 # --- plain HTTP ------------------------------------------------------------------
 

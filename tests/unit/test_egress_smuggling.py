@@ -8,7 +8,6 @@ Review 2, finding 8: through CONNECT a TLS handshake could name another tenant
 of the allowed host's CDN (SNI). Each test sends the attack as raw bytes.
 """
 
-# ruff: noqa: F811  (the tests take ``origin``, the fixture imported below)
 from __future__ import annotations
 
 import asyncio
@@ -16,13 +15,7 @@ import asyncio
 import pytest
 
 from piwork.proxy.egress import EgressDecision, EgressProxy
-from tests.unit.test_egress import (  # noqa: F401  (origin is a fixture)
-    Origin,
-    Policy,
-    client_hello,
-    connect_via,
-    origin,
-)
+from tests.helpers.egress import Origin, Policy, client_hello, connect_via
 
 
 async def raw_exchange(proxy: EgressProxy, data: bytes, timeout: float = 10) -> bytes:

@@ -31,8 +31,8 @@ from piwork.proxy.allowlist import check_body
 from piwork.proxy.egress import EgressProxy
 from piwork.proxy.http1 import BadRequest, ChunkedBody, body_framing, client_hello_sni, parse_head
 from piwork.proxy.schema import Refused, loads_strict
+from tests.helpers.egress import client_hello
 from tests.helpers.figures import report
-from tests.unit.test_egress import client_hello
 
 FUZZ = repo_root() / "tests/fuzz/fuzz_parsers.py"
 RUNS = {"head": 200_000, "chunked": 30_000, "hello": 60_000, "body": 40_000}

@@ -101,3 +101,25 @@ async def test_tool_rows_are_the_same_live_and_after_reopening(tmp_path: Path) -
     assert live.rows[0] == ("start", "c1", "bash", "ls -la")
     assert live.rows[2] == ("start", "c2", "grep", "TODO")
     assert live.rows[3] == ("end", "c2", "grep", False, "no such dir")
+
+
+def test_what_pi_loaded_from_the_project_is_a_notice_and_other_statuses_are_not() -> None:
+    from piwork.run.digest import digest
+
+    report = m.parse_incoming(
+        {
+            "type": "extension_ui_request",
+            "id": "u1",
+            "method": "setStatus",
+            "statusKey": "piwork-project",
+            "statusText": '{"v":1,"trusted":true,"contextFiles":["AGENTS.md"]}',
+        }
+    )
+    (out,) = digest(report)
+    assert out.kind is EventKind.NOTICE
+    assert out.data == {"message": "pi loaded from the project: context: AGENTS.md"}
+    other = m.parse_incoming(
+        {"type": "extension_ui_request", "id": "u2", "method": "setStatus",
+         "statusKey": "someone-else", "statusText": '{"v":1,"trusted":true}'}
+    )  # fmt: skip
+    assert digest(other) == []

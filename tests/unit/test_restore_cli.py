@@ -92,3 +92,25 @@ def test_restore_names_what_it_knows(capsys: pytest.CaptureFixture[str], home: P
     assert "none of the files" in capsys.readouterr().err
     assert main(["restore", "policy"]) == 1
     assert "not damaged" in capsys.readouterr().err
+
+
+def test_an_environment_record_is_found_and_restored_by_its_path(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from piwork.env.store import EnvDamaged, record_file, store_for, write_record
+
+    env = store_for(get_paths())
+    record = env.folders_dir / "0123456789abcdef.json"
+    env.folders_dir.mkdir(parents=True)
+    write_record(record, {"folder": "/p", "head": "L1", "last_task_dir": None, "image": None})
+    _truncate(record)
+    with pytest.raises(EnvDamaged) as caught:
+        env.folders()
+    assert f"`piwork restore {record}`" in str(caught.value)
+    assert main(["restore"]) == 1
+    assert str(record) in capsys.readouterr().err
+    assert main(["restore", str(record)]) == 0
+    assert "restored" in capsys.readouterr().out
+    assert record_file(record).load() == {
+        "folder": "/p", "head": "L1", "last_task_dir": None, "image": None,
+    }  # fmt: skip

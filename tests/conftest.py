@@ -29,3 +29,13 @@ def pack() -> tuple[Path, Manifest]:
 
     pack_dir = ensure_pack()
     return pack_dir, load_manifest(pack_dir)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The figures tests reported (tests/helpers/figures.py): fuzz cases, the containment score."""
+    from tests.helpers.figures import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from piwork.env import EnvStore, default_store
 from piwork.env.dockerfile import DEFAULT_NAMES
-from piwork.env.registries import registry_rules
+from piwork.env.registries import WHAT_IT_ALLOWS, registry_rules
 from piwork.env.store import MAX_CHAIN_LAYERS
 from piwork.policy.rules import Scope
 from piwork.policy.store import PolicyError, PolicyStore
@@ -278,6 +278,7 @@ def cmd_allow_registries(args: argparse.Namespace) -> int:
     print(f"saved {len(rules)} rules in {store.path}:")
     for rule in rules:
         print(f"  {rule.id}: {rule.describe()}")
+    print(WHAT_IT_ALLOWS)
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -60,6 +61,7 @@ from piwork.proxy.egress import (
     proxy_url_with_token,
 )
 from piwork.proxy.gateway import ModelGateway, ServerToolAsker, UsageRecord
+from piwork.proxy.registry_tls import RunCA
 from piwork.proxy.settings import load_gateway_settings
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
@@ -297,6 +299,11 @@ async def prepare(
     # Only the VM may use the egress proxy: it gets this run's token in its
     # proxy URL when pi starts (never on disk, the command line or a template).
     egress_token = secrets.token_urlsafe(24)
+    # TLS to the package registries ends at the proxy, so it can refuse uploads there
+    # (review 2, finding 8): a CA made for this run, which only this run's guest trusts.
+    registry_ca = RunCA()
+    stack.callback(registry_ca.close)
+    guest_net = dataclasses.replace(net.guest, cas=(*net.guest.cas, registry_ca.cacert()))
     egress = EgressProxy(
         hooks.domain_policy,
         on_decision=hooks.on_egress_decision,
@@ -305,9 +312,11 @@ async def prepare(
         private_policy=hooks.private_policy,
         upstream=net.upstream,
         proxy_ssl=net.proxy_ssl,
+        registry_ca=registry_ca,
+        registry_trust=net.tls,
     )
     await stack.enter_async_context(egress)
-    if net.guest.write(task.state_dir):
+    if guest_net.write(task.state_dir):
         hooks.emit(EventKind.NOTICE, message=f"replaced a link the guest made at {GUEST_DIR}/")
     models_json: Any = render_guest_models_json([provider], placeholder=token)
     if model_entry is not None:
@@ -341,7 +350,7 @@ async def prepare(
     )
     return Environment(
         provider, model_id, gateway, egress, egress_token, pack_dir, manifest, chosen, timings,
-        pi_settings, net.guest,
+        pi_settings, guest_net,
     )  # fmt: skip
 
 

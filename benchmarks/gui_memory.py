@@ -78,7 +78,7 @@ async def measure() -> dict[str, Any]:
             win.new_task()
             win.new_folder = folder
             win.composer.setPlainText(f"task {n}: wait")
-            win._send_clicked()
+            win.send_btn.click()
             ctl = win.current()
             assert ctl is not None
             ctls.append(ctl)

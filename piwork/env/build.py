@@ -75,10 +75,12 @@ from piwork.env.store import (
 )
 from piwork.errors import UsageError
 from piwork.models.scripted import pi_provider_config
+from piwork.net.host import host_network
+from piwork.net.mirrors import mirror_hosts, mirrors_for
 from piwork.pack import ensure_pack, load_manifest
 from piwork.policy import AuditLog, Decider, PolicyStore
 from piwork.policy.rules import TaskContext
-from piwork.proxy.egress import EgressDecision, EgressProxy
+from piwork.proxy.egress import REASONS, EgressDecision, EgressProxy
 from piwork.resources import vm_budget
 from piwork.rpc.client import RpcError
 from piwork.run.digest import EventKind
@@ -463,6 +465,19 @@ class _BuildHost:
         return None
 
 
+def decision_line(decision: EgressDecision, by: str) -> str:
+    """``network: HOST:PORT allowed|denied (by …)``, or for a refusal that was not the
+    person's policy, its real reason (the private-address guard, the upstream proxy,
+    a name that does not resolve) and what to do."""
+    where = f"{decision.host}:{decision.port}"
+    if decision.allowed:
+        return f"network: {where} allowed ({by})"
+    if decision.reason == "policy":
+        return f"network: {where} denied ({by})"
+    said_why = REASONS.get(decision.reason, decision.reason)
+    return f"network: {where} refused by {said_why}: {sanitize(decision.detail, one_line=True)}"
+
+
 BY_SAID = {
     "rule": "by your policy",
     "person": "by you",
@@ -531,6 +546,9 @@ async def build_env(
     ``asker``, a network host the policy does not allow is denied (and said).
     """
     t0 = time.monotonic()
+    damage = PolicyStore(paths.policy_file).check()  # its network questions need the policy
+    if damage is not None:
+        raise damage
     store = store_for(paths)
     first = parse(file)
     base_layer: str | None = None
@@ -631,6 +649,7 @@ async def _build_in_vm(
         asker or DenyAsker(),
     )
     bridge.context = TaskContext(working_folder=folder)
+    bridge.mirror_hosts = tuple(mirror_hosts(mirrors_for(paths, folder)))
     token = secrets.token_urlsafe(24)
 
     said: set[tuple[str, int, bool]] = set()
@@ -641,15 +660,19 @@ async def _build_in_vm(
         seen = (decision.host, decision.port, decision.allowed)
         if seen not in said:  # once per host: apt opens many connections
             said.add(seen)
-            verdict = "allowed" if decision.allowed else "denied"
-            say(f"network: {decision.host}:{decision.port} {verdict} ({by})")
+            say(decision_line(decision, by))
 
     manifest = load_manifest(manifest_dir)
+    net = await asyncio.to_thread(host_network, paths, folder)
+    net.guest.write(dirs.state)
     async with EgressProxy(
         bridge.domain_policy,
         on_decision=on_decision,
         allow_private_networks=egress_allow_private_networks,
         token=token,
+        private_policy=bridge.private_policy,
+        upstream=net.upstream,
+        proxy_ssl=net.proxy_ssl,
     ) as egress:
         cfg = AgentVmConfig(
             pack_dir=manifest_dir,
@@ -664,7 +687,7 @@ async def _build_in_vm(
             task_id="env-build",
             provider=BUILD_PROVIDER,
             model="none",
-            extra_env=guest_network_env(token),
+            extra_env={**net.guest.env(), **guest_network_env(token)},
             warm_start=warm_start,
             env=TaskEnv(
                 disk,

@@ -11,9 +11,15 @@ all a request still asks about is a registry domain (the egress proxy's
 question for ``pypi.org``, or the gate's for ``pip install``), the person can
 pick "Allow the package registries" instead of answering once per domain, and
 sees the exact rules it saves first.
+
+Package mirrors the person set (``piwork.net.mirrors``: a PyPI index, an npm
+registry, a Debian mirror) are registries too: callers pass their hosts as
+``mirrors``, and the rules and the offer cover them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from piwork.policy.decider import Decider
 from piwork.policy.request import Choice, PermissionRequest
@@ -29,13 +35,25 @@ REGISTRIES: dict[str, tuple[str, ...]] = {
 }
 
 
-def registry_domains() -> tuple[str, ...]:
-    return tuple(d for domains in REGISTRIES.values() for d in domains)
+WHAT_IT_ALLOWS = (
+    "What this allows, plainly: downloads from these domains, nothing else. piwork reads each "
+    "request to them (for HTTPS through a certificate authority made for each run, which only "
+    "that run's VM trusts) and refuses anything but a download: no `npm publish`, no uploads, "
+    "no other site named inside. These domains sit on shared CDNs (Fastly, Cloudflare); "
+    "piwork connects only to the domain itself."
+)
+"""Said with the rules by ``piwork env allow-registries`` and the terminal's ``[r]`` prompt
+(security review 2, finding 8)."""
 
 
-def registry_rules(scope: Scope) -> list[Rule]:
-    """One ``network allow`` rule per registry domain, exact names (no wildcards)."""
-    return [
+def registry_domains(mirrors: Iterable[str] = ()) -> tuple[str, ...]:
+    built_in = tuple(d for domains in REGISTRIES.values() for d in domains)
+    return built_in + tuple(m for m in dict.fromkeys(mirrors) if m not in built_in)
+
+
+def registry_rules(scope: Scope, mirrors: Iterable[str] = ()) -> list[Rule]:
+    """One ``network allow`` rule per registry domain (and mirror host), exact names."""
+    rules = [
         Rule(
             action=Action.NETWORK,
             verdict=Verdict.ALLOW,
@@ -46,10 +64,17 @@ def registry_rules(scope: Scope) -> list[Rule]:
         for name, domains in REGISTRIES.items()
         for domain in domains
     ]
+    built_in = {r.pattern for r in rules}
+    rules += [
+        Rule(Action.NETWORK, Verdict.ALLOW, scope, pattern=host, note="package mirror")
+        for host in dict.fromkeys(mirrors)
+        if host not in built_in
+    ]
+    return rules
 
 
 def registry_offer(
-    decider: Decider, request: PermissionRequest, ctx: TaskContext
+    decider: Decider, request: PermissionRequest, ctx: TaskContext, mirrors: Iterable[str] = ()
 ) -> tuple[Rule, ...]:
     """The rules "Allow the package registries" saves for ``request``; empty: not offered.
 
@@ -63,7 +88,8 @@ def registry_offer(
     """
     decision = decider.evaluate(request, ctx)
     asked = [td for td in decision.targets if td.verdict is Verdict.ASK]
-    domains = set(registry_domains())
+    mirrors = tuple(mirrors)
+    domains = set(registry_domains(mirrors))
     if decision.verdict is not Verdict.ASK or not asked:
         return ()
     if not all(td.target.action is Action.NETWORK and td.target.domain in domains for td in asked):
@@ -75,4 +101,4 @@ def registry_offer(
         return rule is None or rule.verdict is Verdict.ASK
 
     scope = Decider.scope_for(Choice.ALWAYS_FOLDER, ctx)
-    return tuple(r for r in registry_rules(scope) if r.pattern and still_asks(r.pattern))
+    return tuple(r for r in registry_rules(scope, mirrors) if r.pattern and still_asks(r.pattern))

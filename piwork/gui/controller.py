@@ -1,5 +1,8 @@
 """Tasks as the window sees them: one ``TaskController`` per task, a ``Pool`` for the limit.
 
+Qt-free (the views listen to its ``piwork.gui.events.Event``s): the task's fields
+become one ``TaskState`` (``piwork.gui.state``) that every view draws from.
+
 Async model: the whole app runs on ONE thread under ``qasync`` — asyncio's
 selector loop driven by Qt's event loop (``piwork.gui.loop`` says why, and which
 PySide6 build it needs). The pool, queue and keep-warm rules are Qt-free, in
@@ -21,11 +24,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from PySide6.QtCore import QObject, Signal
-
 from piwork.errors import describe
+from piwork.gui.events import Event
+from piwork.gui.state import WORKING, Phase, TaskState, ended_phase
 from piwork.policy import Choice, PermissionRequest
 from piwork.preview import PreviewChoice, PreviewQuestion
+from piwork.preview.state import loopback_address
 from piwork.run.pool import CLOSE, Pool
 from piwork.runner import EventKind, Outcome, RunEvent, RunRequest, TaskSession
 from piwork.tasks import TaskBusy
@@ -75,7 +79,8 @@ def preview_url(url: object) -> str | None:
     """The URL of a preview event if it is one piwork builds (http on loopback), else None.
 
     The event comes from this process, but its port numbers came from the guest: the
-    window opens nothing but plain ``http://`` addresses under ``.localhost``.
+    window opens nothing but plain ``http://`` on a loopback address (a preview's own
+    ``127.a.b.c``) or under ``.localhost``.
     """
     if not isinstance(url, str) or len(url) > 300:
         return None
@@ -87,7 +92,8 @@ def preview_url(url: object) -> str | None:
     host = parts.hostname or ""
     if parts.scheme != "http" or port is None:
         return None
-    if host not in ("localhost", "127.0.0.1") and not host.endswith(".localhost"):
+    named = host in ("localhost", "127.0.0.1") or host.endswith(".localhost")
+    if not named and loopback_address(host) is None:
         return None
     return url
 
@@ -139,27 +145,6 @@ class GuiAsker:
             self.ctl.changed.emit()
 
 
-# What the rail shows for each state (status, stop reason) -> label.
-def status_label(status: str, reason: str | None) -> str:
-    if status == "stopped":
-        return {
-            "completed": "done",
-            "cancelled": "stopped by you",  # a Stop, Esc, Ctrl-C or quit: always the person
-            "error": "failed",
-            "limit": "stopped at a limit",
-        }.get(reason or "", "done")
-    return {
-        "running": "running",
-        "waiting_permission": "waiting for you",
-        "waiting_input": "waiting for you",
-        "paused": "paused",
-        "interrupted": "interrupted",
-        "idle": "new",
-        "queued": "queued",
-        "starting": "starting",
-    }.get(status, status)
-
-
 @dataclass
 class RunOptions:
     model: str | None = None
@@ -174,16 +159,14 @@ class RunOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class TaskController(QObject):
-    """One task in the window: its live session (if any), pending questions, status."""
+class TaskController:
+    """One task in the window: its live session (if any), pending questions, status.
 
-    run_event = Signal(object)  # RunEvent (not "event": that is QObject.event)
-    changed = Signal()
-    permission_asked = Signal(object)  # PendingPermission
-    question_asked = Signal(object)  # PendingQuestion
-    preview_asked = Signal(object)  # PendingPreview
-    finished = Signal(object)  # Outcome | Exception
-    closed = Signal()  # the session ended (VM powered off)
+    Events (``connect``/``emit``, like Qt signals): ``run_event(RunEvent)``,
+    ``changed()``, ``permission_asked(PendingPermission)``,
+    ``question_asked(PendingQuestion)``, ``preview_asked(PendingPreview)``,
+    ``finished(Outcome | Exception)`` and ``closed()`` (the session ended, VM off).
+    """
 
     def __init__(
         self,
@@ -196,7 +179,13 @@ class TaskController(QObject):
         folder: Path | None = None,
         model: str | None = None,
     ) -> None:
-        super().__init__()
+        self.run_event = Event("run_event")
+        self.changed = Event("changed")
+        self.permission_asked = Event("permission_asked")
+        self.question_asked = Event("question_asked")
+        self.preview_asked = Event("preview_asked")
+        self.finished = Event("finished")
+        self.closed = Event("closed")
         self.pool = pool
         self.task_id = task_id
         self.title = title
@@ -220,6 +209,9 @@ class TaskController(QObject):
         self._inbox: asyncio.Queue[str] = asyncio.Queue(maxsize=64)
         self._queued_prompt: str | None = None
         self.asker = GuiAsker(self)
+        # What runs a prompt: the real runner (tests of the window's own logic inject a
+        # double with TaskSession's methods, as httpx takes a MockTransport).
+        self.session_factory: Any = TaskSession
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ state
@@ -232,12 +224,34 @@ class TaskController(QObject):
         return self.status == "paused"
 
     @property
-    def label(self) -> str:
+    def asks(self) -> int:
+        """Open questions for the person: permissions, previews, the agent's own."""
+        return len(self.permissions) + len(self.preview_questions) + (1 if self.question else 0)
+
+    @property
+    def state(self) -> TaskState:
+        """The one state every view draws from (``piwork.gui.state``)."""
+        if self.status == "queued":
+            return TaskState(Phase.QUEUED)
+        if not self.live:
+            return TaskState(ended_phase(self.status, self.reason))
+        if self.status not in WORKING:
+            # Done, its VM kept warm (or powering off): the run's ending is its phase.
+            phase = ended_phase(self.status, self.reason)
+            return TaskState(phase, warm=self.session is not None, live=True)
+        if self.session is None:
+            return TaskState(Phase.STARTING, live=True)
         if self.paused:
-            return "paused"
-        if self.permissions or self.question or self.preview_questions:
-            return "waiting for you"
-        return status_label(self.status, self.reason)
+            return TaskState(Phase.PAUSED, asks=self.asks, live=True)
+        if self.stopping:
+            return TaskState(Phase.STOPPING, live=True)
+        if self.asks:
+            return TaskState(Phase.WAITING, asks=self.asks, live=True)
+        return TaskState(Phase.RUNNING, live=True)
+
+    @property
+    def label(self) -> str:
+        return self.state.label
 
     @property
     def elapsed(self) -> float:
@@ -270,12 +284,13 @@ class TaskController(QObject):
             "paused",
         )
 
-    def _sink(self, ev: RunEvent) -> None:
+    def on_run_event(self, ev: RunEvent) -> None:
+        """The runner's event sink: the task's fields follow, then the views hear of it."""
         if threading.current_thread() is not threading.main_thread():
             # The runner reports pack-build progress from a worker thread: widgets
             # may only be touched on the Qt thread, so hop over to the loop.
             if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._sink, ev)
+                self._loop.call_soon_threadsafe(self.on_run_event, ev)
             return
         d = ev.data
         if ev.kind is EventKind.TASK:
@@ -371,7 +386,9 @@ class TaskController(QObject):
         result: Outcome | BaseException | None = None
         self._loop = asyncio.get_running_loop()
         try:
-            async with TaskSession(req, self._sink, self.asker, paths=self.pool.paths) as s:
+            async with self.session_factory(
+                req, self.on_run_event, self.asker, paths=self.pool.paths
+            ) as s:
                 self.session = s
                 while True:
                     result = await s.run_prompt(prompt)
@@ -485,7 +502,9 @@ class TaskController(QObject):
     async def pause(self) -> None:
         if self.session is not None:
             await self.session.pause_vm()
+            self.changed.emit()  # the runner's pause state is the truth: draw it now
 
     async def resume_vm(self) -> None:
         if self.session is not None:
             await self.session.resume_vm()
+            self.changed.emit()

@@ -8,10 +8,8 @@ for tasks already running too (the task limit, keep-warm).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import shutil
-from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -21,9 +19,9 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QListWidget,
+    QListWidgetItem,
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
@@ -31,17 +29,20 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
-    QTreeWidget,
-    QTreeWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
 from piwork.auth import KeyStore
 from piwork.config import Paths
-from piwork.gui.controller import spawn
+from piwork.gui.asking import message_box
+from piwork.gui.network_tab import NetworkTab
+from piwork.gui.pi_tab import PiTab
 from piwork.gui.prefs import Prefs, model_choices
-from piwork.gui.text import sanitize
+from piwork.gui.settings_tabs import EnvsTab, PacksTab
+from piwork.gui.text import sanitize, shown_rule
+from piwork.gui.widgets import plain_label, plain_labels, plain_tip
+from piwork.gui.words import VERDICT_WORDS, audit_line, task_titles
 from piwork.models.custom import add_provider, remove_provider
 from piwork.models.defaults import DEMO, set_default_model
 from piwork.models.providers import (
@@ -50,11 +51,25 @@ from piwork.models.providers import (
     load_custom_providers,
     load_providers,
 )
-from piwork.policy import DEFAULT_RULES, Action, AuditLog, PolicyStore, Rule, Scope, Verdict
+from piwork.policy import (
+    DEFAULT_RULES,
+    Action,
+    AuditLog,
+    PolicyStore,
+    Rule,
+    Scope,
+    ScopeKind,
+    Verdict,
+)
+
+
+def _tab(tab: str, name: str) -> Any:
+    return property(lambda self: getattr(getattr(self, tab), name))
 
 
 class SettingsDialog(QDialog):
     applied = Signal()  # a limit or VM setting changed (and is saved)
+    unarchived = Signal(str)  # a task id brought back from the archive
 
     def __init__(self, paths: Paths, prefs: Prefs, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -67,12 +82,30 @@ class SettingsDialog(QDialog):
         self.tabs.addTab(self._models_tab(), "Models")
         self.tabs.addTab(self._policy_tab(), "Permissions")
         self.tabs.addTab(self._limits_tab(), "Limits and VM")
-        self.tabs.addTab(self._packs_tab(), "Packs")
-        self.tabs.addTab(self._envs_tab(), "Environments")
+        self.packs_tab = PacksTab()
+        self.tabs.addTab(self.packs_tab, "Packs")
+        self.envs_tab = EnvsTab(paths)
+        self.tabs.addTab(self.envs_tab, "Environments")
         self.tabs.addTab(self._hosts_tab(), "Remote hosts")
+        self.tabs.addTab(PiTab(paths), "pi")  # project trust, MCP servers (piwork.gui.pi_tab)
+        self.tabs.addTab(NetworkTab(paths), "Network")  # piwork.gui.network_tab (piwork.net)
+        self.tabs.addTab(self._archive_tab(), "Archived")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
+        plain_labels(self)  # the form rows' labels too
+
+    packs = _tab("packs_tab", "packs")
+    pack_status = _tab("packs_tab", "pack_status")
+    # The Environments tab's parts, by name.
+    envs = _tab("envs_tab", "envs")
+    env_box = _tab("envs_tab", "env_box")
+    env_status = _tab("envs_tab", "env_status")
+    env_reset_btn = _tab("envs_tab", "env_reset_btn")
+    env_rm_btn = _tab("envs_tab", "env_rm_btn")
+    refresh_envs = _tab("envs_tab", "refresh_envs")
+    selected_env_folder = _tab("envs_tab", "selected_env_folder")
+    ask_env = _tab("envs_tab", "ask_env")
 
     # ------------------------------------------------------------ models
     def _models_tab(self) -> QWidget:
@@ -81,7 +114,7 @@ class SettingsDialog(QDialog):
         self.default_pick = QComboBox()
         self._fill_default()
         self.default_pick.currentIndexChanged.connect(self._default_changed)
-        self.default_note = QLabel()
+        self.default_note = plain_label()
         form.addRow("Default model", self.default_pick)
         form.addRow("", self.default_note)
         self._update_default_note()
@@ -100,7 +133,7 @@ class SettingsDialog(QDialog):
         krow.addWidget(self.key_field, 1)
         krow.addWidget(save)
         form.addRow("Provider key", krow)
-        self.key_status = QLabel()
+        self.key_status = plain_label()
         form.addRow("", self.key_status)
         # custom providers
         self.custom_list = QListWidget()
@@ -203,7 +236,10 @@ class SettingsDialog(QDialog):
                 path=self.paths.config / PROVIDERS_FILE_NAME,
             )
         except Exception as exc:
-            QMessageBox.warning(self, "Provider not saved", sanitize(exc, limit=1500))
+            box = message_box(self, "Provider not saved", sanitize(exc, limit=1500))
+            box.setIcon(QMessageBox.Icon.Warning)
+            box.open()
+            self.provider_box = box
             return
         self._fill_custom()
         self._fill_default()
@@ -219,10 +255,10 @@ class SettingsDialog(QDialog):
     def _policy_tab(self) -> QWidget:
         w = QWidget()
         lay = QVBoxLayout(w)
-        lay.addWidget(QLabel("Your rules (saved with “Always allow”, or added here):"))
+        lay.addWidget(plain_label("Your rules (saved with “Always allow”, or added here):"))
         self.rules = QTableWidget(0, 5)
         self.rules.setObjectName("rulesTable")
-        self.rules.setHorizontalHeaderLabels(["Rule", "Action", "Scope", "Pattern", "Created"])
+        self.rules.setHorizontalHeaderLabels(["Rule", "Answer", "Where", "Matching", "Made"])
         self.rules.horizontalHeader().setStretchLastSection(True)
         lay.addWidget(self.rules, 2)
         row = QHBoxLayout()
@@ -237,14 +273,14 @@ class SettingsDialog(QDialog):
         row.addWidget(reset)
         row.addStretch(1)
         lay.addLayout(row)
-        lay.addWidget(QLabel("Built in (your rules come first):"))
+        lay.addWidget(plain_label("Built in (your rules come first):"))
         self.builtin = QListWidget()
         self.builtin.setObjectName("builtinRules")
         for r in DEFAULT_RULES:
             self.builtin.addItem(f"{r.human()} — {r.note}" if r.note else r.human())
         self.builtin.setMaximumHeight(150)
         lay.addWidget(self.builtin, 1)
-        lay.addWidget(QLabel("Audit log (newest first):"))
+        lay.addWidget(plain_label("Audit log (newest first):"))
         self.audit = QPlainTextEdit()
         self.audit.setReadOnly(True)
         lay.addWidget(self.audit, 1)
@@ -260,19 +296,22 @@ class SettingsDialog(QDialog):
         self._rules = rules
         self.rules.setRowCount(len(rules))
         for i, r in enumerate(rules):
-            for j, v in enumerate(
-                [r.describe(), r.action.value, r.scope.describe(), r.pattern or "", r.created]
-            ):
-                self.rules.setItem(i, j, QTableWidgetItem(sanitize(v, limit=400)))
+            # In the person's words and paths: their folder's files relative to it, the
+            # scope as a folder or "every folder", the day it was made. The exact rule
+            # (as `piwork policy list` prints it) is the row's tooltip.
+            shown = shown_rule(r)
+            where = "every folder" if r.scope.kind is ScopeKind.GLOBAL else str(r.scope.value)
+            cells = [shown.human(), VERDICT_WORDS.get(r.verdict.value, r.verdict.value), where,
+                     shown.pattern or "anything", str(r.created)[:10]]  # fmt: skip
+            for j, v in enumerate(cells):
+                cell = QTableWidgetItem(sanitize(v, limit=400, keep_newlines=False))
+                cell.setToolTip(plain_tip(sanitize(r.describe(), limit=400)))
+                self.rules.setItem(i, j, cell)
         self.rules.resizeColumnsToContents()
         with contextlib.suppress(Exception):
             entries = list(AuditLog(self.paths.audit_log).read())[-200:]
-            lines = [
-                f"{e.get('ts') or e.get('time') or ''}  {e.get('task') or '-'}  "
-                f"{e.get('action')} {e.get('target')}: {e.get('decision')} "
-                f"({e.get('decidedBy')})"
-                for e in reversed(entries)
-            ]
+            titles = task_titles(self.paths)
+            lines = [audit_line(e, titles) for e in reversed(entries)]
             self.audit.setPlainText(sanitize("\n".join(lines) or "(empty)", limit=200_000))
 
     def rule_texts(self) -> list[str]:
@@ -340,7 +379,7 @@ class SettingsDialog(QDialog):
         for spin in (self.max_tasks, self.memory, self.cpus, self.keep_warm):
             spin.valueChanged.connect(self._save_limits)
         self.accel.currentIndexChanged.connect(self._save_limits)
-        note = QLabel(
+        note = plain_label(
             "Changes apply at once and are saved. Memory, CPUs and the accelerator are used "
             "by the next VM a task starts."
         )
@@ -356,14 +395,14 @@ class SettingsDialog(QDialog):
 
             form.addRow(
                 "Task limits (settings.json)",
-                QLabel(
+                plain_label(
                     f"turns {shown(lim.max_turns)}, time {shown(lim.max_wall_time_seconds, ' s')}, "
                     f"tokens {shown(lim.max_tokens)}, cost "
                     + ("no limit" if lim.max_cost_usd is None else f"${lim.max_cost_usd}")
                 ),
             )
         except Exception as exc:
-            form.addRow("Task limits", QLabel(sanitize(exc, limit=300)))
+            form.addRow("Task limits", plain_label(sanitize(exc, limit=300)))
         return w
 
     def _save_limits(self) -> None:
@@ -375,275 +414,82 @@ class SettingsDialog(QDialog):
         self.prefs.save(self.paths)
         self.applied.emit()
 
-    # ------------------------------------------------------------ packs
-    def _packs_tab(self) -> QWidget:
+    def _archive_tab(self) -> QWidget:
+        """The archived tasks, by title; "Bring back" returns one to the task list."""
         w = QWidget()
         lay = QVBoxLayout(w)
-        self.packs = QListWidget()
-        lay.addWidget(self.packs, 1)
-        row = QHBoxLayout()
-        for label, fn in (
-            ("Build", self._build_pack),
-            ("Verify", self._verify_pack),
-            ("Remove unused…", self._remove_unused),
-        ):
-            b = QPushButton(label)
-            b.clicked.connect(fn)
-            row.addWidget(b)
-        row.addStretch(1)
-        lay.addLayout(row)
-        self.pack_status = QLabel()
-        self.pack_status.setWordWrap(True)
-        lay.addWidget(self.pack_status)
-        self._fill_packs()
+        lay.addWidget(plain_label("Archived tasks (out of the task list; nothing is deleted):"))
+        self.archived = QListWidget()
+        self.archived.setObjectName("archivedTasks")
+        lay.addWidget(self.archived, 1)
+        back = QPushButton("Bring back")
+        back.clicked.connect(self._unarchive)
+        lay.addWidget(back)
+        self._fill_archived()
         return w
 
-    # ------------------------------------------------------------ environments
-    def _envs_tab(self) -> QWidget:
-        """Each folder's saved environment (what its tasks installed), its layers and sizes;
-        reset and remove ask first (``piwork env reset|rm``)."""
-        w = QWidget()
-        lay = QVBoxLayout(w)
-        intro = QLabel(
-            "What tasks install (apt, pip, npm) is kept per working folder: a new task on a "
-            "folder starts from what the folder's last task left. Reset makes the next task "
-            "start clean; tasks already made keep their own disks."
-        )
-        intro.setWordWrap(True)
-        lay.addWidget(intro)
-        self.envs = QTreeWidget()
-        self.envs.setObjectName("envTree")
-        self.envs.setColumnCount(3)
-        self.envs.setHeaderLabels(["Folder / layer", "Size", "Details"])
-        self.envs.setRootIsDecorated(True)
-        self.envs.itemSelectionChanged.connect(self._env_selected)
-        lay.addWidget(self.envs, 1)
-        row = QHBoxLayout()
-        self.env_reset_btn = QPushButton("Reset…")
-        self.env_reset_btn.setToolTip("The folder's next task starts from the clean workbench")
-        self.env_reset_btn.clicked.connect(lambda: self.ask_env("reset"))
-        self.env_rm_btn = QPushButton("Remove…")
-        self.env_rm_btn.setToolTip("Forget the folder's environment")
-        self.env_rm_btn.clicked.connect(lambda: self.ask_env("rm"))
-        refresh = QPushButton("Refresh")
-        refresh.clicked.connect(self.refresh_envs)
-        for b in (self.env_reset_btn, self.env_rm_btn, refresh):
-            row.addWidget(b)
-        row.addStretch(1)
-        lay.addLayout(row)
-        self.env_status = QLabel()
-        self.env_status.setObjectName("envStatus")
-        self.env_status.setWordWrap(True)
-        lay.addWidget(self.env_status)
-        self.env_box: QMessageBox | None = None
-        self.refresh_envs()
-        return w
+    def _fill_archived(self) -> None:
+        from piwork.tasks import TaskStore
 
-    def refresh_envs(self) -> None:
-        from piwork.gui.envs import folder_envs, mb
-
-        self.envs.clear()
+        self.archived.clear()
+        store = TaskStore(self.paths.tasks)
         try:
-            infos = folder_envs(self.paths)
-        except Exception as exc:  # a broken store is said, never a crashed dialog
-            infos = []
-            self.env_status.setText(f"cannot read the environments: {sanitize(exc, limit=400)}")
-        self._env_folders: list[Path] = []
-        for info in infos:
-            top = QTreeWidgetItem(
-                [sanitize(str(info.folder), limit=400), mb(info.bytes), info.next_start()]
-            )
-            top.setData(0, Qt.ItemDataRole.UserRole, str(info.folder))
-            if info.last_task:
-                top.addChild(
-                    QTreeWidgetItem(
-                        [
-                            f"task {info.last_task}'s disk",
-                            mb(info.last_task_bytes),
-                            "frozen into a layer when the next task starts",
-                        ]
-                    )
-                )
-            for la in info.layers:
-                top.addChild(QTreeWidgetItem([f"layer {la.id}", mb(la.bytes), la.line()]))
-            self.envs.addTopLevelItem(top)
-            top.setExpanded(True)
-            self._env_folders.append(info.folder)
-        for col in range(3):
-            self.envs.resizeColumnToContents(col)
-        if not infos and not self.env_status.text():
-            self.env_status.setText(
-                "No saved environments yet: a task on a folder saves what it installs."
-            )
-        self._env_selected()
+            for t in store.list():
+                if t.id in self.prefs.archived:
+                    item = QListWidgetItem(sanitize(t.record.title, limit=120, keep_newlines=False))
+                    item.setData(Qt.ItemDataRole.UserRole, t.id)
+                    self.archived.addItem(item)
+        finally:
+            store.close()
+        if not self.archived.count():
+            self.archived.addItem("No archived tasks.")
 
-    def selected_env_folder(self) -> Path | None:
-        item = self.envs.currentItem()
-        while item is not None and item.parent() is not None:
-            item = item.parent()
-        data = item.data(0, Qt.ItemDataRole.UserRole) if item is not None else None
-        return Path(data) if isinstance(data, str) else None
-
-    def _env_selected(self) -> None:
-        chosen = self.selected_env_folder() is not None
-        self.env_reset_btn.setEnabled(chosen)
-        self.env_rm_btn.setEnabled(chosen)
-
-    def ask_env(self, what: str) -> None:
-        """Reset or remove the selected folder's environment, after asking (Cancel is the
-        default: Enter never deletes)."""
-        from piwork.gui.envs import folder_env, mb
-
-        folder = self.selected_env_folder()
-        if folder is None:
-            return
-        info = folder_env(self.paths, folder)
-        size = f" ({mb(info.bytes)})" if info is not None else ""
-        shown = sanitize(str(folder), limit=400)
-        box = QMessageBox(self)
-        box.setIcon(QMessageBox.Icon.Warning)
-        if what == "reset":
-            box.setWindowTitle("Reset the environment?")
-            box.setText(f"Reset the environment of {shown}{size}?")
-            box.setInformativeText(
-                "The folder's next task starts from the clean workbench: nothing its tasks "
-                "installed. Tasks already made keep their own disks; saved layers no task "
-                "uses any more are deleted."
-            )
-            label = "Reset"
-        else:
-            box.setWindowTitle("Remove the environment?")
-            box.setText(f"Forget the environment of {shown}{size}?")
-            box.setInformativeText(
-                "The folder leaves this list and its next task starts clean. Tasks already "
-                "made keep their own disks; saved layers no task uses any more are deleted."
-            )
-            label = "Remove"
-        go = box.addButton(label, QMessageBox.ButtonRole.DestructiveRole)
-        cancel = box.addButton(QMessageBox.StandardButton.Cancel)
-        box.setDefaultButton(cancel)
-        self.env_box = box
-
-        def answered(_r: int) -> None:
-            if box.clickedButton() is go:
-                self._apply_env(what, folder)
-
-        box.finished.connect(answered)
-        box.open()
-
-    def _apply_env(self, what: str, folder: Path) -> None:
-        from piwork.env import EnvError, store_for
-
-        store = store_for(self.paths)
-        try:
-            done = store.reset(folder) if what == "reset" else store.rm(folder)
-        except (EnvError, OSError) as exc:
-            self.env_status.setText(f"could not {what}: {sanitize(exc, limit=400)}")
-            return
-        shown = sanitize(str(folder), limit=400)
-        if not done:
-            self.env_status.setText(f"{shown} has no saved environment (any more).")
-        elif what == "reset":
-            self.env_status.setText(f"{shown}: the next task starts from the clean workbench.")
-        else:
-            self.env_status.setText(f"{shown}: environment forgotten.")
-        self.refresh_envs()
+    def _unarchive(self) -> None:
+        item = self.archived.currentItem()
+        task_id = item.data(Qt.ItemDataRole.UserRole) if item is not None else None
+        if isinstance(task_id, str):
+            self.unarchived.emit(task_id)
+            self._fill_archived()
 
     def _hosts_tab(self) -> QWidget:
         """The stored remote hosts, read-only: adding one checks the host's key and
         login, which is ``piwork hosts add``'s job in a terminal."""
-        from piwork.gui.hosts import ADD_HINT, host_lines
-
         w = QWidget()
         lay = QVBoxLayout(w)
         self.hosts = QListWidget()
         self.hosts.setObjectName("hostList")
+        lay.addWidget(self.hosts, 1)
+        self.hosts_note = plain_label()
+        self.hosts_note.setObjectName("hostsNote")
+        self.hosts_note.setWordWrap(True)
+        self.hosts_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.hosts_note)
+        refresh = QPushButton("Refresh")
+        refresh.clicked.connect(self.refresh_hosts)
+        lay.addWidget(refresh)
+        self.refresh_hosts()
+        # Read again each time the tab is shown: `piwork hosts add` runs in a terminal
+        # while this dialog is open (issue 33 item 15).
+        self.tabs.currentChanged.connect(lambda i: self._tab_shown(i, w))
+        return w
+
+    def _tab_shown(self, index: int, hosts_page: QWidget) -> None:
+        if self.tabs.widget(index) is hosts_page:
+            self.refresh_hosts()
+
+    def refresh_hosts(self) -> None:
+        from piwork.gui.hosts import ADD_HINT, host_lines
+
         lines, error = host_lines()
+        self.hosts.clear()
         for line in lines:
             self.hosts.addItem(line)
-        lay.addWidget(self.hosts, 1)
-        note = QLabel(
+        self.hosts_note.setText(
             (error + "\n" if error else "")
             + ("" if lines else "No remote hosts yet. ")
             + ADD_HINT
             + " (in a terminal). A new task's host is chosen next to its model."
         )
-        note.setObjectName("hostsNote")
-        note.setWordWrap(True)
-        note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        lay.addWidget(note)
-        return w
-
-    def _fill_packs(self) -> None:
-        from piwork.pack import find_pack, list_packs
-
-        self.packs.clear()
-        try:
-            current = find_pack()
-            self._pack_infos = list_packs()
-        except Exception as exc:
-            self.pack_status.setText(sanitize(exc, limit=500))
-            self._pack_infos = []
-            current = None
-        self._current_pack = current
-        for p in self._pack_infos:
-            mark = "● current" if current is not None and p.path == current else ""
-            ok = "complete" if p.complete else f"incomplete {p.error}"
-            self.packs.addItem(f"{p.pack_id[:16]}  {p.size / 1e6:.0f} MB  {ok}  {mark}")
-
-    def _build_pack(self) -> None:
-        from piwork.pack import ensure_pack
-
-        self.pack_status.setText("building the pack…")
-
-        async def go() -> None:
-            try:
-                await asyncio.to_thread(ensure_pack, log=lambda m: print(f"pack: {m}", flush=True))
-                self.pack_status.setText("pack ready")
-            except Exception as exc:
-                self.pack_status.setText(f"build failed: {sanitize(exc, limit=800)}")
-            self._fill_packs()
-
-        spawn(go())
-
-    def _verify_pack(self) -> None:
-        from piwork.pack import verify
-
-        if self._current_pack is None:
-            self.pack_status.setText("no pack for this source tree: Build one")
-            return
-        res = verify(self._current_pack)
-        self.pack_status.setText(
-            "pack verified" if res.ok else "problems: " + "; ".join(res.problems()[:5])
-        )
-
-    def _remove_unused(self) -> None:
-        unused = [
-            p
-            for p in self._pack_infos
-            if self._current_pack is None or p.path != self._current_pack
-        ]
-        if not unused:
-            self.pack_status.setText("No unused packs: only the current one is here.")
-            return
-        n = len(unused)
-        ans = QMessageBox.question(
-            self,
-            "Remove unused packs?",
-            f"Remove {'the 1 pack' if n == 1 else f'{n} packs'} not built from this "
-            "piwork's sources? Another piwork install sharing this cache rebuilds its "
-            "pack when it next runs.",
-        )
-        if ans != QMessageBox.StandardButton.Yes:
-            return
-        gone = 0
-        for p in self._pack_infos:
-            if self._current_pack is not None and p.path == self._current_pack:
-                continue
-            shutil.rmtree(p.path, ignore_errors=True)
-            gone += 1
-        self.pack_status.setText(f"Removed {gone} unused pack{'' if gone == 1 else 's'}.")
-        self._fill_packs()
 
 
 class AddRuleDialog(QDialog):
@@ -663,9 +509,12 @@ class AddRuleDialog(QDialog):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Add a rule")
+        self.setMinimumWidth(560)
         form = QFormLayout(self)
+        form.setSizeConstraint(QFormLayout.SizeConstraint.SetMinimumSize)
         self.verdict = QComboBox()
-        for v, label in ((Verdict.ALLOW, "Allow"), (Verdict.ASK, "Ask"), (Verdict.DENY, "Deny")):
+        # "Ask" first: the dialog never opens on "allow anything everywhere" (issue 33).
+        for v, label in ((Verdict.ASK, "Ask"), (Verdict.ALLOW, "Allow"), (Verdict.DENY, "Deny")):
             self.verdict.addItem(label, v)
         form.addRow("", self.verdict)
         self.action = QComboBox()
@@ -678,12 +527,20 @@ class AddRuleDialog(QDialog):
         self.folder = QLineEdit()
         self.folder.setPlaceholderText("empty: in every folder")
         form.addRow("in tasks on folder", self.folder)
-        self.preview = QLabel()
+        self.preview = plain_label()
+        self.preview.setObjectName("rulePreview")
         self.preview.setWordWrap(True)
         form.addRow("Rule", self.preview)
-        buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
-        )
+        self.warning = plain_label()
+        self.warning.setObjectName("ruleWarning")
+        self.warning.setWordWrap(True)
+        form.addRow("", self.warning)
+        buttons = QDialogButtonBox()
+        self.add_btn = buttons.addButton("Add the rule", QDialogButtonBox.ButtonRole.AcceptRole)
+        cancel = buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
+        # Enter never stores a rule: Cancel is the default.
+        self.add_btn.setAutoDefault(False)
+        cancel.setDefault(True)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form.addRow(buttons)
@@ -692,6 +549,7 @@ class AddRuleDialog(QDialog):
         for e in (self.pattern, self.folder):
             e.textChanged.connect(self._show)
         self._show()
+        plain_labels(self)
 
     def rule(self) -> Rule | None:
         folder = self.folder.text().strip()
@@ -706,3 +564,17 @@ class AddRuleDialog(QDialog):
     def _show(self) -> None:
         r = self.rule()
         self.preview.setText(sanitize(r.human(), limit=400) if r is not None else "")
+        wide = (
+            r is not None
+            and r.verdict is Verdict.ALLOW
+            and r.pattern is None
+            and r.scope.kind is ScopeKind.GLOBAL
+        )
+        self.warning.setText(
+            "This allows it for ANY target, in EVERY task and folder: add a pattern or a "
+            "folder to narrow it."
+            if wide
+            else ""
+        )
+        self.warning.setVisible(wide)
+        self.adjustSize()  # the words never end cut off

@@ -119,6 +119,8 @@ def persist_pattern(target: Target, asked_by: Rule | None = None) -> tuple[bool,
         if asked_by is not None and asked_by.pattern is not None:
             return True, escape_glob(t.path)
         return True, None
+    if a is Action.PRIVATE_NETWORK:
+        return (True, t.domain) if t.domain else (False, None)
     if a is Action.NETWORK:
         if t.domain:
             return True, t.domain
@@ -146,7 +148,7 @@ def persist_pattern(target: Target, asked_by: Rule | None = None) -> tuple[bool,
 
 
 CONFIRM_GLOBAL_ACTIONS = frozenset(
-    {Action.NETWORK, Action.DELETE, Action.MOVE, Action.OUTSIDE_SCOPE}
+    {Action.NETWORK, Action.PRIVATE_NETWORK, Action.DELETE, Action.MOVE, Action.OUTSIDE_SCOPE}
 )
 """Global "Always" rules for these need a second, explicit confirmation in front ends."""
 
@@ -303,6 +305,10 @@ class Decider:
     ) -> None:
         """Audit a dialog answered ``cancelled`` because the task stopped or aborted."""
         self._audit(request, ctx, "cancelled", DecidedBy.CANCELLED, None, why)
+
+    def record_unusable_policy(self, request: PermissionRequest, ctx: TaskContext) -> None:
+        """Audit the deny given because the policy file could not be read."""
+        self._audit(request, ctx, "deny", DecidedBy.UNUSABLE_POLICY, None, None)
 
     # -- helpers ---------------------------------------------------------
 

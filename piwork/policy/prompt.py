@@ -31,6 +31,7 @@ _SEVERITY = (
     Action.OUTSIDE_SCOPE,
     Action.DELETE,
     Action.MOVE,
+    Action.PRIVATE_NETWORK,
     Action.NETWORK,
     Action.SHELL,
     Action.CONNECTOR,
@@ -45,6 +46,7 @@ _VERBS = {
     Action.MOVE: "move or rename",
     Action.OUTSIDE_SCOPE: "touch, outside the task's folders,",
     Action.NETWORK: "connect to",
+    Action.PRIVATE_NETWORK: "reach",
     Action.SHELL: "run",
     Action.CONNECTOR: "use the tool",
 }
@@ -60,7 +62,11 @@ def target_phrase(target: Target, shown_path: Callable[[str], str] | None = None
     ``shown_path`` words a validated path as the front end's reader knows it (the app
     says ``build`` for ``/mnt/work/build``); the target itself is the host's."""
     t = target
-    if t.action is Action.NETWORK:
+    if t.action is Action.PRIVATE_NETWORK:
+        # Only the host makes these targets (policy.request.HOST_ONLY_ACTIONS): the
+        # reason names the address the egress proxy resolved.
+        what = f"{t.domain or 'a host'}, which resolves to {t.reason or 'a private address'}"
+    elif t.action is Action.NETWORK:
         what = t.domain or "a host it did not name"
     elif t.action is Action.SHELL:
         what = f"`{t.command}`" if t.command else "a command it did not show"

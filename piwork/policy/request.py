@@ -128,13 +128,31 @@ def _opt_str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+HOST_ONLY_ACTIONS = frozenset({Action.PRIVATE_NETWORK})
+"""Asked by the host alone (the egress proxy's private-address question): a guest
+request naming one is forged, and is judged as an unknown command instead."""
+
+
+def _guest_action(value: Any) -> Action:
+    try:
+        action = Action(str(value))
+    except ValueError as exc:
+        raise PermissionPayloadError(f"unknown action {value!r}") from exc
+    return Action.SHELL if action in HOST_ONLY_ACTIONS else action
+
+
 def _target(effect: Any, tool: str) -> Target:
     if not isinstance(effect, dict):
         raise PermissionPayloadError("an effect is not an object")
-    try:
-        action = Action(str(effect.get("action")))
-    except ValueError as exc:
-        raise PermissionPayloadError(f"unknown action {effect.get('action')!r}") from exc
+    action = _guest_action(effect.get("action"))
+    if action is Action.SHELL and effect.get("action") != Action.SHELL.value:
+        return Target(
+            Action.SHELL,
+            op="exec",
+            command=_opt_str(effect.get("command")),
+            tool=tool,
+            reason="the request named a question only piwork itself asks; asked as a command",
+        )
     return Target(
         action=action,
         op=_opt_str(effect.get("op")),
@@ -178,10 +196,7 @@ def parse_request(message: Mapping[str, Any] | Any) -> PermissionRequest | None:
     tool = data.get("tool")
     if not isinstance(tool, str):
         raise PermissionPayloadError("permission block has no tool")
-    try:
-        action = Action(str(data.get("action")))
-    except ValueError as exc:
-        raise PermissionPayloadError(f"unknown action {data.get('action')!r}") from exc
+    action = _guest_action(data.get("action"))
     effects = data.get("effects")
     if not isinstance(effects, list):
         raise PermissionPayloadError("permission block has no effects list")
@@ -253,6 +268,7 @@ _OP_ACTIONS: dict[str, frozenset[Action]] = {
     "exec": frozenset({Action.SHELL}),
     "network": frozenset({Action.NETWORK}),
     "connector": frozenset({Action.CONNECTOR}),
+    "private-network": frozenset({Action.PRIVATE_NETWORK}),  # host-made only (HOST_ONLY_ACTIONS)
 }
 
 
@@ -350,6 +366,11 @@ def host_target(target: Target, ctx: TaskContext | None = None) -> Target:
         )
     path = clean_path(target.path)
     domain = clean_domain(target.domain) if target.domain is not None else None
+    if action is Action.PRIVATE_NETWORK and domain is None and target.domain is not None:
+        # The egress proxy's own question (a host-made target): an intranet name
+        # ("artifactory", "localhost") is a valid destination there.
+        label = target.domain.strip().lower().removesuffix(".")
+        domain = label if _LABEL.match(label) and not label.isdigit() else None
     command = clean_command(target.command)
     tool = clean_tool(target.tool)
     if action is Action.READ:
@@ -376,6 +397,7 @@ _SEVERITY = (
     Action.CONNECTOR,
     Action.SHELL,
     Action.NETWORK,
+    Action.PRIVATE_NETWORK,
     Action.MOVE,
     Action.DELETE,
     Action.OUTSIDE_SCOPE,

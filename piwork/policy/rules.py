@@ -42,6 +42,9 @@ class Action(StrEnum):
     # A guest port opened in the person's browser (piwork.preview). The host asks
     # this itself, never from a guest request; the pattern is the port number.
     PREVIEW = "preview"
+    # A destination that resolves to a private or reserved address (the egress
+    # proxy's own question, never a guest request's; piwork.net). Pattern: a domain.
+    PRIVATE_NETWORK = "private-network"
 
 
 class Verdict(StrEnum):
@@ -196,6 +199,7 @@ class Rule:
             Action.SHELL: "running the command",
             Action.CONNECTOR: "using the tool",
             Action.PREVIEW: "opening in the browser the page served on guest port",
+            Action.PRIVATE_NETWORK: "reaching a private or reserved address through",
         }[self.action]
         if self.pattern is None:
             target = "" if self.action in (Action.READ, Action.WRITE) else " (anything)"
@@ -257,6 +261,11 @@ DEFAULT_RULES: tuple[Rule, ...] = (
     _default(Action.MOVE, Verdict.ASK, "moves and renames always ask"),
     _default(Action.OUTSIDE_SCOPE, Verdict.ASK, "anything outside the task's folders asks"),
     _default(Action.NETWORK, Verdict.ASK, "network asks on first use per domain"),
+    _default(
+        Action.PRIVATE_NETWORK,
+        Verdict.ASK,
+        "a domain that resolves to a private address asks (--yes does not answer it)",
+    ),
     _default(Action.SHELL, Verdict.ASK, "a command one of your rules names asks"),
     _default(Action.CONNECTOR, Verdict.ASK, "other tools ask"),
     # Changes the host could be made to run (git metadata, hooks, editors' and
@@ -278,7 +287,7 @@ class Target:
     reason: str | None = None
 
     def describe(self) -> str:
-        if self.action is Action.NETWORK:
+        if self.action in (Action.NETWORK, Action.PRIVATE_NETWORK):
             return self.domain or f"(unknown host) {self.command or ''}".strip()
         if self.action is Action.SHELL:
             return self.command or self.tool or ""
@@ -376,6 +385,8 @@ def pattern_matches(rule: Rule, target: Target) -> bool:
                 and target.command is not None
                 and command_matches(pat[len(COMMAND_PATTERN_PREFIX) :], target.command)
             )
+        return target.domain is not None and domain_matches(pat, target.domain)
+    if target.action is Action.PRIVATE_NETWORK:
         return target.domain is not None and domain_matches(pat, target.domain)
     if target.action is Action.SHELL:
         return target.command is not None and command_matches(pat, target.command)

@@ -11,8 +11,14 @@ request the gateway:
 2. removes every credential the guest sent (``Authorization``, ``x-api-key``,
    ``x-goog-api-key``, ``api-key``, ``?key=``, and any header carrying the
    placeholder) and adds the real key from the host's key store;
-3. streams the request body up and the response body down chunk by chunk, so
-   Server-Sent Events reach pi as the provider produces them;
+3. checks the call against what pi's SDKs send (``piwork.proxy.allowlist``:
+   method and path, every body key and tool type, header names and the values
+   that switch features on, the query) and sends the *parsed* body upstream,
+   re-serialised; provider-side tools (MCP connectors, web search/fetch, code
+   execution, URL context) are refused with the reason unless the person
+   enabled them, and then asked about like a network destination;
+   the response body comes down chunk by chunk, so Server-Sent Events reach pi
+   as the provider produces them;
 4. turns failures into errors shaped like the provider's own, so pi shows a
    sentence (``errorMessage``) rather than a stack trace; upstream error
    bodies are scrubbed of the key before the guest sees them;
@@ -29,7 +35,7 @@ import inspect
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote
@@ -41,6 +47,15 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from piwork.models.providers import GUEST_PLACEHOLDER_KEY, ApiType, Provider
+from piwork.net.upstream import CA_HINT
+from piwork.proxy.allowlist import (
+    SERVER_TOOL_FEES_USD,
+    CheckedBody,
+    check_body,
+    check_headers,
+    check_query,
+)
+from piwork.proxy.schema import Refused, ServerToolUse, loads_strict
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +64,12 @@ KeyProvider = Callable[[str], "str | Awaitable[str | None] | None"]
 (keyring calls may block on D-Bus); async ones are awaited."""
 
 UsageCallback = Callable[["UsageRecord"], None]
+ServerToolAsker = Callable[[str, ServerToolUse], Awaitable[bool]]
+"""``(provider name, use) -> allowed?``: asked once per kind and destinations per run,
+before a call using an enabled provider-side tool goes upstream."""
 
-# Request headers that may carry a credential: never forwarded.
-_CREDENTIAL_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "x-api-key", "x-goog-api-key", "api-key", "cookie"}
-)
-_CREDENTIAL_QUERY_KEYS = frozenset({"key", "api_key", "api-key", "apikey"})
-# RFC 9110 hop-by-hop headers, plus ones the gateway sets itself.
+# RFC 9110 hop-by-hop headers. Request headers go through an allowlist
+# (piwork.proxy.allowlist.check_headers): credentials and anything else unknown never pass.
 _HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -68,7 +82,6 @@ _HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-_REQUEST_DROP = _HOP_BY_HOP | _CREDENTIAL_HEADERS | {"host", "accept-encoding", "expect"}
 _RESPONSE_DROP = _HOP_BY_HOP | {"set-cookie", "content-length"}
 
 _MODEL_ID = r"[A-Za-z0-9._:@+-]{1,200}"
@@ -119,15 +132,15 @@ def endpoint_for(api: ApiType, method: str, path: str) -> Endpoint | None:
     return None
 
 
-_MODEL_IN_BODY = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
 _MODEL_IN_PATH = re.compile(r"/models/([^/:?]+)")
-_BODY_SNIFF_LIMIT = 64 * 1024
 _ERROR_BODY_LIMIT = 64 * 1024
 _SSE_LINE_LIMIT = 1024 * 1024
 _JSON_USAGE_LIMIT = 4 * 1024 * 1024
-_MODEL_CHECK_BODY_LIMIT = 64 * 1024 * 1024
-"""With ``allowed_models`` set, request bodies are read whole (up to this) to
-find the model before anything goes upstream."""
+_BODY_LIMIT = 64 * 1024 * 1024
+"""A model call's body is read whole (up to this), parsed and checked before
+anything goes upstream."""
+_PARSE_INLINE_LIMIT = 256 * 1024
+"""Bodies larger than this are parsed and checked off the event loop."""
 _BYTES_PER_TOKEN = 4
 
 
@@ -159,6 +172,9 @@ class UsageRecord:
     """The response carried no usage the gateway could read (a stream cut
     short, a request shaped to omit it): the counts are estimated from the
     bytes each way (about 4 bytes a token), so nothing goes uncounted."""
+    server_tool_calls: Mapping[str, int] = field(default_factory=dict)
+    """Provider-side tool calls (only where the person enabled them), by kind;
+    their fees (``SERVER_TOOL_FEES_USD``) are in ``cost_usd``."""
 
 
 @dataclass
@@ -193,11 +209,14 @@ class _UsageReader:
 
     api: ApiType
     sse: bool
+    watch_tools: bool = False
+    """The call carries provider-side tools: read every event for their calls."""
     found: bool = False
     input_tokens: int = 0
     output_tokens: int = 0
     cache_read: int = 0
     cache_write: int = 0
+    server_calls: dict[str, int] = field(default_factory=dict)
     _buf: bytearray = field(default_factory=bytearray)
     _overflow: bool = False
 
@@ -218,8 +237,8 @@ class _UsageReader:
                 return
             line = bytes(self._buf[:nl]).strip()
             del self._buf[: nl + 1]
-            if line.startswith(b"data:") and (b"sage" in line):  # usage / usageMetadata
-                self._parse(line[5:].strip())
+            if line.startswith(b"data:") and (b"sage" in line or self.watch_tools):
+                self._parse(line[5:].strip())  # usage / usageMetadata / tool calls
 
     def finish(self) -> None:
         if not self.sse and not self._overflow and self._buf:
@@ -235,6 +254,8 @@ class _UsageReader:
             self._event(obj)
 
     def _event(self, obj: dict[str, Any]) -> None:
+        if self.watch_tools:
+            self._server_tool_event(obj)
         if self.api == "anthropic-messages":
             usage: Any = None
             if obj.get("type") == "message_start" and isinstance(obj.get("message"), dict):
@@ -280,6 +301,39 @@ class _UsageReader:
                 self.cache_read = cached
                 self.input_tokens = max(_int(usage.get("prompt_tokens")) - cached, 0)
                 self.output_tokens = _int(usage.get("completion_tokens"))
+
+    def _server_tool_event(self, obj: dict[str, Any]) -> None:
+        """Provider-side tool calls, as each API reports them."""
+        if self.api == "anthropic-messages":
+            message = obj.get("message")
+            usage = obj.get("usage") or (
+                message.get("usage") if isinstance(message, dict) else None
+            )
+            used = usage.get("server_tool_use") if isinstance(usage, dict) else None
+            if isinstance(used, dict):  # cumulative: last report wins
+                for field_name, count in used.items():
+                    kind = field_name.removesuffix("_requests")
+                    if kind in SERVER_TOOL_FEES_USD and _int(count) > 0:
+                        self.server_calls[kind] = _int(count)
+        elif self.api == "openai-responses":
+            item = obj.get("item")
+            if obj.get("type") == "response.output_item.done" and isinstance(item, dict):
+                kind = _RESPONSES_TOOL_ITEMS.get(str(item.get("type")))
+                if kind is not None:
+                    self.server_calls[kind] = self.server_calls.get(kind, 0) + 1
+        elif self.api == "google-generative-ai":
+            for cand in obj.get("candidates") or ():
+                if isinstance(cand, dict) and cand.get("groundingMetadata"):
+                    self.server_calls["google_search"] = 1  # billed per prompt
+                if isinstance(cand, dict) and cand.get("urlContextMetadata"):
+                    self.server_calls["url_context"] = 1
+
+
+_RESPONSES_TOOL_ITEMS = {
+    "web_search_call": "web_search",
+    "mcp_call": "mcp",
+    "code_interpreter_call": "code_execution",
+}
 
 
 # --- errors the agent can read ----------------------------------------------
@@ -405,11 +459,13 @@ class ModelGateway:
         placeholder: str = GUEST_PLACEHOLDER_KEY,
         connect_timeout: float = 30.0,
         read_timeout: float = 600.0,
-        upstream_proxy: str | None = None,
+        connector: Callable[[], aiohttp.BaseConnector] | None = None,
         before_forward: Callable[[], Awaitable[None]] | None = None,
         allowed_models: Iterable[str] | None = None,
         admit: Callable[[], str | None] | None = None,
         max_concurrent: int = 8,
+        server_tools: Iterable[str] = (),
+        ask_server_tool: ServerToolAsker | None = None,
     ) -> None:
         items = providers.values() if isinstance(providers, Mapping) else providers
         self._providers: dict[str, Provider] = {p.name: p for p in items}
@@ -427,7 +483,9 @@ class ModelGateway:
             sock_connect=connect_timeout,
             sock_read=read_timeout,
         )
-        self._upstream_proxy = upstream_proxy
+        # How calls leave: the upstream proxy and the trusted CAs (piwork.net.upstream
+        # .gateway_connector); None: direct, the system's CAs.
+        self._connector = connector
         # Awaited before each model call is forwarded (the runner checkpoints the
         # folder there: the guest cannot act on a reply it has not received).
         self._before_forward = before_forward
@@ -442,6 +500,10 @@ class ModelGateway:
         self._inflight = 0
         """Asked before every request: ``None`` lets it through, a message refuses it
         (429). The runner answers from the task's limits, read afresh each time."""
+        self._server_tools = frozenset(server_tools)
+        """Provider-side tool kinds the person enabled (``gateway.serverTools``)."""
+        self._ask_server_tool = ask_server_tool
+        self._server_tool_answers: dict[tuple[str, tuple[str, ...]], asyncio.Future[bool]] = {}
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -461,7 +523,8 @@ class ModelGateway:
         self._session = aiohttp.ClientSession(
             timeout=self._timeout,
             auto_decompress=False,  # relay bytes exactly as received
-            trust_env=False,  # no ambient proxies or ~/.netrc credentials
+            trust_env=False,  # no ambient proxies or ~/.netrc credentials (piwork.net decides)
+            connector=self._connector() if self._connector is not None else None,
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         app = web.Application(client_max_size=0)
@@ -587,31 +650,37 @@ class ModelGateway:
         endpoint: Endpoint,
     ) -> web.StreamResponse:
         api = provider.api
+        try:
+            query = check_query(
+                api, request.rel_url.raw_query_string, listing=not endpoint.inference
+            )
+            guest_headers = check_headers(api, request.headers.items(), enabled=self._server_tools)
+            checked = await self._read_body(request, provider, endpoint)
+        except Refused as refusal:
+            log.info("gateway refused task=%s provider=%s: %s", self.task_id, name, refusal)
+            return _json_error(api, refusal.status, f"piwork gateway: {refusal}")
         model = self._model_from_path(rest)
-        whole_body: bytes | None = None
-        if self._allowed_models is not None:
-            if request.body_exists:
-                buf = bytearray()
-                async for chunk in request.content.iter_any():
-                    buf += chunk
-                    if len(buf) > _MODEL_CHECK_BODY_LIMIT:
-                        return _json_error(api, 413, "piwork gateway: request body too large")
-                whole_body = bytes(buf)
-                model = model or self._model_from_json(whole_body)
-            if endpoint.inference and model is None:
-                return _json_error(
-                    api,
-                    403,
-                    f"piwork gateway: a model call must name its model "
-                    f"({', '.join(sorted(self._allowed_models))} of {name})",
-                )
-            if (model is not None or whole_body) and model not in self._allowed_models:
+        if checked is not None and model is None:
+            value = checked.body.get("model")
+            model = value if isinstance(value, str) else None
+        if endpoint.inference and model is None:
+            return _json_error(
+                api,
+                403,
+                f"piwork gateway: a model call must name its model{self._allowed_hint(name)}",
+            )
+        if self._allowed_models is not None and model is not None:  # noqa: SIM102
+            if model not in self._allowed_models:
                 return _json_error(
                     api,
                     403,
                     f"piwork gateway: this task may only use "
-                    f"{', '.join(sorted(self._allowed_models))} of {name}, not {model or '?'}",
+                    f"{', '.join(sorted(self._allowed_models))} of {name}, not {model}",
                 )
+        if checked is not None and checked.uses:
+            refusal_text = await self._server_tools_allowed(name, checked.uses)
+            if refusal_text is not None:
+                return _json_error(api, 403, f"piwork gateway: {refusal_text}")
         try:
             key = await self._get_key(provider.credential_name)
         except Exception as exc:  # key store trouble must not become a traceback
@@ -632,17 +701,13 @@ class ModelGateway:
 
         if self._before_forward is not None and request.method == "POST":
             await self._before_forward()
-        url = URL(provider.upstream_origin + rest + self._clean_query(request), encoded=True)
-        headers = self._upstream_headers(request, provider, key)
-        sniff = bytearray()
-        sent = [0]
-        body: AsyncIterator[bytes] | bytes | None = None
-        if whole_body is not None:
-            body, sent[0] = whole_body, len(whole_body)
-            sniff += whole_body[:_BODY_SNIFF_LIMIT]
-        elif request.body_exists:
-            body = self._relay_body(request, sniff, sent)
-
+        url = URL(provider.upstream_origin + rest + query, encoded=True)
+        headers = self._upstream_headers(guest_headers, provider, key)
+        body = orjson.dumps(checked.body) if checked is not None else None
+        sent = len(body) if body is not None else 0
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        uses = checked.uses if checked is not None else ()
         assert self._session is not None
         status = 0
         try:
@@ -652,13 +717,13 @@ class ModelGateway:
                 headers=headers,
                 data=body,
                 allow_redirects=False,
-                proxy=self._upstream_proxy,
             ) as upstream:
                 status = upstream.status
-                model = model or self._model_from_body(sniff)
                 if status >= 400:
                     return await self._upstream_error(upstream, provider, model, key)
-                return await self._stream_back(request, upstream, provider, model, started, sent[0])
+                return await self._stream_back(
+                    request, upstream, provider, model, started, sent, uses
+                )
         except TimeoutError:
             status = 504
             return _json_error(
@@ -666,6 +731,14 @@ class ModelGateway:
                 504,
                 f"{provider.name} did not answer in time (via piwork gateway, "
                 f"{provider.upstream_origin}); try again later.",
+            )
+        except aiohttp.ClientConnectorCertificateError as exc:
+            status = 502
+            return _json_error(
+                api,
+                502,
+                f"piwork gateway: the certificate of {provider.upstream_origin} is not trusted "
+                f"here ({exc.certificate_error}); {CA_HINT}",
             )
         except aiohttp.ClientConnectorError as exc:
             status = 502
@@ -694,33 +767,81 @@ class ModelGateway:
                 time.monotonic() - started,
             )
 
-    def _clean_query(self, request: web.Request) -> str:
-        raw = request.rel_url.raw_query_string
-        if not raw:
+    async def _read_body(
+        self, request: web.Request, provider: Provider, endpoint: Endpoint
+    ) -> CheckedBody | None:
+        """The call's body, read whole, parsed and checked (``None`` for a body-less GET)."""
+        buf = bytearray()
+        if request.body_exists:
+            async for chunk in request.content.iter_any():
+                buf += chunk
+                if len(buf) > _BODY_LIMIT:
+                    raise Refused("", "request body too large", status=413)
+        if not endpoint.inference:
+            if buf:
+                raise Refused("", "a model listing carries no body", status=400)
+            return None
+        raw = bytes(buf)
+
+        def parse_and_check() -> CheckedBody:
+            return check_body(
+                provider.api, loads_strict(raw), enabled=self._server_tools, compat=provider.compat
+            )
+
+        if len(raw) > _PARSE_INLINE_LIMIT:
+            checked = await asyncio.to_thread(parse_and_check)
+        else:
+            checked = parse_and_check()
+        if checked.stripped:
+            log.info("gateway removed %s from a call (task %s)", checked.stripped, self.task_id)
+        return checked
+
+    def _allowed_hint(self, name: str) -> str:
+        if self._allowed_models is None:
             return ""
-        kept = [
-            pair
-            for pair in raw.split("&")
-            if pair and unquote(pair.split("=", 1)[0]).lower() not in _CREDENTIAL_QUERY_KEYS
-        ]
-        return "?" + "&".join(kept) if kept else ""
+        return f" ({', '.join(sorted(self._allowed_models))} of {name})"
+
+    async def _server_tools_allowed(
+        self, provider: str, uses: tuple[ServerToolUse, ...]
+    ) -> str | None:
+        """``None`` when every provider-side tool in the call is allowed, else why not.
+
+        Each kind and set of destinations is asked once per run (concurrent calls
+        wait for the same answer); with no one to ask, the answer is no.
+        """
+        for use in uses:
+            key = (use.kind, use.destinations)
+            fut = self._server_tool_answers.get(key)
+            if fut is None:
+                fut = asyncio.get_running_loop().create_future()
+                self._server_tool_answers[key] = fut
+                try:
+                    ok = (
+                        await self._ask_server_tool(provider, use)
+                        if self._ask_server_tool is not None
+                        else False
+                    )
+                except Exception as exc:
+                    log.warning("asking about %s failed: %s", use.kind, exc)
+                    del self._server_tool_answers[key]
+                    ok = False
+                except BaseException:
+                    del self._server_tool_answers[key]
+                    fut.cancel()
+                    raise
+                if not fut.done():
+                    fut.set_result(bool(ok))
+            if not await asyncio.shield(fut):
+                where = ", ".join(use.destinations) or "any site"
+                return f"{use.where}: the provider-side {use.kind} tool ({where}) was not allowed"
+        return None
 
     def _upstream_headers(
-        self, request: web.Request, provider: Provider, key: str | None
+        self, guest: CIMultiDict[str], provider: Provider, key: str | None
     ) -> CIMultiDict[str]:
-        named_in_connection = {
-            t.strip().lower() for t in request.headers.get("Connection", "").split(",")
-        }
+        """The allowlisted guest headers, then the host's own, then the key."""
         out: CIMultiDict[str] = CIMultiDict()
-        for hname, value in request.headers.items():
-            lname = hname.lower()
-            if lname in _REQUEST_DROP or lname in named_in_connection:
-                continue
-            if (
-                lname == "content-length"
-                and "chunked" in request.headers.get("Transfer-Encoding", "").lower()
-            ):
-                continue
+        for hname, value in guest.items():
             if any(p in value for p in self._placeholders):
                 continue  # a placeholder in a header we don't know: drop it
             out.add(hname, value)
@@ -736,40 +857,10 @@ class ModelGateway:
                 out["x-goog-api-key"] = key
         return out
 
-    async def _relay_body(
-        self, request: web.Request, sniff: bytearray, sent: list[int]
-    ) -> AsyncIterator[bytes]:
-        async for chunk in request.content.iter_any():
-            sent[0] += len(chunk)
-            if len(sniff) < _BODY_SNIFF_LIMIT:
-                sniff += chunk[: _BODY_SNIFF_LIMIT - len(sniff)]
-            yield chunk
-
     @staticmethod
     def _model_from_path(rest: str) -> str | None:
         m = _MODEL_IN_PATH.search(rest)
         return unquote(m.group(1)) if m else None
-
-    @staticmethod
-    def _model_from_json(body: bytes) -> str | None:
-        """The top-level ``model`` of a JSON body, exactly as the upstream will parse it."""
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return None
-        value = obj.get("model") if isinstance(obj, dict) else None
-        return value if isinstance(value, str) else None
-
-    @staticmethod
-    def _model_from_body(sniff: bytearray) -> str | None:
-        m = _MODEL_IN_BODY.search(sniff)
-        if m is None:
-            return None
-        try:
-            value = orjson.loads(b'"' + m.group(1) + b'"')
-        except orjson.JSONDecodeError:
-            return None
-        return value if isinstance(value, str) else None
 
     def _response_headers(self, upstream: aiohttp.ClientResponse) -> CIMultiDict[str]:
         named = {t.strip().lower() for t in upstream.headers.get("Connection", "").split(",")}
@@ -789,22 +880,30 @@ class ModelGateway:
         model: str | None,
         started: float,
         sent_bytes: int = 0,
+        uses: tuple[ServerToolUse, ...] = (),
     ) -> web.StreamResponse:
         received = [0]
         ctype = upstream.headers.get("Content-Type", "")
-        reader = _UsageReader(api=provider.api, sse="text/event-stream" in ctype)
+        reader = _UsageReader(
+            api=provider.api, sse="text/event-stream" in ctype, watch_tools=bool(uses)
+        )
         try:
             return await self._relay_response(request, upstream, provider, reader, received)
         finally:
             # Every answered request is counted, even one cut short or shaped
             # to carry no usage: a task's limits must see all the spending.
             reader.finish()
+            if uses and not reader.server_calls:
+                # The answer did not say (or not readably): one call per kind it
+                # could have used, so an enabled tool is never free.
+                reader.server_calls = {u.kind: 1 for u in uses}
             if reader.found:
                 self._report_usage(provider, model, reader, upstream.status, started)
             else:
                 est = _UsageReader(api=provider.api, sse=False)
                 est.input_tokens = -(-sent_bytes // _BYTES_PER_TOKEN)
                 est.output_tokens = -(-received[0] // _BYTES_PER_TOKEN)
+                est.server_calls = reader.server_calls
                 self._report_usage(provider, model, est, upstream.status, started, estimated=True)
 
     async def _relay_response(
@@ -856,6 +955,7 @@ class ModelGateway:
         estimated: bool = False,
     ) -> None:
         cost: float | None = None
+        fees = sum(SERVER_TOOL_FEES_USD[k] * n for k, n in reader.server_calls.items())
         spec = provider.find_model(model) if model else None
         if spec is not None and spec.cost is not None:
             c = spec.cost
@@ -865,6 +965,8 @@ class ModelGateway:
                 + reader.cache_read * c.cache_read
                 + reader.cache_write * c.cache_write
             ) / 1_000_000
+        if fees:
+            cost = (cost or 0.0) + fees
         rec = UsageRecord(
             task_id=self.task_id,
             provider=provider.name,
@@ -877,6 +979,7 @@ class ModelGateway:
             status=status,
             duration_s=time.monotonic() - started,
             estimated=estimated,
+            server_tool_calls=dict(reader.server_calls),
         )
         self.totals.add(rec)
         log.info(
@@ -937,6 +1040,7 @@ class ModelGateway:
 __all__ = [
     "KeyProvider",
     "ModelGateway",
+    "ServerToolAsker",
     "UsageCallback",
     "UsageRecord",
     "UsageTotals",

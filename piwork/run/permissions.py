@@ -19,14 +19,23 @@ import contextlib
 import dataclasses
 import functools
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 from piwork.changes.engine import Answer
 from piwork.config import Paths
 from piwork.env.registries import registry_offer
-from piwork.policy import GATE_CHOICES, AuditLog, Choice, DecidedBy, Decider, PolicyStore
+from piwork.net.addresses import describe_address
+from piwork.policy import (
+    GATE_CHOICES,
+    AuditLog,
+    Choice,
+    DecidedBy,
+    Decider,
+    PolicyError,
+    PolicyStore,
+)
 from piwork.policy.request import (
     PermissionPayloadError,
     PermissionRequest,
@@ -44,12 +53,14 @@ from piwork.policy.rules import (
     winning_rule,
 )
 from piwork.preview import Previews
+from piwork.proxy.allowlist import SERVER_TOOL_KINDS
 from piwork.proxy.egress import (
     AllowNetError,
     EgressDecision,
     domain_allowed,
     normalize_allowed_domain,
 )
+from piwork.proxy.schema import ServerToolUse
 from piwork.rpc import models as m
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
@@ -98,6 +109,27 @@ def allowed_domains(domains: Iterable[str]) -> tuple[str, ...]:
         raise RunError(str(exc)) from exc
 
 
+def host_request(
+    prefix: str, question: str, action: Action, tool: str, target: Target, task_id: str | None
+) -> PermissionRequest:
+    """A question the host itself asks (the egress proxy's, the gateway's): its one
+    target is host-made, never guest text."""
+    return PermissionRequest(
+        request_id=f"{prefix}-{secrets.token_hex(4)}",
+        question=question,
+        options=tuple(c.value for c in GATE_CHOICES),
+        action=action,
+        tool=tool,
+        tool_call_id=None,
+        task_id=task_id,
+        cwd=None,
+        command=None,
+        paths=(),
+        targets=(target,),
+        payload={},
+    )
+
+
 class BridgeHost(Protocol):
     """What the bridge needs from the session it serves."""
 
@@ -138,6 +170,11 @@ class PermissionBridge:
         self.allow_net = allow_net
         self.context = TaskContext()
         self._change_judge: ChangeJudge | None = None
+        self.on_unusable_policy: Callable[[str], None] | None = None
+        """Called with the message when the policy cannot be read mid-run (the session
+        ends the run): what was asked is denied, nothing is decided on a guess."""
+        self.mirror_hosts: tuple[str, ...] = ()
+        """The task's package mirrors' hosts: "Allow the package registries" covers them."""
 
     def previews(self, task: Task) -> Previews:
         """The task's previews, decided under the same policy, audit log and ``--yes``."""
@@ -164,7 +201,12 @@ class PermissionBridge:
         allows and anything else denies what the policy leaves open."""
         if policy_file is not None and not policy_file.is_file():
             raise RunError(f"policy file {policy_file} does not exist (see `piwork policy list`)")
-        decider = Decider(PolicyStore(policy_file or paths.policy_file), AuditLog(paths.audit_log))
+        store = (
+            PolicyStore(paths.policy_file)
+            if policy_file is None
+            else PolicyStore(policy_file, keep_copies=False)
+        )
+        decider = Decider(store, AuditLog(paths.audit_log))
         asker = asker or (AllowAsker() if assume_yes else DenyAsker())
         return cls(host, decider, asker, assume_yes=assume_yes)
 
@@ -184,18 +226,37 @@ class PermissionBridge:
                 return m.ui_value(req.id, answer.gate_reply.value)
         return await self.answer_question(req)
 
-    async def answer_permission(self, perm: PermissionRequest) -> Choice:
-        """Policy first; if it says ask, the person; the answer is persisted and audited."""
-        return (await self.decide_permission(perm))[0]
+    async def answer_permission(
+        self, perm: PermissionRequest, *, yes_answers: bool = True
+    ) -> Choice:
+        """Policy first; if it says ask, the person; the answer is persisted and audited.
 
-    async def decide_permission(self, perm: PermissionRequest) -> tuple[Choice, str]:
+        ``yes_answers=False``: ``--yes`` does not answer this question (it is denied
+        unless a rule or a person allows it)."""
+        return (await self.decide_permission(perm, yes_answers=yes_answers))[0]
+
+    async def decide_permission(
+        self, perm: PermissionRequest, *, yes_answers: bool = True
+    ) -> tuple[Choice, str]:
         """:meth:`answer_permission`, and who decided (``rule``, or a ``DecidedBy``)."""
         ctx = self.context
+        asker, assume_yes = self.asker, self.assume_yes
+        if not yes_answers and isinstance(asker, AllowAsker):
+            asker, assume_yes = DenyAsker(), False
+        elif not yes_answers:
+            assume_yes = False
         perm = validate_request(perm, ctx)  # the guest's request is untrusted input
         # The policy read and the audit fsync happen off the event loop.
-        decision = await asyncio.to_thread(self.decider.decide, perm, ctx)
+        try:
+            decision = await asyncio.to_thread(self.decider.decide, perm, ctx)
+        except PolicyError as exc:
+            return self._policy_unusable(perm, exc), DecidedBy.UNUSABLE_POLICY
         base = dict(
-            action=perm.action.value, tool=perm.tool, target=perm.summary, question=perm.question
+            action=perm.action.value,
+            tool=perm.tool,
+            target=perm.summary,
+            question=perm.question,
+            call=perm.tool_call_id,  # the step it is about: the app marks a denied step
         )
         if decision.verdict is not Verdict.ASK:
             choice = decision.reply_choice
@@ -210,12 +271,16 @@ class PermissionBridge:
             return choice, "rule"
         # Front ends show exactly the rules each "Always" would store (host-derived),
         # and the package registries' rules when that one answer covers the request.
-        shown = dataclasses.replace(perm, proposals=await asyncio.to_thread(self._proposals, perm))
+        try:
+            proposals = await asyncio.to_thread(self._proposals, perm)
+        except PolicyError as exc:
+            return self._policy_unusable(perm, exc), DecidedBy.UNUSABLE_POLICY
+        shown = dataclasses.replace(perm, proposals=proposals)
 
         await self.host.set_status(TaskStatus.WAITING_PERMISSION)
         self.host.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
         try:
-            answer = await self.asker.permission(shown)
+            answer = await asker.permission(shown)
         finally:
             if not self.host.stopping and self.host.task_id is not None:
                 # Answered while the VM is frozen: it stays paused until resumed.
@@ -223,9 +288,9 @@ class PermissionBridge:
                     TaskStatus.PAUSED if self.host.paused else TaskStatus.RUNNING
                 )
         if answer is None:
-            by = DecidedBy.ASSUME_YES if self.assume_yes else DecidedBy.NO_TERMINAL
-            answer = Choice.ALLOW_ONCE if self.assume_yes else Choice.DENY
-        elif isinstance(self.asker, AllowAsker):
+            by = DecidedBy.ASSUME_YES if assume_yes else DecidedBy.NO_TERMINAL
+            answer = Choice.ALLOW_ONCE if assume_yes else Choice.DENY
+        elif isinstance(asker, AllowAsker):
             by = DecidedBy.ASSUME_YES  # --yes answered, not a person: the audit must say so
         else:
             by = DecidedBy.PERSON
@@ -235,14 +300,19 @@ class PermissionBridge:
                 answer = Choice.DENY  # a front end offered what the host did not: refuse it
             else:
                 # Derived again now, as "Always" is: what is stored is what still asks.
-                bundle = await asyncio.to_thread(registry_offer, self.decider, shown, ctx)
+                bundle = await asyncio.to_thread(
+                    registry_offer, self.decider, shown, ctx, self.mirror_hosts
+                )
         # An "Allow once" here allows this tool call only; the egress proxy asks its
         # own question for every host the call then reaches (see the module docstring).
-        recorded = await asyncio.to_thread(
-            functools.partial(
-                self.decider.record_answer, shown, answer, ctx, decided_by=by, rules=bundle
+        try:
+            recorded = await asyncio.to_thread(
+                functools.partial(
+                    self.decider.record_answer, shown, answer, ctx, decided_by=by, rules=bundle
+                )
             )
-        )
+        except PolicyError as exc:  # damaged while the person was asked
+            return self._policy_unusable(perm, exc), DecidedBy.UNUSABLE_POLICY
         self.host.emit(
             EventKind.PERMISSION,
             **base,
@@ -257,7 +327,11 @@ class PermissionBridge:
         """Command prefixes this task's rules ask or refuse before (the person's shell
         rules): the gate sends a bash call that may run one of them to the host."""
         out: dict[str, None] = {}
-        for rule in self.decider.store.effective_rules():
+        try:
+            rules = self.decider.store.effective_rules()
+        except PolicyError:
+            return ()  # said when the policy is first needed; the gate asks nothing extra
+        for rule in rules:
             if (
                 rule.action is Action.SHELL
                 and rule.pattern
@@ -275,9 +349,24 @@ class PermissionBridge:
             self._change_judge = ChangeJudge(self)
         return self._change_judge
 
+    def _policy_unusable(self, perm: PermissionRequest, exc: PolicyError) -> Choice:
+        """The policy cannot be read: deny (a damaged policy is never a looser one), say
+        why, and let the session end the run."""
+        base = dict(action=perm.action.value, tool=perm.tool, target=perm.summary)
+        by = DecidedBy.UNUSABLE_POLICY
+        self.host.emit(EventKind.ERROR, message=str(exc))
+        self.host.emit(EventKind.PERMISSION, **base, question=perm.question,
+                       decision=Choice.DENY.value, by=by)  # fmt: skip
+        self.host.note("permission", {**base, "decision": Choice.DENY.value, "by": by})
+        with contextlib.suppress(OSError):  # the audit log is another file: say it if we can
+            self.decider.record_unusable_policy(perm, self.context)
+        if self.on_unusable_policy is not None:
+            self.on_unusable_policy(str(exc))
+        return Choice.DENY
+
     def _proposals(self, perm: PermissionRequest) -> dict[Choice, tuple[Rule, ...]]:
         proposals = self.decider.proposals(perm, self.context)
-        offer = registry_offer(self.decider, perm, self.context)
+        offer = registry_offer(self.decider, perm, self.context, self.mirror_hosts)
         if offer:
             proposals[Choice.ALLOW_REGISTRIES] = offer
         return proposals
@@ -343,19 +432,67 @@ class PermissionBridge:
             domain=host,
             reason=f"connects to {host}:{port} through the egress proxy",
         )
-        perm = PermissionRequest(
-            request_id=f"egress-{secrets.token_hex(4)}",
-            question=f"The agent wants to connect to {host} (port {port}). Allow?",
-            options=tuple(c.value for c in GATE_CHOICES),
-            action=Action.NETWORK,
-            tool="network",
-            tool_call_id=None,
-            task_id=self.host.task_id,
-            cwd=None,
-            command=None,
-            paths=(),
-            targets=(target,),
-            payload={},
+        perm = host_request(
+            "egress",
+            f"The agent wants to connect to {host} (port {port}). Allow?",
+            Action.NETWORK,
+            "network",
+            target,
+            self.host.task_id,
+        )
+        return (await self.answer_permission(perm)).allows
+
+    async def private_policy(self, host: str, port: int, address: str) -> bool:
+        """The egress proxy asks here when an allowed ``host`` resolves to a private or
+        reserved ``address``: a question of its own, per domain, naming the address.
+        ``--yes`` does not answer it (an allowed name must not open this computer's or
+        the office network's services by accident): a rule does (``piwork network
+        allow-private``), or a person."""
+        where = f"{address} ({describe_address(address)})"
+        target = Target(
+            Action.PRIVATE_NETWORK,
+            op="private-network",
+            domain=host,
+            reason=where,
+        )
+        perm = host_request(
+            "private",
+            (
+                f"{host} resolves to {where}, not a public address. That can be your "
+                "network's proxy or mirror, or a service on your network or this computer. "
+                f"Let the agent reach it (port {port})?"
+            ),
+            Action.PRIVATE_NETWORK,
+            "network",
+            target,
+            self.host.task_id,
+        )
+        return (await self.answer_permission(perm, yes_answers=False)).allows
+
+    async def server_tool_policy(self, provider: str, use: ServerToolUse) -> bool:
+        """The gateway asks here before a provider-side tool the person enabled is used.
+
+        Like a network destination: each host the provider is told to reach (an MCP
+        server, the domains a search is limited to) is asked as the egress proxy asks
+        for it; a tool that reaches any site it likes is a question of its own.
+        """
+        if use.destinations:
+            for host in use.destinations:
+                if not await self.domain_policy(host, 443):
+                    return False
+            return True
+        tool = f"{provider}:{use.kind}"
+        perm = host_request(
+            "server-tool",
+            (
+                f"The agent asks {provider} to use its {use.kind} tool: "
+                f"{SERVER_TOOL_KINDS[use.kind]}, reaching any site it chooses, outside the "
+                "egress proxy, with what the conversation holds. Allow?"
+            ),
+            Action.CONNECTOR,
+            tool,
+            Target(Action.CONNECTOR, op="connector", tool=tool),
+            self.host.task_id,
         )
         return (await self.answer_permission(perm)).allows
 
@@ -367,6 +504,7 @@ class PermissionBridge:
                 "port": decision.port,
                 "allowed": decision.allowed,
                 "reason": decision.reason,
+                **({"detail": decision.detail} if decision.detail else {}),
             },
         )
 
@@ -393,7 +531,10 @@ class ChangeJudge:
         self._stop.clear()
 
     def verdicts(self, targets: list[Target]) -> list[tuple[Verdict, bool]]:
-        rules = self.bridge.decider.store.effective_rules()
+        try:
+            rules = self.bridge.decider.store.effective_rules()
+        except PolicyError:  # nothing decided on a guess: everything asks (and is denied)
+            return [(Verdict.ASK, False)] * len(targets)
         out = []
         for t in targets:
             rule = winning_rule(rules, t, self.bridge.context)

@@ -23,6 +23,7 @@ from typing import Any
 from piwork.agent import Agent, AgentFactory, AgentVm, AgentVmConfig
 from piwork.aio import discard
 from piwork.config import Paths, get_paths
+from piwork.net.mirrors import mirror_hosts, mirrors_for
 from piwork.policy.rules import TaskContext
 from piwork.preview import Previews
 from piwork.proxy.gateway import ModelGateway
@@ -93,6 +94,7 @@ class TaskSession:
         self.permissions = PermissionBridge.for_run(
             self, self.paths, asker, policy_file=policy_file, assume_yes=req.assume_yes
         )
+        self.permissions.on_unusable_policy = lambda msg: self._end_run(StopReason.ERROR, msg)
         self.usage: UsageMeter | None = None
         self.gateway: ModelGateway | None = None
         self.timings: dict[str, float] = {}
@@ -207,6 +209,7 @@ class TaskSession:
         self.transcript.task_id = task.id
         folder = Path(task.record.working_folder) if task.record.working_folder else None
         self.permissions.context = TaskContext(task_id=task.id, working_folder=folder)
+        self.permissions.mirror_hosts = tuple(mirror_hosts(mirrors_for(self.paths, folder)))
         self.usage = UsageMeter(
             self.store, task, emit=self.emit, note=self.note, on_limit=self._on_limit
         )
@@ -235,6 +238,10 @@ class TaskSession:
 
     async def start(self) -> None:
         self.permissions.allow_net = allowed_domains(self.req.allow_net)
+        # A policy the host cannot read is never a looser one: nothing starts on it.
+        damage = await asyncio.to_thread(self.permissions.decider.store.check)
+        if damage is not None:
+            raise damage
         # Store work that may wait on another process's lock runs off the event loop.
         task = await asyncio.to_thread(self.open_task)
         self.task = task
@@ -260,6 +267,8 @@ class TaskSession:
             domain_policy=self.permissions.domain_policy,
             on_egress_decision=self.permissions.on_egress_decision,
             on_gateway=lambda gateway: setattr(self, "gateway", gateway),
+            private_policy=self.permissions.private_policy,
+            ask_server_tool=self.permissions.server_tool_policy,
         )
         try:
             env = await environment.prepare(

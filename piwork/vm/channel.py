@@ -116,6 +116,12 @@ class GuestChannel:
         self.last_seq = 0
         self.boot_id: str | None = None
         self.reconnects = 0
+        """Connections the supervisor had answered (its hello reply) that were lost."""
+        self.unanswered = 0
+        """Connections closed before the supervisor answered them: on the tcp transport,
+        QEMU's slirp accepts every connection to the forwarded port at once and closes it
+        when the guest refuses it (at boot, before the supervisor listens). Not a loss."""
+        self._answered = False
         self.gaps: list[tuple[int, int]] = []
         self._writer: asyncio.StreamWriter | None = None
         self._ready = asyncio.Event()  # connected and hello answered
@@ -177,6 +183,7 @@ class GuestChannel:
                 await asyncio.sleep(0.1)
                 continue
             self._writer = writer
+            self._answered = False
             try:
                 await self._send_raw(
                     b"!" + orjson.dumps({"op": "hello", "after": self.last_seq}) + b"\n", force=True
@@ -193,7 +200,10 @@ class GuestChannel:
                 return
             if not self.alive():
                 raise ChannelError("the VM exited; the guest channel closed")
-            self.reconnects += 1
+            if self._answered:
+                self.reconnects += 1
+            else:
+                self.unanswered += 1
             await asyncio.sleep(0.1)
 
     async def _read_loop(self, reader: asyncio.StreamReader) -> None:
@@ -334,6 +344,7 @@ class GuestChannel:
                 restarted = {"ev": "restarted", "bootId": boot, "previous": previous}
                 self.on_event({**restarted, "pi": msg.get("pi")})
             self.boot_id = boot
+            self._answered = True
             self._ready.set()
             return True
         if ev == "pong":

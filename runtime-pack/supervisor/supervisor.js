@@ -24,9 +24,10 @@ const { EventEmitter } = require("node:events");
 const { Duplex } = require("node:stream");
 const { spawn, spawnSync } = require("node:child_process");
 
+// pi's package in the pack (piwork/pack/node.py PI_PACKAGE, checked by a test).
 const PI_CLI =
   process.env.PIWORK_PI_CLI ||
-  "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
+  "/opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent/dist/cli.js";
 const NODE = process.env.PIWORK_NODE || process.execPath;
 const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs";
 const SNAPSHOT_BLOB = process.env.PIWORK_SNAPSHOT_BLOB || "/opt/piwork/launcher/pi.blob";
@@ -1148,7 +1149,10 @@ async function runVirtio() {
 // TCP transport: the first line of every connection must be "auth <secret>",
 // the per-run secret the host put in fw_cfg (a 0600 file on the host; never on
 // a command line). Anything else is closed without being read further, and an
-// unauthenticated connection never displaces the host's.
+// unauthenticated connection never displaces the host's. The secret is read
+// when a connection needs it until it has been read once: /init loads
+// qemu_fw_cfg (which makes the file) while the supervisor starts, and a
+// supervisor that looked once, too early, would refuse the host for good.
 const SECRET_FILE =
   process.env.PIWORK_SECRET_FILE || "/sys/firmware/qemu_fw_cfg/by_name/opt/piwork/secret/raw";
 const AUTH_MAX_BYTES = 256;
@@ -1171,8 +1175,16 @@ function secretMatches(expected, line) {
 }
 
 async function runTcp(port, host) {
-  const expected = readSecret();
-  if (!expected) log(`tcp transport: no secret in ${SECRET_FILE}; every connection is refused`);
+  let expected = readSecret();
+  let said = false;
+  const secret = () => {
+    if (!expected) expected = readSecret();
+    if (!expected && !said) {
+      said = true;
+      log(`tcp transport: no secret in ${SECRET_FILE} yet; connections are refused until it is there`);
+    }
+    return expected;
+  };
   let current = null;
   let pending = 0;
   const adopt = (sock, rest) => {
@@ -1214,7 +1226,7 @@ async function runTcp(port, host) {
         if (head.length > AUTH_MAX_BYTES) finish(false);
         return;
       }
-      finish(secretMatches(expected, head.subarray(0, nl)), head.subarray(nl + 1));
+      finish(secretMatches(secret(), head.subarray(0, nl)), head.subarray(nl + 1));
     };
     sock.on("data", onData);
     sock.on("close", () => finish(false));

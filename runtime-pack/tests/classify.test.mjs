@@ -19,6 +19,9 @@ const rules = C.loadConfig({ PIWORK_TASK_ID: "t-1", PIWORK_GATE_ASK_COMMANDS: JS
 function bash(command, config = plain) {
   return C.classifyToolCall("bash", { command }, { cwd: work, config });
 }
+function tool(name, input) {
+  return C.classifyToolCall(name, input, { cwd: work, config: plain });
+}
 
 describe("pi's own tools never ask for what they do to files", () => {
   const commands = [
@@ -47,6 +50,20 @@ describe("other tools are connectors and ask", () => {
     assert.equal(r.needsDecision, true);
     assert.equal(C.classifyToolCall("ask_user", { question: "?" }, { cwd: work, config: plain }).needsDecision, false);
     assert.equal(C.classifyToolCall("constructor", {}, { cwd: work, config: plain }).action, "connector");
+  });
+  test("codemode and tool_search are not asked: each tool a script calls is (pi 1.x)", () => {
+    for (const [name, input] of [["codemode", { code: "await tools.bash({command: 'rm -rf x'})" }], ["tool_search", { query: "jira" }]]) {
+      const r = tool(name, input);
+      assert.equal(r.needsDecision, false, name);
+      assert.deepEqual(r.effects, [], name);
+    }
+    // The calls a script makes reach the gate under their own names (a nested bash is a bash,
+    // asked when a rule of the person's names its command), and an MCP tool is a connector
+    // like any other extension tool.
+    assert.equal(C.classifyToolCall("bash", { command: "npm publish" }, { cwd: work, config: rules }).needsDecision, true);
+    const mcp = tool("mcp__docs__search", { query: "x" });
+    assert.equal(mcp.action, "connector");
+    assert.equal(mcp.needsDecision, true);
   });
 });
 

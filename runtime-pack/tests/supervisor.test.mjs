@@ -11,13 +11,13 @@ import { createRequire } from "node:module";
 import fs from "node:fs";
 import os from "node:os";
 import crypto from "node:crypto";
+import { PI_DIR } from "./fixtures/pi.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const SUPERVISOR = path.join(here, "..", "supervisor", "supervisor.js");
 const FAKE_PI = path.join(here, "fixtures", "fake-pi.js");
 // The real launcher, pi and extensions, for the tests that load pi.
 const LAUNCHER = path.join(here, "..", "launcher", "launch.mjs");
-const PI_DIR = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
 const EXTENSIONS = path.join(here, "..", "extensions");
 // pi in RPC mode with nothing of its own to load.
 const BARE_RPC = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];
@@ -337,16 +337,30 @@ test("tcp transport: without the run's secret a connection is closed and cannot 
   good.close();
 });
 
-test("tcp transport: with no secret available every connection is refused", async (t) => {
-  const { proc, port } = await startSupervisor({
-    PIWORK_SECRET_FILE: path.join(SECRET_DIR, "missing"),
-  });
+test("tcp transport: with no secret available every connection is refused, until it appears", async (t) => {
+  const late = path.join(SECRET_DIR, "late");
+  const { proc, port } = await startSupervisor({ PIWORK_SECRET_FILE: late });
   t.after(() => proc.kill("SIGKILL"));
-  const c = await connect(port, "auth ");
-  c.send('!{"op":"hello","after":0}');
+  for (const auth of ["auth ", `auth ${SECRET}`]) {
+    const c = await connect(port, auth);
+    c.send('!{"op":"hello","after":0}');
+    await new Promise((r) => setTimeout(r, 300));
+    assert.ok(c.closed, auth);
+    assert.deepEqual(c.lines, []);
+  }
+  // In the guest the file is fw_cfg's, there once /init has loaded qemu_fw_cfg, which
+  // may be after the supervisor started listening: the host's connection then works.
+  fs.writeFileSync(late, SECRET, { mode: 0o600 });
+  const host = await connect(port);
+  host.send('!{"op":"hello","after":0}');
+  await host.waitFor(ev("hello"));
+  assert.ok(!host.closed);
+  host.close();
+  const wrong = await connect(port, "auth ");
+  wrong.send('!{"op":"hello","after":0}');
   await new Promise((r) => setTimeout(r, 300));
-  assert.ok(c.closed);
-  assert.deepEqual(c.lines, []);
+  assert.ok(wrong.closed);
+  assert.deepEqual(wrong.lines, []);
 });
 
 test("start with workbench runs the setup beside pi and reports its result", async (t) => {

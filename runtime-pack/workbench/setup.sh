@@ -94,4 +94,10 @@ mounted "$ROOT/tmp" || mount -o bind /tmp "$ROOT/tmp"
 mounted "$ROOT/run" || mount -t tmpfs -o mode=0755 tmpfs "$ROOT/run"
 mounted "$ROOT/mnt" || mount -o rbind /mnt "$ROOT/mnt"
 mounted "$ROOT/opt/piwork" || mount -o bind /opt/piwork "$ROOT/opt/piwork"
+# The host's network settings: its extra certificate authorities in the root's
+# system store, the Debian mirror in apt's sources (network.sh beside this file).
+# A failure is said, not fatal: the agent's commands then say what they miss.
+if ! /bin/busybox sh "${0%/*}/network.sh" "$ROOT" > "$B/network.log" 2>&1; then
+    echo "piwork: workbench: the network settings were not applied: $(tail -n 3 "$B/network.log")" > /dev/console
+fi
 touch "$B/ready"

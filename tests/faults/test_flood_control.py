@@ -1,5 +1,5 @@
 """Floods, huge lines and lock waits against the real host stack (channel, RPC client, the runner's
-TaskSession with its transcript on disk); the guest end is tests/unit/guest_double.py.
+TaskSession with its transcript on disk); the guest end is tests/helpers/guest_double.py.
 
 Behaviour, with generous bounds (the figures are in benchmarks/README.md):
 - ``/stop`` while the guest floods ends the run promptly, even if pi never
@@ -28,7 +28,7 @@ from piwork.runner import RunRequest, TaskSession
 from piwork.tasks import TaskStatus
 from piwork.tasks.store import META_LOCK
 from piwork.tasks.transcript import read_records
-from tests.unit.guest_double import FakeGuest, Host, guest_and_host
+from tests.helpers.guest_double import FakeGuest, Host, guest_and_host
 
 
 class Ticker:

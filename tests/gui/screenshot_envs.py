@@ -68,7 +68,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
             win.new_folder = project
             win.model_pick.addItem("scripted model", "scripted/scripted")
             win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
-            win._send_text("Set up a venv and install requests for the tests.")
+            shotkit.say(win, "Set up a venv and install requests for the tests.")
             first = win.current()
             assert first is not None
 
@@ -95,7 +95,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
             win.new_task()
             win.new_folder = project
             win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
-            win._send_text("Nothing to install: is the venv still there?")
+            shotkit.say(win, "Nothing to install: is the venv still there?")
             second = win.current()
             assert second is not None
             await shotkit.until(lambda: second.label == "done", BOOT, "the second task finishes")

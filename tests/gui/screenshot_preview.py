@@ -57,7 +57,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
             win.new_folder = project
             win.model_pick.addItem("scripted model", "scripted/scripted")
             win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
-            win._send_text("Start the dev server so I can see the page.")
+            shotkit.say(win, "Start the dev server so I can see the page.")
             run = win.current()
             assert run is not None
 

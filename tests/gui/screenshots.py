@@ -115,7 +115,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
             win.new_folder = project
             win.model_pick.addItem("scripted model", "scripted/scripted")
             win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
-            win._send_text("The test for parse_date fails on 29 February. Fix it.")
+            shotkit.say(win, "The test for parse_date fails on 29 February. Fix it.")
             run = win.current()
             assert run is not None
 

@@ -3,7 +3,7 @@
 The checkpoints are taken by the runner's own recorder (``FolderCheckpoints``) on
 a temporary folder, turn by turn as the runner does, from the agent's copy of
 the folder (``Recorded.view``: a directory standing in for the VM's layer, as
-``tests/unit/changes_double.py`` says); the panel reads and undoes them through
+``tests/helpers/changes.py`` says); the panel reads and undoes them through
 ``piwork.checkpoints`` (what ``piwork changes``/``undo`` use), in a worker
 thread under the app's qasync loop.
 """
@@ -17,16 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QMessageBox, QTreeWidgetItem
+from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from piwork.changes.engine import Answer
 from piwork.config import Paths
-from piwork.gui import context as context_mod
-from piwork.gui.context import MAX_DIFF_LINES, RUNNING_TIP, ContextPanel
-from piwork.gui.controller import PendingPermission, TaskController
+from piwork.gui import turns as turns_mod
+from piwork.gui.context import ContextPanel
 from piwork.gui.text import always_rules
+from piwork.gui.turns import MAX_DIFF_LINES, RUNNING_TIP
 from piwork.policy import (
     Action,
     AuditLog,
@@ -36,12 +35,20 @@ from piwork.policy import (
     PolicyStore,
     TaskContext,
 )
-from piwork.run.pool import Pool
 from piwork.run.records import FolderCheckpoints
 from piwork.tasks import TaskStore
-from tests.unit.changes_double import Judge, MirrorLayer
-
-from .conftest import permission_request, until
+from tests.helpers.changes import Judge, MirrorLayer
+from tests.helpers.gui import (
+    FakeRun,
+    button,
+    item,
+    message_box,
+    permission_request,
+    press,
+    say,
+    tree,
+    until,
+)
 
 BIG = 5000
 
@@ -111,27 +118,6 @@ def two_turns(loop: asyncio.AbstractEventLoop, paths: Paths, folder: Path) -> st
     return recorded.task.id
 
 
-def tree(panel: ContextPanel) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for i in range(panel.turns.topLevelItemCount()):
-        top = panel.turns.topLevelItem(i)
-        out[top.text(0)] = [top.child(j).text(0) for j in range(top.childCount())]
-    return out
-
-
-def item(panel: ContextPanel, turn: int, path: str | None = None) -> QTreeWidgetItem:
-    for i in range(panel.turns.topLevelItemCount()):
-        top = panel.turns.topLevelItem(i)
-        if top.data(0, Qt.ItemDataRole.UserRole)[0] != turn:
-            continue
-        if path is None:
-            return top
-        for j in range(top.childCount()):
-            if top.child(j).data(0, Qt.ItemDataRole.UserRole)[1] == path:
-                return top.child(j)
-    raise AssertionError(f"no item for turn {turn} {path}")
-
-
 def settle(loop: asyncio.AbstractEventLoop, panel: ContextPanel) -> None:
     run(loop, until(lambda: not panel.loading, 30, "the panel's worker finishes"))
 
@@ -149,13 +135,13 @@ def test_turns_diff_bounds_and_undo_through_the_checkpoints_api(
 
     # Checkpoint work never runs on the window's (this) thread.
     threads: list[bool] = []
-    real_load: Callable[..., Any] = context_mod.load_turns
+    real_load: Callable[..., Any] = turns_mod.load_turns
 
     def spy(*a: Any, **kw: Any) -> Any:
         threads.append(threading.current_thread() is threading.main_thread())
         return real_load(*a, **kw)
 
-    monkeypatch.setattr(context_mod, "load_turns", spy)
+    monkeypatch.setattr(turns_mod, "load_turns", spy)
 
     panel = ContextPanel(gui_paths)
     qtbot.addWidget(panel)
@@ -244,34 +230,50 @@ def test_everywhere_for_a_delete_asks_a_second_time_a_command_does_not(
 ) -> None:
     from piwork.gui.window import MainWindow
 
-    win = MainWindow(paths=gui_paths)
-    qtbot.addWidget(win)
-    ctl = TaskController(Pool(1, paths=gui_paths), task_id="t1", folder=tmp_path)
     ctx = TaskContext(task_id="t1", working_folder=tmp_path)
     decider = Decider(PolicyStore(tmp_path / "p.json"), AuditLog(tmp_path / "a.jsonl"))
 
-    def pending(req: PermissionRequest) -> PendingPermission:
+    def proposed(req: PermissionRequest) -> PermissionRequest:
         # What the runner does before it asks: the policy's own proposals.
-        req = dataclasses.replace(req, proposals=decider.proposals(req, ctx))
-        return PendingPermission(req, qloop.create_future())
+        return dataclasses.replace(req, proposals=decider.proposals(req, ctx))
 
-    rm = pending(permission_request(Action.DELETE, "/mnt/work/x", "rm x"))
-    assert always_rules(rm.request, Choice.ALWAYS_EVERYWHERE)
-    win._answer(ctl, rm, Choice.ALWAYS_EVERYWHERE)
-    box = win._everywhere_box
-    assert "EVERY task" in box.text() and "delet" in box.informativeText()
-    assert box.defaultButton().text() == "Back"
-    box.defaultButton().click()
-    assert not rm.future.done()
-    win._answer(ctl, rm, Choice.ALWAYS_EVERYWHERE)
-    [store] = [b for b in win._everywhere_box.buttons() if b.text() == "Store the rule"]
-    store.click()
-    assert rm.future.result() is Choice.ALWAYS_EVERYWHERE
+    rm = proposed(permission_request(Action.DELETE, "/mnt/work/x", "rm x"))
+    make = proposed(permission_request(Action.SHELL, None, "make test"))
+    assert always_rules(rm, Choice.ALWAYS_EVERYWHERE)
+    answers: list[object] = []
 
-    make = pending(permission_request(Action.SHELL, None, "make test"))
-    before = win._everywhere_box
-    win._answer(ctl, make, Choice.ALWAYS_EVERYWHERE)
-    assert make.future.result() is Choice.ALWAYS_EVERYWHERE and win._everywhere_box is before
+    async def ask(run: FakeRun, prompt: str) -> None:
+        answers.append(await run.asker.permission(rm))
+        answers.append(await run.asker.permission(make))
+
+    win = MainWindow(paths=gui_paths, tray=False)
+    qtbot.addWidget(win)
+    win.model.session_factory = FakeRun.factory(ask)
+
+    async def scenario() -> None:
+        folder = tmp_path / "work"
+        folder.mkdir()
+        win.new_folder = folder
+        say(win, "tidy up")
+        await until(lambda: win.sheet is not None, 10, "the delete's sheet")
+        button(win.sheet, "Always allow everywhere").click()
+        box = message_box("Allow in every folder?")
+        assert "EVERY task" in box.text() and "delet" in box.informativeText()
+        assert box.defaultButton().text() == "Back"
+        box.defaultButton().click()
+        await asyncio.sleep(0.2)
+        assert answers == [] and win.sheet is not None  # back on the sheet, nothing stored
+        button(win.sheet, "Always allow everywhere").click()
+        press(message_box("Allow in every folder?"), "Store the rule")
+        await until(lambda: answers == [Choice.ALWAYS_EVERYWHERE], 10, "the delete's answer")
+        # A command's "everywhere" rule is not asked about a second time.
+        await until(lambda: win.sheet is not None and "make" in win.sheet.what.text(), 10, "make")
+        button(win.sheet, "Always allow everywhere").click()
+        await until(lambda: len(answers) == 2, 10, "the command's answer")
+        assert answers[1] is Choice.ALWAYS_EVERYWHERE
+        assert message_box("Allow in every folder?") is None
+
+    qloop.run_until_complete(scenario())
 
 
 def test_a_running_turn_is_listed_only_once_the_task_stops(
@@ -288,11 +290,71 @@ def test_a_running_turn_is_listed_only_once_the_task_stops(
     (recorded.view / "a.txt").write_text("A\n")
     recorded.turn()  # turn 2 is open: its changes are taken later
     (recorded.view / "b.txt").write_text("b\n")
-    running = context_mod.load_turns(task.id, gui_paths)
+    running = turns_mod.load_turns(task.id, gui_paths, include_open=False)
     assert [t.turn for t in running.turns] == [1] and running.undone is None
     recorded.end()
-    stopped = context_mod.load_turns(task.id, gui_paths)
+    stopped = turns_mod.load_turns(task.id, gui_paths)
     assert {t.turn: [f.path for f in t.files] for t in stopped.turns} == {
         1: ["a.txt"],
         2: ["b.txt"],
     }
+
+
+def test_a_follow_up_that_changes_the_file_again_shows_its_new_diff(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    """Issue 33 item 10: the diff pane does not stay on an older turn once a newer turn
+    changed files (here the same file, which stays selected in the new turn)."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "notes.md").write_text("one\n")
+    recorded = Recorded(qloop, gui_paths, folder, "follow-ups")
+    recorded.turn()
+    (recorded.view / "notes.md").write_text("one\ntwo\n")
+    recorded.turn()  # turn 1 closed: it added "two"
+    panel = ContextPanel(gui_paths)
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_task(recorded.task.id, folder, None, running=True)
+    settle(qloop, panel)
+    panel.tabs.setCurrentIndex(1)
+    panel.turns.setCurrentItem(item(panel, 1, "notes.md"))
+    assert "+two" in panel.diff_view.toPlainText()
+    # The follow-up's turn changes the same file; the runner says so when it ends.
+    (recorded.view / "notes.md").write_text("one\ntwo\nthree\n")
+    recorded.end()
+    panel.set_running(False)
+    settle(qloop, panel)
+    assert panel.selected_turn() == 2
+    assert "+three" in panel.diff_view.toPlainText() and "+two" not in panel.diff_view.toPlainText()
+    assert panel.preview_title.text() == "Diff — turn 2, notes.md"
+
+
+def test_files_changed_lists_the_folder_as_it_is_and_follows_an_undo(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    """Issue 33 item 5: a file the agent only passed through its outputs is not listed,
+    a click on a listed file previews it, and an undo takes the file off the list."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    recorded = Recorded(qloop, gui_paths, folder, "files changed")
+    recorded.turn()
+    (recorded.view / "REPORT.md").write_text("# the report\n")
+    recorded.end()
+    panel = ContextPanel(gui_paths)
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_task(recorded.task.id, folder, gui_paths.tasks / recorded.task.id / "outputs")
+    # What the watcher saw while it ran: the draft made in the outputs, then moved out.
+    panel.note_change("outputs/REPORT.md", "added")
+    panel.note_change("outputs/REPORT.md", "deleted")
+    settle(qloop, panel)
+    shown = [panel.files.item(i).text() for i in range(panel.files.count())]
+    assert shown == ["A  REPORT.md"]
+    panel.files.setCurrentRow(0)
+    run(qloop, until(lambda: "the report" in panel.preview_text.toPlainText(), 10, "preview"))
+    panel.tabs.setCurrentIndex(1)
+    panel.undo_btn.click()
+    settle(qloop, panel)
+    assert not (folder / "REPORT.md").exists()
+    assert panel.files.count() == 0 and panel.changed == {}

@@ -13,8 +13,7 @@ from pytestqt.qtbot import QtBot
 from piwork.config import Paths
 from piwork.gui.prefs import Prefs
 from piwork.hosts import store
-
-from .conftest import until
+from tests.helpers.gui import say, until
 
 
 @pytest.fixture
@@ -54,20 +53,19 @@ def test_the_picker_lists_stored_hosts_and_a_new_task_runs_on_the_chosen_one(
     hosts: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from piwork.gui import controller
     from piwork.gui.window import MainWindow
 
     RecordingSession.requests = []
-    monkeypatch.setattr(controller, "TaskSession", RecordingSession)
     win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
     qtbot.addWidget(win)
+    win.model.session_factory = RecordingSession
     pick = win.host_pick
     assert [pick.itemText(i) for i in range(pick.count())] == ["This computer", "box", "gpu"]
     assert pick.currentData() is None
     pick.setCurrentIndex(pick.findData("gpu"))
 
     async def scenario() -> None:
-        win._send_text("build it over there")
+        say(win, "build it over there")
         await until(lambda: RecordingSession.requests, 10, "the run is requested")
         await until(lambda: not win.tasks[0].live, 10, "the run ends")
 
@@ -81,7 +79,7 @@ def test_the_picker_lists_stored_hosts_and_a_new_task_runs_on_the_chosen_one(
 
     # A follow-up runs where the task ran, whatever the picker says for new tasks.
     async def again() -> None:
-        ctl.submit("and again", win.run_options(None))
+        say(win, "and again")
         await until(lambda: len(RecordingSession.requests) == 2, 10, "the second run")
         await until(lambda: not ctl.live, 10, "the run ends")
 
@@ -102,7 +100,7 @@ def test_the_picker_lists_stored_hosts_and_a_new_task_runs_on_the_chosen_one(
     pick.setCurrentIndex(0)
 
     async def local() -> None:
-        win._send_text("here please")
+        say(win, "here please")
         await until(lambda: len(RecordingSession.requests) == 3, 10, "the third run")
         await until(lambda: not win.tasks[0].live, 10, "the run ends")
 
@@ -128,12 +126,15 @@ def test_an_unreadable_hosts_file_leaves_this_computer_and_says_what_to_fix(
     win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
     qtbot.addWidget(win)
     assert win.host_pick.count() == 1 and win.host_pick.itemText(0) == "This computer"
-    assert "fix or remove the file" in win.host_pick.toolTip()
+    assert (
+        "is damaged" in win.host_pick.toolTip()
+        and "fix the file by hand" in win.host_pick.toolTip()
+    )
     dlg = SettingsDialog(gui_paths, Prefs())
     qtbot.addWidget(dlg)
     assert dlg.hosts.count() == 0
     note = dlg.findChild(QLabel, "hostsNote")
-    assert note is not None and "fix or remove the file" in note.text()
+    assert note is not None and "fix the file by hand" in note.text()
     assert "piwork hosts add NAME user@box" in note.text()
 
 
@@ -150,3 +151,19 @@ def test_settings_lists_the_hosts_read_only_with_the_command_to_add_one(
     assert items == ["box  pi@box.example", "gpu  me@10.0.0.7:2222"]
     note = dlg.findChild(QLabel, "hostsNote")
     assert note is not None and "piwork hosts add NAME user@box" in note.text()
+
+
+def test_remote_hosts_are_read_again_when_the_tab_is_shown(
+    qtbot: QtBot, gui_paths: Paths, hosts: Path
+) -> None:
+    """Issue 33 item 15: a host added with `piwork hosts add` while Settings is open."""
+    from piwork.gui.settings import SettingsDialog
+
+    dlg = SettingsDialog(gui_paths, Prefs())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    store.save({**store.load(), "lab": store.parse_target("lab", "me@lab.example")})
+    page = dlg.hosts.parentWidget()
+    dlg.tabs.setCurrentIndex(dlg.tabs.indexOf(page))
+    items = [dlg.hosts.item(i).text() for i in range(dlg.hosts.count())]
+    assert "lab  me@lab.example" in items

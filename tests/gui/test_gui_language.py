@@ -8,8 +8,9 @@ from pathlib import Path
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
+from piwork.gui.conversation import technical_notice
 from piwork.gui.prefs import Prefs
-from piwork.gui.window import composer_hint, technical_notice
+from piwork.gui.state import NEW_TASK_HINT, hint_for
 from piwork.gui.words import permission_line, person_paths
 from piwork.run.pool import Pool
 from piwork.runner import EventKind, RunEvent
@@ -58,24 +59,23 @@ def test_the_composer_says_what_enter_does_in_each_state(
 ) -> None:
     from piwork.gui.controller import TaskController
 
-    assert "Enter starts" in composer_hint(None)
+    assert "Enter starts" in hint_for(None) == NEW_TASK_HINT
     ctl = TaskController(Pool(1, paths=gui_paths), status="stopped", reason="completed")
-    assert composer_hint(ctl).startswith("Enter continues this task")
+    assert hint_for(ctl.state).startswith("Enter continues this task")
     ctl.status = "queued"
-    assert "Queued" in composer_hint(ctl)
+    assert "Queued" in hint_for(ctl.state)
 
 
 def test_boot_stages_fold_into_one_row_and_a_stop_is_no_model_error(
     qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
 ) -> None:
-    from piwork.gui.controller import TaskController
     from piwork.gui.widgets import NoticeRow
     from piwork.gui.window import MainWindow
 
     win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
     qtbot.addWidget(win)
-    ctl = TaskController(win.pool, task_id=None, title="t", status="running")
-    win._add(ctl)
+    ctl = win.model.new(task_id=None, title="t", status="running")
+    win.model.add(ctl)
     ev = [
         RunEvent(EventKind.BOOT, {"stage": "qemu", "seconds": 0.4}, 0.4, None),
         RunEvent(EventKind.NOTICE, {"message": "accelerator: tcg (no vmx/svm)"}, 0.5, None),
@@ -83,21 +83,20 @@ def test_boot_stages_fold_into_one_row_and_a_stop_is_no_model_error(
         RunEvent(EventKind.READY, {"seconds": 9.0}, 9.0, None),
     ]
     for e in ev:
-        win._on_event(ctl, e)
+        ctl.on_run_event(e)  # what the runner tells the task
     conv = win.conversation(ctl)
     rows = [w for w in conv.findChildren(NoticeRow)]
     assert [r.text() for r in rows] == ["The agent is ready (9 s to start)"]
     assert "vmx/svm" in rows[0].toolTip() and "kernel" in rows[0].toolTip()
     ctl.stopping = True
-    win._on_event(ctl, RunEvent(EventKind.TEXT_END, {"error": "Request was aborted."}, 1, None))
-    ctl.status, ctl.reason = "stopped", "cancelled"
-    win._on_event(
-        ctl,
-        RunEvent(EventKind.DONE, {"message": "stopped by the person", "tokens": 10}, 1, None),
+    ctl.on_run_event(RunEvent(EventKind.TEXT_END, {"error": "Request was aborted."}, 1, None))
+    ctl.on_run_event(RunEvent(EventKind.STATUS, {"status": "stopped", "reason": "cancelled"}, 1))
+    ctl.on_run_event(
+        RunEvent(EventKind.DONE, {"message": "stopped by the person", "tokens": 10}, 1, None)
     )
     texts = [r.text() for r in conv.findChildren(NoticeRow)]
     assert not any("aborted" in t or "error" in t for t in texts), texts
-    assert texts[-1] == "— Stopped by you · 10 tokens, 0 turns —"
+    assert texts[-1] == "— Stopped by you · 10 tokens, 0 steps —"
 
 
 def test_the_setup_screen_keeps_cpu_flags_in_a_tooltip(qtbot: QtBot, gui_paths: Paths) -> None:
@@ -135,6 +134,12 @@ def test_a_reopened_task_says_its_decisions_and_stops_in_the_same_words(tmp_path
         def notice(self, text: str, kind: str = "notice") -> None:
             self.lines.append(text)
 
+        def deny(self, call_id: str) -> None:
+            pass
+
+        def interrupt(self) -> None:
+            pass
+
     sink = Notices()
     load_history(path, sink)  # type: ignore[arg-type]
-    assert sink.lines == ["You allowed: change notes.txt", "— Stopped by you —"]
+    assert sink.lines == ["You allowed: change notes.txt", "— Stopped by you · 0 tokens, 0 steps —"]

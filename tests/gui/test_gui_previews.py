@@ -17,8 +17,7 @@ from piwork.policy.rules import TaskContext
 from piwork.preview import PreviewChoice
 from piwork.preview.policy import question_for
 from piwork.runner import EventKind, RunEvent
-
-from .conftest import until
+from tests.helpers.gui import FakeRun, say, until
 
 URL_A = "http://t1-8000.localhost:41001/"
 URL_B = "http://t2-3000.localhost:41002/"
@@ -53,10 +52,8 @@ def window(qtbot: QtBot, paths: Paths) -> Any:
 
 
 def task(win: Any, task_id: str) -> Any:
-    from piwork.gui.controller import TaskController
-
-    ctl = TaskController(win.pool, task_id=task_id, title=task_id, status="running")
-    win._add(ctl)
+    ctl = win.model.new(task_id=task_id, title=task_id, status="running")
+    win.model.add(ctl)
     return ctl
 
 
@@ -68,7 +65,7 @@ def test_an_opened_preview_row_opens_exactly_its_url_and_greys_when_closed(
     win = window(qtbot, gui_paths)
     ctl = task(win, "t1")
     win.select(ctl)
-    ctl._sink(preview_event("t1", 8000, "opened", URL_A, hostPort=41001))
+    ctl.on_run_event(preview_event("t1", 8000, "opened", URL_A, hostPort=41001))
     [row] = win.conversation(ctl).findChildren(PreviewRow)
     assert row.label.text() == "Preview of port 8000"
     assert row.open_btn.isEnabled()
@@ -78,7 +75,7 @@ def test_an_opened_preview_row_opens_exactly_its_url_and_greys_when_closed(
     assert win.context.previews_box.isVisibleTo(win.context)
     win.context.preview_buttons[8000].click()
     assert opened == [URL_A, URL_A]
-    ctl._sink(preview_event("t1", 8000, "closed", URL_A))
+    ctl.on_run_event(preview_event("t1", 8000, "closed", URL_A))
     assert not row.open_btn.isEnabled()
     assert "closed" in row.label.text()
     row.open_btn.click()  # a disabled button does nothing
@@ -95,7 +92,7 @@ def test_a_refused_preview_says_why_and_offers_nothing_to_open(
     win = window(qtbot, gui_paths)
     ctl = task(win, "t1")
     win.select(ctl)
-    ctl._sink(preview_event("t1", 5000, "refused", None, reason="you answered Never"))
+    ctl.on_run_event(preview_event("t1", 5000, "refused", None, reason="you answered Never"))
     [row] = win.conversation(ctl).findChildren(PreviewRow)
     assert row.label.text() == "Preview of port 5000 refused: you answered Never"
     assert not row.open_btn.isEnabled()
@@ -120,9 +117,12 @@ def test_a_url_that_is_not_piworks_loopback_http_is_never_offered(
         "http://t1-8000.localhost.evil.example:41001/",
         "javascript:alert(1)",
         "http://t1-8000.localhost:99999999/",
+        "http://10.0.0.1:41001/",
+        "http://127.1.2.3.evil.example:41001/",
+        "http://0x7f.1.2.3:41001/",
     ]
     for port, url in enumerate(bad, start=7000):
-        ctl._sink(preview_event("t1", port, "opened", url))
+        ctl.on_run_event(preview_event("t1", port, "opened", url))
     rows = win.conversation(ctl).findChildren(PreviewRow)
     assert len(rows) == len(bad)
     for row in rows:
@@ -137,8 +137,8 @@ def test_the_context_panel_shows_only_the_selected_tasks_previews(
 ) -> None:
     win = window(qtbot, gui_paths)
     one, two = task(win, "t1"), task(win, "t2")
-    one._sink(preview_event("t1", 8000, "opened", URL_A))
-    two._sink(preview_event("t2", 3000, "opened", URL_B))
+    one.on_run_event(preview_event("t1", 8000, "opened", URL_A))
+    two.on_run_event(preview_event("t2", 3000, "opened", URL_B))
     win.select(one)
     assert list(win.context.preview_buttons) == [8000]
     win.select(two)
@@ -177,11 +177,9 @@ def test_previews_are_cleared_when_the_task_stops(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A session that ends without a "closed" event per port (a crash) leaves no preview."""
-    from piwork.gui import controller
-
     StubSession.release = asyncio.Event()
-    monkeypatch.setattr(controller, "TaskSession", StubSession)
     win = window(qtbot, gui_paths)
+    win.model.session_factory = StubSession
     ctl = task(win, "t1")
     ctl.status = "idle"
     win.select(ctl)
@@ -203,12 +201,17 @@ def test_the_preview_question_shows_each_answers_rule_and_returns_the_choice(
     from piwork.gui.widgets import PreviewSheet
 
     win = window(qtbot, gui_paths)
-    ctl = task(win, "t1")
-    win.select(ctl)
     q = question_for(8000, TaskContext(task_id="t1", working_folder=tmp_path))
+    answers: list[PreviewChoice | None] = []
+
+    async def serve(run: FakeRun, prompt: str) -> None:
+        answers.append(await run.asker.preview(q))
+
+    win.model.session_factory = FakeRun.factory(serve)
 
     async def scenario() -> PreviewChoice | None:
-        answer = asyncio.ensure_future(ctl.asker.preview(q))
+        say(win, "serve the page")
+        ctl = win.current()
         await until(lambda: win.preview_sheet is not None, 10, "the preview question shows")
         sheet: PreviewSheet = win.preview_sheet
         assert sheet.what.text() == q.question
@@ -216,10 +219,11 @@ def test_the_preview_question_shows_each_answers_rule_and_returns_the_choice(
         for choice in PreviewChoice:
             assert sheet.rule_labels[choice].text() == q.rules[choice].human()
         assert ctl.label == "waiting for you"
+        assert "waiting for you" in win.header.text()
         sheet.buttons[PreviewChoice.FOLDER].click()
-        result: PreviewChoice | None = await asyncio.wait_for(answer, 10)
+        await until(lambda: answers, 10, "the answer reaches the runner")
         await until(lambda: win.preview_sheet is None, 10, "the question goes away")
-        return result
+        assert ctl.preview_questions == []
+        return answers[0]
 
     assert qloop.run_until_complete(asyncio.wait_for(scenario(), 30)) is PreviewChoice.FOLDER
-    assert ctl.preview_questions == []

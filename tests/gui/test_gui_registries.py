@@ -17,16 +17,13 @@ from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
 from piwork.env.registries import registry_domains
-from piwork.gui.controller import PendingPermission, TaskController
 from piwork.gui.text import always_rules, registry_rules_offered
 from piwork.gui.widgets import PermissionSheet
 from piwork.policy import Action, AuditLog, Choice, Decider, PermissionRequest, PolicyStore
 from piwork.policy.rules import TaskContext
 from piwork.run.permissions import PermissionBridge
-from piwork.run.pool import Pool
 from piwork.tasks import TaskStatus
-
-from .conftest import permission_request
+from tests.helpers.gui import FakeRun, button, message_box, permission_request, say, until
 
 
 class _Host:
@@ -138,14 +135,26 @@ def test_the_window_passes_the_registries_answer_on_without_a_second_question(
 
     folder = tmp_path / "proj"
     folder.mkdir()
-    win = MainWindow(paths=gui_paths)
+    answers: list[object] = []
+    request = _asked(tmp_path, folder, "pypi.org", qloop)
+
+    async def ask(run: FakeRun, prompt: str) -> None:
+        answers.append(await run.asker.permission(request))
+
+    win = MainWindow(paths=gui_paths, tray=False)
     qtbot.addWidget(win)
-    ctl = TaskController(Pool(1, paths=gui_paths), task_id="t1", folder=folder)
-    pending = PendingPermission(_asked(tmp_path, folder, "pypi.org", qloop), qloop.create_future())
-    before = getattr(win, "_everywhere_box", None)
-    win._answer(ctl, pending, Choice.ALLOW_REGISTRIES)
-    assert pending.future.result() is Choice.ALLOW_REGISTRIES
-    assert getattr(win, "_everywhere_box", None) is before
+    win.model.session_factory = FakeRun.factory(ask)
+
+    async def scenario() -> None:
+        win.new_folder = folder
+        say(win, "install six")
+        await until(lambda: win.sheet is not None, 10, "the permission sheet")
+        button(win.sheet, "Allow the package registries").click()
+        await until(lambda: answers, 10, "the answer reaches the runner")
+
+    qloop.run_until_complete(scenario())
+    assert answers == [Choice.ALLOW_REGISTRIES]
+    assert message_box("Allow in every folder?") is None
 
 
 def test_always_shows_the_path_relative_to_the_persons_folder(qtbot: QtBot, tmp_path: Path) -> None:
@@ -162,7 +171,7 @@ def test_always_shows_the_path_relative_to_the_persons_folder(qtbot: QtBot, tmp_
     text = sheet.rule_label.text()
     assert "/mnt/" not in text
     assert "allow deleting docs/old.txt (and everything inside it)" in text
-    assert f"allow delete docs/old.txt (folder:{folder})" in text
+    assert f"allow delete docs/old.txt (folder:{folder})" in sheet.rule_label.toolTip()
     decider.record_answer(req, Choice.ALWAYS_FOLDER, ctx)
     [saved] = PolicyStore(policy).load()
     assert saved.pattern == "/mnt/work/docs/old.txt"

@@ -31,8 +31,7 @@ from piwork.gui.prefs import Prefs
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.policy import Action, PolicyStore, Rule, Scope, Verdict
 from piwork.runner import EventKind, RunEvent
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import scripted_provider, shown, until
 
 MINUTES = float(os.environ.get("PIWORK_SOAK_MINUTES", "10"))
 # pyproject's 600 s per test is shorter than the soak: its own budget (boot included).
@@ -93,7 +92,7 @@ def test_the_window_lives_through_a_long_streaming_task(
             win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
             win.new_folder = folder
             win.composer.setPlainText("work on the project for a long while")
-            win._send_clicked()
+            win.send_btn.click()
             ctl = win.current()
             assert ctl is not None
             deltas = [0]

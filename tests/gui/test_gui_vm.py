@@ -17,14 +17,13 @@ else on those two warm sessions, so the GUI suite boots only twice:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import html
 from pathlib import Path
 from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QTextFormat
-from PySide6.QtWidgets import QMessageBox
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
@@ -44,33 +43,26 @@ from piwork.models.scripted import (
 from piwork.policy import Choice, PolicyStore
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import (
+    BOOT,
+    STEP,
+    message_box,
+    press,
+    router,
+    scripted_provider,
+    send,
+    shown,
+    until,
+)
 
 pytestmark = pytest.mark.vm
 
-BOOT = 300.0  # one TCG boot on a shared, loaded 2-core machine
-STEP = 180.0
 
 MARKDOWN = (
     "Done. Here is **what I did**:\n\n"
     "| file | result |\n|---|---|\n| b.txt | deleted |\n\n"
     "```python\ndef hello():\n    return 'world'\n```\n" + "More words to stream. " * 40
 )
-
-
-def router(scripts: dict[str, list[Step]]) -> Callable[[ChatRequest], Step]:
-    """The model's reply depends on which prompt (by its tag) it is answering."""
-
-    def choose(req: ChatRequest) -> Step:
-        user = req.last_user_text
-        for tag, steps in scripts.items():
-            if tag in user:
-                i = req.assistant_turns_since_user
-                return steps[i] if i < len(steps) else Text("(script finished)")
-        return Text("(no script for this prompt)")
-
-    return choose
 
 
 def by_title(win: Any, tag: str) -> TaskController:
@@ -81,17 +73,8 @@ def rail_text(win: Any, ctl: TaskController) -> str:
     return str(win.rail.item(win.tasks.index(ctl)).text())
 
 
-def send(qtbot: QtBot, win: Any, text: str, *, alt: bool = False) -> None:
-    win.composer.setFocus()
-    win.composer.setPlainText(text)
-    mods = Qt.KeyboardModifier.AltModifier if alt else Qt.KeyboardModifier.NoModifier
-    qtbot.keyClick(win.composer, Qt.Key.Key_Return, mods)
-
-
 def confirm_stop(win: Any) -> None:
-    box: QMessageBox = win._stop_box
-    [stop] = [b for b in box.buttons() if b.text() == "Stop"]
-    stop.click()
+    press(message_box("Stop the task?"), "Stop")
 
 
 def test_the_window_drives_real_tasks(
@@ -152,7 +135,7 @@ def test_the_window_drives_real_tasks(
                 assert a.permissions and not a.permissions[0].future.done()
                 assert "⚠" in rail_text(win, a) and "⚠" not in rail_text(win, b)
                 assert win.sheet is not None and "rm b.txt" in win.sheet.what.text()
-                shown_rule = win.sheet.rule_label.text()
+                shown_rule = html.unescape(win.sheet.rule_label.toolTip())  # the exact rules
                 win.sheet.buttons[Choice.ALWAYS_FOLDER].click()
 
                 # Ctrl+1.. switch tasks: A is the second in the rail (newest first).
@@ -177,7 +160,8 @@ def test_the_window_drives_real_tasks(
                 assert text_mod.shown_rule(rules[0]).describe() in shown_rule, (saved, shown_rule)
                 assert f"folder:{fb}" in saved[0]
                 win.open_settings()
-                assert saved[0] in win.settings_dialog.rule_texts()
+                words = text_mod.shown_rule(rules[0]).human()  # Settings says it in words
+                assert words in win.settings_dialog.rule_texts()
                 win.settings_dialog.reject()
                 # The offscreen platform has no window manager to hand activation back
                 # from the closed dialog (Esc is a window shortcut): do what one does.

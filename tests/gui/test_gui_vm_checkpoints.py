@@ -16,14 +16,11 @@ import pytest
 from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
-from piwork.gui.context import RUNNING_TIP
 from piwork.gui.prefs import Prefs
+from piwork.gui.turns import RUNNING_TIP
 from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, edit, write
 from piwork.runner import EventKind, RunEvent
-
-from .conftest import scripted_provider, shown, until
-from .test_gui_checkpoints import item, tree
-from .test_gui_vm import BOOT, STEP, router, send
+from tests.helpers.gui import BOOT, STEP, item, router, scripted_provider, send, shown, tree, until
 
 pytestmark = pytest.mark.vm
 

@@ -22,8 +22,7 @@ from piwork.gui.prefs import Prefs
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.policy import Choice
 from piwork.preview import PreviewChoice
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import say, scripted_provider, shown, until
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(1500)]
 
@@ -71,7 +70,7 @@ def test_a_server_in_the_vm_becomes_an_open_preview_row(
                 win.model_pick.addItem("scripted", "scripted/scripted")
                 win.model_pick.setCurrentIndex(win.model_pick.count() - 1)
                 win.new_folder = project
-                win._send_text("Serve the page.")
+                say(win, "Serve the page.")
                 run = win.current()
                 assert run is not None
 
@@ -97,7 +96,7 @@ def test_a_server_in_the_vm_becomes_an_open_preview_row(
                 assert run.task_id is not None
                 url = row.url
                 assert url is not None
-                assert re.fullmatch(r"http://[0-9a-f]+-8000\.localhost:\d+/", url), url
+                assert re.fullmatch(r"http://127\.\d+\.\d+\.\d+:\d+/", url), url
                 assert [p.url for p in run.session.previews.list()] == [url]  # type: ignore[union-attr]
                 row.open_btn.click()
                 assert opened == [url]

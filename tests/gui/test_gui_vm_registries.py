@@ -26,8 +26,7 @@ from piwork.gui.prefs import Prefs
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.policy import Choice, PolicyStore, Scope
 from piwork.runner import EventKind, RunEvent
-
-from .conftest import scripted_provider, shown, until
+from tests.helpers.gui import say, scripted_provider, shown, until
 
 pytestmark = pytest.mark.vm
 
@@ -65,7 +64,7 @@ def test_one_answer_allows_the_registries_and_start_clean_starts_clean(
             try:
                 # ---- the registries, one answer
                 win.new_folder = folder
-                win._send_text("[pip] install six")
+                say(win, "[pip] install six")
                 first = win.current()
                 assert first is not None
                 events: list[RunEvent] = []
@@ -100,7 +99,7 @@ def test_one_answer_allows_the_registries_and_start_clean_starts_clean(
                     win.new_task()
                     win.new_folder = folder
                     win.clean_env.setChecked(clean)
-                    win._send_text(f"nothing to do (clean={clean})")
+                    say(win, f"nothing to do (clean={clean})")
                     ctl = win.current()
                     assert ctl is not None and ctl is not first
                     await until(lambda c=ctl: c.label == "done", BOOT, f"task clean={clean}")

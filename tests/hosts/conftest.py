@@ -1,160 +1,20 @@
-"""A real OpenSSH server on 127.0.0.1, started by the test, with generated keys.
-
-Debian's ``/usr/sbin/sshd`` (scripts/apt-packages.txt) runs in the foreground
-(``-D``) from a config in a temp dir: its own host key, an authorized_keys file
-holding a user key made for the test, a free port on loopback only. The client
-side gets a private ``HOME`` (so ``~/.ssh/config`` and ``~/.ssh/known_hosts``
-are the test's) and a private ``PIWORK_HOME``. Teardown stops sshd and every
-session process it forked.
+"""Fixtures for the remote-host tests: ``sshd`` (a real OpenSSH server on loopback,
+tests/helpers/hosts.py) with a private ``HOME`` and ``PIWORK_HOME``, ``box`` (that
+host added as ``piwork hosts add`` does) and ``short_root`` (a short remote run dir).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+import tempfile
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
-from piwork.hosts.store import Host
-
-SSHD = "/usr/sbin/sshd"
-
-
-@dataclass
-class Sshd:
-    port: int
-    dir: Path
-    user: str
-    user_key: Path
-    host_key_pub: str
-    fingerprint: str
-    log: Path
-    proc: subprocess.Popen[bytes]
-
-    def host(self, name: str = "box", **extra: str) -> Host:
-        return Host(
-            name=name,
-            hostname="127.0.0.1",
-            user=self.user,
-            port=self.port,
-            identity=str(self.user_key),
-            root=extra.get("root", str(self.dir / "remote-root")),
-        )
-
-    def sessions(self) -> list[int]:
-        """Pids of sshd's per-connection processes (children of the listener)."""
-        out = subprocess.run(
-            ["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True, check=False
-        )
-        return [int(p) for p in out.stdout.split()]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _keygen(path: Path) -> None:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)],
-        check=True,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def _fingerprint(pub: Path) -> str:
-    out = subprocess.run(
-        ["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True
-    )
-    return out.stdout.split()[1]
-
-
-def _descendants(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
-    kids = [int(p) for p in out.stdout.split()]
-    return kids + [g for k in kids for g in _descendants(k)]
-
-
-@contextlib.contextmanager
-def running_sshd(d: Path) -> Iterator[Sshd]:
-    """Debian's sshd on a free loopback port with keys made in ``d``; stopped on exit."""
-    if not os.path.exists(SSHD):
-        raise RuntimeError(f"{SSHD} is missing: run scripts/setup.sh (openssh-server)")
-    d.mkdir(parents=True, exist_ok=True)
-    _keygen(d / "host_key")
-    _keygen(d / "user_key")
-    shutil.copy(d / "user_key.pub", d / "authorized_keys")
-    port = _free_port()
-    user = (
-        os.environ.get("USER")
-        or subprocess.run(["id", "-un"], capture_output=True, text=True, check=True).stdout.strip()
-    )
-    (d / "sshd_config").write_text(
-        f"Port {port}\n"
-        "ListenAddress 127.0.0.1\n"
-        f"HostKey {d / 'host_key'}\n"
-        f"PidFile {d / 'sshd.pid'}\n"
-        f"AuthorizedKeysFile {d / 'authorized_keys'}\n"
-        "StrictModes no\n"
-        "UsePAM no\n"
-        "PasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\n"
-        "PubkeyAuthentication yes\n"
-        "PermitRootLogin prohibit-password\n"
-        "AllowStreamLocalForwarding yes\n"
-        # OpenSSH permits direct-streamlocal only where local TCP forwarding is on
-        # (session.c: channel_permit_all is keyed on AllowTcpForwarding).
-        "AllowTcpForwarding local\n"
-        "X11Forwarding no\n"
-        "Subsystem sftp internal-sftp\n"
-        "LogLevel VERBOSE\n"
-    )
-    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
-    log = d / "sshd.log"
-    proc = subprocess.Popen(
-        [SSHD, "-D", "-e", "-f", str(d / "sshd_config")],
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"sshd did not start: {log.read_text()}")
-            time.sleep(0.05)
-        yield Sshd(
-            port=port,
-            dir=d,
-            user=user,
-            user_key=d / "user_key",
-            host_key_pub=(d / "host_key.pub").read_text(),
-            fingerprint=_fingerprint(d / "host_key.pub"),
-            log=log,
-            proc=proc,
-        )
-    finally:
-        for pid in _descendants(proc.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+from piwork.hosts import store
+from piwork.hosts.connect import connect, fingerprint_matcher
+from tests.helpers.hosts import Sshd, running_sshd
 
 
 @pytest.fixture
@@ -168,3 +28,22 @@ def sshd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Sshd]:
             yield server
     except RuntimeError as exc:
         pytest.fail(str(exc))
+
+
+@pytest.fixture
+async def box(sshd: Sshd, short_root: Path) -> AsyncIterator[store.Host]:
+    """The host ``box`` added as ``piwork hosts add`` does: its key accepted once."""
+    host = sshd.host(root=str(short_root))
+    conn = await connect(host, fingerprint_matcher(sshd.fingerprint, None))
+    conn.close()
+    await conn.wait_closed()
+    store.save({host.name: host})
+    yield host
+
+
+@pytest.fixture
+def short_root() -> Iterator[Path]:
+    """AF_UNIX paths are short (~107 bytes): the remote run dir must be too."""
+    root = Path(tempfile.mkdtemp(prefix="pwr-"))
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

@@ -14,10 +14,8 @@ import pytest
 from piwork.bench import COLD, WARM
 from piwork.hosts import store
 from piwork.hosts.bench import LINK_OPEN, RELAYED, RPC_RTT, SSH_RTT, STEER_LATENCY, TEMPLATE
-from tests.hosts.test_hosts_run import box, run_cli
-from tests.hosts.test_hosts_vm import short_root
+from tests.helpers.hosts import run_cli
 
-__all__ = ["box", "short_root"]
 pytestmark = pytest.mark.vm
 
 

@@ -22,11 +22,8 @@ from piwork.env import store_for
 from piwork.hosts import envdisk, store
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Text, ToolCalls, bash
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
-from tests.hosts.test_hosts_run import box
-from tests.hosts.test_hosts_vm import short_root
-from tests.vm.conftest import scripted_provider
+from tests.helpers.vm import scripted_provider
 
-__all__ = ["box", "short_root"]
 pytestmark = pytest.mark.vm
 
 

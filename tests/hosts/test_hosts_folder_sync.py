@@ -16,8 +16,8 @@ from piwork.changes.folder import Seen
 from piwork.changes.sources import person_changed_since
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.hosts.sync import FolderSync
-from tests.hosts.conftest import Sshd
-from tests.unit.changes_double import Judge, MirrorLayer
+from tests.helpers.changes import Judge, MirrorLayer
+from tests.helpers.hosts import Sshd
 
 
 class RemoteLayer(MirrorLayer):

@@ -27,9 +27,9 @@ from piwork.hosts import envdisk, orphans
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.hosts.remote import remote_root
 from piwork.hosts.watchdog import TASK_FILE, RemoteQemu, sweep
-from tests.hosts.conftest import Sshd
-from tests.hosts.holder import IDLE_QEMU
-from tests.hosts.test_hosts_watchdog import alive
+from tests.helpers.holder import IDLE_QEMU
+from tests.helpers.hosts import Sshd
+from tests.helpers.procs import alive
 
 TASK = "0a1b2c3d4e5f"
 SIZE = 16 << 20

@@ -23,12 +23,9 @@ from piwork.config import get_paths
 from piwork.hosts import orphans, store
 from piwork.hosts.watchdog import LEASE_SECONDS
 from piwork.models.scripted import ChatRequest, Delay, ScriptedModelServer, Text, ToolCalls, bash
-from tests.hosts.test_hosts_run import box
-from tests.hosts.test_hosts_vm import short_root
-from tests.hosts.test_hosts_watchdog import alive, wait_gone
-from tests.vm.test_vm_resume import Cli
+from tests.helpers.cli import Cli
+from tests.helpers.procs import alive, wait_gone
 
-__all__ = ["box", "short_root"]
 pytestmark = pytest.mark.vm
 
 CHECK = "CHECK-THE-MARK"

@@ -15,7 +15,7 @@ from piwork.hosts.packs import ensure_pack
 from piwork.hosts.remote import remote_root
 from piwork.hosts.store import known_hosts_file
 from piwork.pack.manifest import MANIFEST_NAME, Manifest, PackFile
-from tests.hosts.conftest import Sshd
+from tests.helpers.hosts import Sshd
 
 
 def make_pack(base: Path, pack_id: str = "abc123") -> tuple[Path, Manifest]:

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
-import subprocess
-import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import orjson
@@ -21,43 +17,16 @@ import pytest
 from piwork.auth import KeyStore
 from piwork.config import get_paths
 from piwork.hosts import store
-from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.models.providers import Provider
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Text, ToolCalls, write
 from piwork.runner import RunEvent, RunRequest, TaskSession
-from tests.hosts.conftest import Sshd
-from tests.hosts.test_hosts_vm import short_root
-from tests.hosts.test_hosts_watchdog import alive, cmdline, parents, wait_gone
-from tests.vm.conftest import scripted_provider
+from tests.helpers.hosts import files_holding, run_cli
+from tests.helpers.procs import alive, cmdline, parents, wait_gone
+from tests.helpers.vm import scripted_provider
 
-__all__ = ["short_root"]
 pytestmark = pytest.mark.vm
 
 SECRET = "sk-piwork-remote-" + secrets.token_hex(20)
-
-
-@pytest.fixture
-async def box(sshd: Sshd, short_root: Path) -> AsyncIterator[store.Host]:
-    """The host ``box`` added as ``piwork hosts add`` does: its key accepted once."""
-    host = sshd.host(root=str(short_root))
-    conn = await connect(host, fingerprint_matcher(sshd.fingerprint, None))
-    conn.close()
-    await conn.wait_closed()
-    store.save({host.name: host})
-    yield host
-
-
-def files_holding(root: Path, needle: bytes) -> list[str]:
-    hits = []
-    for dirpath, _dirs, files in os.walk(root):
-        for f in files:
-            p = Path(dirpath, f)
-            if p.is_symlink() or not p.is_file():
-                continue
-            with p.open("rb") as fh:
-                if needle in fh.read():
-                    hits.append(str(p))
-    return hits
 
 
 async def test_keyed_task_on_a_remote_host_keeps_the_key_here(
@@ -112,14 +81,6 @@ async def test_keyed_task_on_a_remote_host_keeps_the_key_here(
     assert files_holding(short_root, SECRET.encode()) == []
     notices = [e.data.get("message", "") for e in events if e.kind == "notice"]
     assert any(f"running on {box.name}" in n for n in notices), notices
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "piwork.cli.main", *args],
-        capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
-        env={**os.environ}, cwd=Path(__file__).parents[2],
-    )  # fmt: skip
 
 
 def test_cli_demo_run_with_host_writes_locally_and_uploads_the_pack_once(

@@ -12,7 +12,7 @@ import pytest
 
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.hosts.streams import StreamUnavailable, open_socket, open_streams
-from tests.hosts.conftest import Sshd
+from tests.helpers.hosts import Sshd
 
 
 async def test_a_remote_socket_is_a_local_stream_with_eof(sshd: Sshd) -> None:

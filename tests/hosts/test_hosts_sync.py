@@ -11,7 +11,7 @@ from pathlib import Path
 from piwork.agent import TaskDirs
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.hosts.vm import download_tree, upload_tree
-from tests.hosts.conftest import Sshd
+from tests.helpers.hosts import Sshd
 
 
 def lexists(p: Path) -> bool:

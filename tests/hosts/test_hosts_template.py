@@ -18,12 +18,10 @@ from piwork.config import get_paths
 from piwork.hosts import store
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Text, ToolCalls, write
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
-from tests.hosts.test_hosts_run import box, files_holding
-from tests.hosts.test_hosts_vm import short_root
-from tests.hosts.test_hosts_watchdog import cmdline
-from tests.vm.conftest import scripted_provider
+from tests.helpers.hosts import files_holding
+from tests.helpers.procs import cmdline
+from tests.helpers.vm import scripted_provider
 
-__all__ = ["box", "short_root"]
 pytestmark = pytest.mark.vm
 
 

@@ -14,7 +14,7 @@ import pytest
 from piwork.hosts import templates
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.vm.template import Template, TemplateUnavailable
-from tests.hosts.conftest import Sshd
+from tests.helpers.hosts import Sshd
 
 KEY = {"format": 4, "pack": "p1", "qemu": "QEMU emulator version 7.2|1|2", "memory_mb": 1}
 

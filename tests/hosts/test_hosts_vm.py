@@ -8,11 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import signal
 import stat
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,20 +21,11 @@ from piwork.hosts.vm import RemoteAgentVm, RemoteLink
 from piwork.models.scripted import Delay, ScriptedModelServer, Text, ToolCalls, bash, write
 from piwork.pack.manifest import Manifest
 from piwork.rpc import models as m
-from tests.hosts.conftest import Sshd, _descendants
-from tests.hosts.test_hosts_watchdog import alive, cmdline, parents, wait_gone
-from tests.vm.conftest import agent_config, apply_changes, make_task_dirs, pack, write_models_json
+from tests.helpers.hosts import Sshd
+from tests.helpers.procs import alive, cmdline, descendants, parents, wait_gone
+from tests.helpers.vm import agent_config, apply_changes, make_task_dirs, write_models_json
 
-__all__ = ["pack"]  # the session fixture, shared with tests/vm
 pytestmark = pytest.mark.vm
-
-
-@pytest.fixture
-def short_root() -> Iterator[Path]:
-    """AF_UNIX paths are short (~107 bytes): the remote run dir must be too."""
-    root = Path(tempfile.mkdtemp(prefix="pwr-"))
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
@@ -95,7 +84,7 @@ async def test_pi_answers_through_ssh_and_writes_into_the_local_folder(
 def sshd_processes_of_sessions(sshd: Sshd) -> list[int]:
     """The per-connection sshd processes (monitor and session), not what they run."""
     out = []
-    for pid in _descendants(sshd.proc.pid):
+    for pid in descendants(sshd.proc.pid):
         with contextlib.suppress(FileNotFoundError):
             if Path(f"/proc/{pid}/comm").read_text().strip() == "sshd":
                 out.append(pid)

@@ -19,31 +19,9 @@ import asyncssh
 from piwork.hosts.connect import connect, fingerprint_matcher
 from piwork.hosts.remote import remote_root
 from piwork.hosts.watchdog import RemoteQemu, sweep
-from tests.hosts.conftest import Sshd
-from tests.hosts.holder import IDLE_QEMU
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        # ProcessLookupError: reaped between the open and the read (seen once in CI).
-        return False
-    return state not in ("Z", "X")
-
-
-def cmdline(pid: int) -> list[str]:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-
-
-def parents(pid: int) -> list[str]:
-    """Process names from ``pid`` up to init."""
-    names = []
-    while pid > 1:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        names.append(stat[stat.index("(") + 1 : stat.rindex(")")])
-        pid = int(stat.rsplit(")", 1)[1].split()[1])
-    return names
+from tests.helpers.holder import IDLE_QEMU
+from tests.helpers.hosts import Sshd
+from tests.helpers.procs import alive, cmdline, parents, wait_gone
 
 
 def command_of(pid: int) -> str:
@@ -54,14 +32,6 @@ def command_of(pid: int) -> str:
             return name
         time.sleep(0.1)
     return name
-
-
-def wait_gone(pid: int, limit: float) -> float:
-    """Seconds until ``pid`` is gone (or ``limit``): run in a thread."""
-    t0 = time.monotonic()
-    while alive(pid) and time.monotonic() - t0 < limit:
-        time.sleep(0.2)
-    return time.monotonic() - t0
 
 
 async def _conn(sshd: Sshd) -> asyncssh.SSHClientConnection:
@@ -111,7 +81,7 @@ async def test_qemu_runs_under_the_watchdog_and_close_stops_it(sshd: Sshd) -> No
 async def test_kill_9_of_piwork_leaves_no_qemu_after_the_lease(sshd: Sshd) -> None:
     lease = 5
     holder = subprocess.Popen(  # noqa: ASYNC220 (a process to SIGKILL, read in a thread)
-        [sys.executable, "-m", "tests.hosts.holder", sshd.host().model_dump_json(),
+        [sys.executable, "-m", "tests.helpers.holder", sshd.host().model_dump_json(),
          sshd.fingerprint, str(lease)],
         stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
     )  # fmt: skip

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs, saved_vm_for
 from piwork.vm.template import template_for
-from tests.unit.test_vm_template import MANIFEST, TCG
+from tests.helpers.pack import MANIFEST, TCG
 
 
 def _cfg(tmp_path: Path, **kw: object) -> AgentVmConfig:

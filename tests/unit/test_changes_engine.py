@@ -1,6 +1,6 @@
 """The change-set engine: what the agent changed reaches the folder only as decided.
 
-The agent's layer is a dict (tests/unit/changes_double.py); the folder, the
+The agent's layer is a dict (tests/helpers/changes.py); the folder, the
 journal, the store, the holds and undo are the real ones.
 """
 
@@ -15,8 +15,7 @@ from piwork.changes.engine import Answer, FolderChanges, Limits
 from piwork.changes.entry import Kind
 from piwork.changes.history import _undo
 from piwork.changes.journal import State
-
-from .changes_double import Judge, Layer
+from tests.helpers.changes import Judge, Layer
 
 
 @pytest.fixture

@@ -24,8 +24,7 @@ from piwork.changes.entry import EntryError, Kind, parse_entry
 from piwork.changes.history import describe, file_diff
 from piwork.changes.holds import git_alias, refused_prefix
 from piwork.changes.wire import MAX_LINE, LayerClient, LayerError
-
-from .changes_double import Judge, Layer
+from tests.helpers.changes import Judge, Layer
 
 
 def b64(raw: bytes) -> str:

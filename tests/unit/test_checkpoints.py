@@ -9,11 +9,9 @@ of every path it touched. Everything but the VM is real.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,86 +29,9 @@ from piwork.checkpoints import (
 )
 from piwork.cli.main import main
 from piwork.config import get_paths
-from piwork.run.records import FolderCheckpoints
-from piwork.tasks.store import Task, TaskStore
-
-from .changes_double import Judge, MirrorLayer
-
-
-class _Agent:
-    def __init__(self, layer: MirrorLayer) -> None:
-        self.layer = layer
-
-    def folder_source(self) -> MirrorLayer:
-        return self.layer
-
-
-class Run:
-    """A task with a working folder, the agent's copy of it, and the run's recorder."""
-
-    def __init__(self, task: Task, folder: Path, view: Path) -> None:
-        self.task = task
-        self.folder = folder
-        self.view_dir = view
-        self.events: list[dict[str, Any]] = []
-        self.notices: list[str] = []
-        self.judge = Judge(answer=Answer.ALLOW)
-        self.rec = FolderCheckpoints(self._emit, lambda k, d: None, lambda: self.judge,
-                                     turn_start_wait=0.01)  # fmt: skip
-        self.agent: _Agent | None = None
-
-    def _emit(self, kind: Any, **data: Any) -> None:
-        if kind.value == "changes":
-            self.events.append(data)
-        elif kind.value in ("notice", "error"):
-            self.notices.append(str(data.get("message")))
-
-    @property
-    def view(self) -> Path:
-        assert self.agent is not None, "start() first: the agent's copy is made then"
-        return self.agent.layer.view
-
-    def start(self) -> None:
-        self.agent = _Agent(MirrorLayer(self.view_dir, self.folder))
-        self.rec.begin(self.task)
-
-    def turn(self) -> None:
-        async def go() -> None:
-            self.rec.turn_started()
-            await self.rec.before_model_call(self.agent)  # type: ignore[arg-type]
-
-        asyncio.run(go())
-
-    def end(self) -> None:
-        asyncio.run(self.rec.end(self.agent, {}))  # type: ignore[arg-type]
-        assert self.rec.engine is not None
-        self.rec.engine.close()
-
-    @property
-    def id(self) -> str:
-        return self.task.id
-
-
-@pytest.fixture
-def folder(tmp_path: Path) -> Path:
-    f = tmp_path / "work"
-    f.mkdir()
-    return f
-
-
-@pytest.fixture
-def make_run(folder: Path, tmp_path: Path) -> Iterator[Any]:
-    store = TaskStore(get_paths().tasks)
-
-    def make() -> Run:
-        return Run(store.create("checkpoint test", folder), folder, tmp_path / "view")
-
-    yield make
-    store.close()
-
-
-def changes(task_id: str, turn: int | None = None) -> dict[str, str]:
-    return {c.path: c.status for c in task_changes(task_id, turn=turn)}
+from piwork.tasks.store import TaskStore
+from tests.helpers.changes import Judge
+from tests.helpers.checkpoints import Run, changes
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -22,12 +22,7 @@ from piwork.policy import AuditLog
 from piwork.tasks.model import StopReason, TaskStatus
 from piwork.tasks.store import TaskStore
 from piwork.textsafe import sanitize, sanitize_block
-
-from . import test_checkpoints as base
-from .test_checkpoints import Run
-
-folder = base.folder  # the fixtures, shared with test_checkpoints.py
-make_run = base.make_run
+from tests.helpers.checkpoints import Run
 
 ERASE_ABOVE = "\x1b[1A\x1b[2K\x1b[1A\x1b[2K"
 OSC52 = "\x1b]52;c;cm0gLXJmIH4K\x07"  # writes "rm -rf ~" to the clipboard

@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from piwork.proxy.egress import (
     AllowNetError,
@@ -22,72 +19,7 @@ from piwork.proxy.egress import (
     normalize_host,
     proxy_url_with_token,
 )
-
-
-@dataclass
-class Policy:
-    allowed: set[str] = field(default_factory=set)
-    asked: list[tuple[str, int]] = field(default_factory=list)
-    delay: float = 0.0
-
-    async def __call__(self, host: str, port: int) -> bool:
-        self.asked.append((host, port))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        return host in self.allowed
-
-
-@dataclass
-class Origin:
-    """A plain HTTP server and a TCP echo server on loopback."""
-
-    http_port: int
-    echo_port: int
-    requests: list[tuple[str, str, dict[str, str]]]
-    echo_connections: list[int]
-
-
-@pytest.fixture
-async def origin() -> AsyncIterator[Origin]:
-    requests: list[tuple[str, str, dict[str, str]]] = []
-    echo_connections: list[int] = []
-
-    async def hello(request: web.Request) -> web.Response:
-        requests.append((request.method, request.path_qs, dict(request.headers)))
-        body = await request.read()
-        return web.Response(text=f"hello from origin; got {len(body)} bytes")
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", hello)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    http_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        echo_connections.append(1)
-        while data := await reader.read(1024):
-            writer.write(data.upper())
-            await writer.drain()
-        writer.close()
-
-    echo_server = await asyncio.start_server(echo, "127.0.0.1", 0)
-    echo_port = echo_server.sockets[0].getsockname()[1]
-    yield Origin(http_port, echo_port, requests, echo_connections)
-    echo_server.close()
-    await runner.cleanup()
-
-
-async def connect_via(
-    proxy: EgressProxy, target: str, extra: str = ""
-) -> tuple[bytes, asyncio.StreamReader, asyncio.StreamWriter]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
-    writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{extra}\r\n".encode())
-    await writer.drain()
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-    return head, reader, writer
-
+from tests.helpers.egress import Origin, Policy, client_hello, connect_via
 
 # --- plain HTTP ------------------------------------------------------------------
 
@@ -176,9 +108,11 @@ async def test_allowed_connect_tunnels_bytes_both_ways(origin: Origin) -> None:
     async with EgressProxy(policy, allow_private_networks=True) as proxy:
         head, reader, writer = await connect_via(proxy, f"localhost:{origin.echo_port}")
         assert head.startswith(b"HTTP/1.1 200 ")
-        writer.write(b"ping")
+        hello = client_hello("localhost")
+        writer.write(hello + b"ping")
         await writer.drain()
-        assert await asyncio.wait_for(reader.readexactly(4), 5) == b"PING"
+        echoed = await asyncio.wait_for(reader.readexactly(len(hello) + 4), 5)
+        assert echoed == (hello + b"ping").upper()
         writer.write_eof()  # half-close: the echo server finishes, tunnel ends
         assert await asyncio.wait_for(reader.read(), 5) == b""
         writer.close()
@@ -202,7 +136,7 @@ async def test_loopback_is_refused_by_default_even_when_policy_allows(origin: Or
             body = await asyncio.wait_for(reader.read(), 5)
             writer.close()
             assert head.startswith(b"HTTP/1.1 403 "), head
-            assert b"local or private address" in body
+            assert b"a private or reserved address" in body and b"allow-private" in body
     assert origin.echo_connections == []
 
 
@@ -315,8 +249,9 @@ async def test_the_token_in_the_proxy_url_lets_curl_and_clients_through(origin: 
             proxy, f"localhost:{origin.echo_port}", f"Proxy-Authorization: Basic {cred}\r\n"
         )
         assert head.startswith(b"HTTP/1.1 200 ")
-        writer.write(b"hi")
-        assert await asyncio.wait_for(reader.readexactly(2), 5) == b"HI"
+        hello = client_hello("localhost")
+        writer.write(hello)
+        assert await asyncio.wait_for(reader.readexactly(len(hello)), 5) == hello.upper()
         writer.close()
     [(_, path, headers)] = origin.requests
     assert path == "/via-curl" and "Proxy-Authorization" not in headers

@@ -9,7 +9,7 @@ import pytest
 
 from piwork.rpc.client import RpcConnectionLost, RpcError
 from piwork.vm import channel as channel_mod
-from tests.unit.guest_double import guest_and_host
+from tests.helpers.guest_double import guest_and_host
 
 
 async def test_a_malformed_gap_or_pong_does_not_kill_the_reader() -> None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import subprocess
 from pathlib import Path
 
 from piwork.config import get_paths, repo_root
-from piwork.pack import build, cache, workbench
+from piwork.pack import build, cache, node, workbench
 from piwork.pack.cpio import CpioMember, read_newc
 from piwork.pack.ingredients import has_pvh_entry, load_pins
 
@@ -44,8 +45,17 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     )
     pins = load_pins(repo_root() / "vm-image" / "pins.toml")
     assert m.versions["kernel"] == pins.kernel_release
-    assert m.versions["node"] == "22.23.3" and m.versions["pi"] == "0.73.1"
-    assert {f.path for f in m.files} == {"vmlinux", "initrd.cpio", "root.erofs", "workbench.erofs"}
+    pinned = json.loads((repo_root() / node.PI_SOURCE / "package.json").read_text())
+    pinned = pinned["dependencies"]
+    assert m.versions["node"] == pinned[node.NODE_PACKAGE]
+    assert m.versions["pi"] == pinned[node.PI_PACKAGE]
+    assert {f.path for f in m.files} == {
+        "vmlinux",
+        "initrd.cpio",
+        "root.erofs",
+        "workbench.erofs",
+        "pi-models.json",
+    }
     assert m.kernel == "vmlinux" and m.rootfs == "root.erofs"
     # The workbench: every pinned Debian package at its pin, the whole resolved set recorded.
     assert m.workbench == "workbench.erofs"

@@ -10,58 +10,18 @@ only cost speed: the launcher still loads pi and pi still answers.
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import stat
-import subprocess
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from piwork.config import repo_root
 from piwork.pack import codecache, ensure_pack, load_manifest
-from piwork.pack.cpio import read_newc
+from tests.helpers.pack import EXTENSIONS, launch
 
 BUNDLE_URL = (
-    "file:///opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/"
+    "file:///opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent/"
     "dist/core/piwork-bundle/entry.js"
 )
-NODE = "/opt/piwork/node/bin/node"
-LAUNCHER = "/opt/piwork/launcher/launch.mjs"
-EXTENSIONS = ("permission-gate", "ask-user")
-
-
-@pytest.fixture(scope="module")
-def guest_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The guest's file tree: the pack's initramfs with its disk at /opt/piwork."""
-    pack_dir = ensure_pack()
-    manifest = load_manifest(pack_dir)
-    assert manifest.rootfs is not None
-    root = tmp_path_factory.mktemp("guest")
-    with (pack_dir / manifest.initrd).open("rb") as fh:
-        for m in read_newc(fh):
-            dest = root / m.name
-            kind = stat.S_IFMT(m.mode)
-            if kind == stat.S_IFDIR:
-                dest.mkdir(parents=True, exist_ok=True)
-            elif kind == stat.S_IFLNK:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.symlink_to(m.data.decode())
-            elif kind == stat.S_IFREG:
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(m.data)
-                dest.chmod(stat.S_IMODE(m.mode))
-            # device nodes: not needed to run node
-    subprocess.run(
-        ["fsck.erofs", f"--extract={root / 'opt' / 'piwork'}", str(pack_dir / manifest.rootfs)],
-        check=True,
-        capture_output=True,
-    )
-    return root
 
 
 @dataclass
@@ -69,68 +29,6 @@ class LauncherRun:
     loaded: dict[str, object]
     reply: dict[str, object]
     debug: str  # Node's compile-cache debug lines (stderr)
-
-
-def _lines(sock: socket.socket, deadline: float) -> Iterator[str]:
-    buf = b""
-    while time.monotonic() < deadline:
-        sock.settimeout(max(0.1, deadline - time.monotonic()))
-        chunk = sock.recv(65536)
-        if not chunk:
-            return
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            yield line.decode()
-
-
-def launch(
-    root: Path,
-    go: dict[str, object],
-    stdin: bytes,
-    *node_flags: str,
-    timeout: float = 120,
-    script: str | None = LAUNCHER,
-) -> tuple[dict[str, object], str, str]:
-    """The real launcher in the guest tree, started as the supervisor starts it, then
-    told ``go``: its "loaded" message, pi's stdout and stderr. ``script=None``: node runs
-    what ``node_flags`` say (``--snapshot-blob``), not launch.mjs itself."""
-    ours, theirs = socket.socketpair()
-    env = {
-        "PATH": "/bin",
-        "HOME": "/root",
-        "NODE_DEBUG_NATIVE": "COMPILE_CACHE",
-        # As the supervisor starts it: the extensions to load before "go".
-        "PIWORK_WARM_EXTENSIONS": ":".join(f"/opt/piwork/extensions/{e}.ts" for e in EXTENSIONS),
-    }
-    cmd = ["unshare", "--user", "--map-root-user", f"--root={root}", "--wd=/tmp"]
-    cmd += [NODE, *node_flags, *([script] if script else [])]
-    proc = subprocess.Popen(
-        cmd,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        # The control socket is the launcher's fd 3, as the supervisor gives it.
-        # dup2 clears close-on-exec; every other descriptor of ours has it set.
-        close_fds=False,
-        preexec_fn=lambda: os.dup2(theirs.fileno(), 3),
-    )
-    theirs.close()
-    try:
-        first = next(_lines(ours, time.monotonic() + 120), None)
-        if first is None:
-            proc.kill()
-            _out, err = proc.communicate(timeout=30)
-            raise AssertionError(f"the launcher said nothing on fd 3: {err.decode()[-2000:]}")
-        ours.sendall(json.dumps(go).encode() + b"\n")
-        out, err = proc.communicate(stdin, timeout=timeout)
-    finally:
-        ours.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return json.loads(first), out.decode(), err.decode()
 
 
 def run_launcher(root: Path, *node_flags: str) -> LauncherRun:

@@ -24,13 +24,11 @@ from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, pi_prov
 from piwork.pack.bundle import KEPT_EXTERNAL, check_externals
 from piwork.pack.codecache import NODE_FLAGS
 from piwork.pack.errors import PackError
-from tests.unit.test_pack_codecache import guest_tree, launch
-from tests.vm.test_vm_image_resize import images_sent, png, png_size
-
-__all__ = ["guest_tree"]  # the fixture, shared with test_pack_codecache
+from tests.helpers.images import images_sent, png, png_size
+from tests.helpers.pack import launch
 
 PHOTON = "@silvia-odwyer/photon-node"
-PI = Path("opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent")
+PI = Path("opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent")
 BUNDLE = PI / "dist/core/piwork-bundle"
 
 

@@ -9,7 +9,6 @@ These tests feed forged select messages through ``parse_request`` into the
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,53 +19,18 @@ from piwork.cli.run_cmd import TerminalAsker
 from piwork.policy import describe_rules, needs_confirmation, proposed_rules
 from piwork.policy.decider import Decider, persist_pattern
 from piwork.policy.request import (
-    MARKER_CLOSE,
-    MARKER_OPEN,
     Choice,
     PermissionRequest,
     clean_domain,
     clean_path,
-    parse_request,
     validate_request,
 )
 from piwork.policy.rules import Action, ScopeKind, Target, TaskContext, Verdict
 from piwork.textsafe import sanitize
+from tests.helpers.policy import forged
 
 FOLDER = Path("/home/me/project")
 CTX = TaskContext(task_id="t-1", working_folder=FOLDER)
-OPTIONS = ["Allow once", "Always allow in this folder", "Always allow everywhere", "Deny"]
-
-
-def forged(
-    *effects: dict[str, Any],
-    action: str | None = None,
-    question: str = "Allow?",
-    tool: str = "bash",
-    command: str | None = "x",
-) -> PermissionRequest:
-    payload = {
-        "v": 1,
-        "kind": "piwork.permission",
-        "action": action or (effects[0]["action"] if effects else "read"),
-        "tool": tool,
-        "toolCallId": "call-1",
-        "taskId": "t-1",
-        "cwd": "/mnt/work",
-        "command": command,
-        "paths": [],
-        "effects": list(effects),
-    }
-    body = json.dumps(payload).replace("<", "\\u003c")
-    msg = {
-        "type": "extension_ui_request",
-        "id": "req-1",
-        "method": "select",
-        "title": f"{question}\n\n{MARKER_OPEN}{body}{MARKER_CLOSE}",
-        "options": OPTIONS,
-    }
-    req = parse_request(msg)
-    assert req is not None
-    return req
 
 
 @pytest.fixture

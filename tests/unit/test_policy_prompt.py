@@ -20,7 +20,7 @@ from piwork.policy.decider import Decider
 from piwork.policy.prompt import command_line, guest_note, headline
 from piwork.policy.request import PermissionRequest
 from piwork.policy.rules import TaskContext
-from tests.unit.test_policy_forgery import forged
+from tests.helpers.policy import forged
 
 CTX = TaskContext(task_id="t-1", working_folder=Path("/home/u/proj"))
 PYPI = "pip download requests --index-url https://pypi.org/simple"

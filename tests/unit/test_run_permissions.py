@@ -152,3 +152,61 @@ class _NoAgent:
 
     def connect(self, *, line_tap: object, ui_handler: object, listener: object) -> None:
         type(self).listener = listener
+
+
+async def test_a_policy_damaged_mid_run_denies_and_ends_the_run(session: TaskSession) -> None:
+    """The file is truncated while the task runs: the next question is a deny, not the
+    built-in defaults' answer, and the run ends saying which file and how to restore it."""
+    from piwork.policy import Rule, Scope, Verdict
+    from piwork.run.digest import EventKind, RunEvent
+
+    events: list[RunEvent] = []
+    session.sink = events.append
+    store = session.permissions.decider.store
+    store.add(Rule(Action.NETWORK, Verdict.ALLOW, Scope.global_(), pattern="pypi.org"))
+    store.path.write_bytes(b'{"version": 1, "ru')
+    assert await session.permissions.answer_permission(_gate_network_request("pypi.org")) is (
+        Choice.DENY
+    )
+    assert not await session.permissions.domain_policy("pypi.org", 443)
+    assert _asker(session).asked == [], "nobody is asked on a guess either"
+    from piwork.policy import AuditLog
+
+    audited = [e["decidedBy"] for e in AuditLog(session.paths.audit_log).read()]
+    assert audited == ["unusable-policy", "unusable-policy"]
+    assert session.stop_requested
+    reason = session.stop_reason
+    assert reason is not None and "policy restore" in (reason[1] or "")
+    errors = [e.data["message"] for e in events if e.kind is EventKind.ERROR]
+    assert errors and str(store.path) in errors[0]
+    session.store.close()
+
+
+async def test_a_provider_side_tool_is_asked_like_a_network_destination(
+    session: TaskSession,
+) -> None:
+    """An enabled server tool (security review 2, finding 2): an MCP server or a search
+    limited to domains is asked about host by host, as the egress proxy asks; a tool that
+    reaches any site is its own question, naming the provider and the tool."""
+    from piwork.proxy.schema import ServerToolUse
+
+    asker = _asker(session)
+    mcp = ServerToolUse("mcp", "mcp_servers", ("mcp.example.com",))
+    assert await session.permissions.server_tool_policy("anthropic", mcp)
+    [question] = asker.asked
+    assert question.tool == "network"
+    assert [t.domain for t in question.targets] == ["mcp.example.com"]
+    fetch = ServerToolUse("web_fetch", "tools[0]")
+    assert await session.permissions.server_tool_policy("anthropic", fetch)
+    question = asker.asked[1]
+    assert question.action is Action.CONNECTOR
+    assert [t.tool for t in question.targets] == ["anthropic:web_fetch"]
+    assert "anthropic" in question.question and "any site" in question.question
+
+    async def deny(request: PermissionRequest) -> Choice | None:
+        asker.asked.append(request)
+        return Choice.DENY
+
+    asker.permission = deny  # type: ignore[method-assign]
+    assert not await session.permissions.server_tool_policy("anthropic", fetch)
+    session.store.close()

@@ -9,7 +9,6 @@ from pathlib import Path
 import orjson
 import pytest
 
-from piwork.pack.manifest import Manifest
 from piwork.vm.accel import Accel, AccelChoice
 from piwork.vm.command import Share, Transport, VmSpec
 from piwork.vm.template import (
@@ -24,18 +23,7 @@ from piwork.vm.template import (
     template_key,
     usable,
 )
-
-MANIFEST = Manifest(
-    pack_id="pack-1",
-    kernel="vmlinuz",
-    initrd="initrd.cpio",
-    cmdline="console=ttyS0",
-    versions={},
-    files=[],
-    created_at="2026-11-22T00:00:00Z",
-    builder="test",
-)
-TCG = AccelChoice(Accel.TCG, "test", ["-accel", "tcg"])
+from tests.helpers.pack import MANIFEST, TCG
 
 
 def spec(**kw: object) -> VmSpec:

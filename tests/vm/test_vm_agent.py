@@ -24,13 +24,12 @@ from piwork.rpc import models as m
 from piwork.vm.accel import probe
 from piwork.vm.command import VmSpec
 from piwork.vm.machine import BootStalled, VirtualMachine
-
-from .conftest import (
+from tests.helpers.procs import alive
+from tests.helpers.vm import (
     agent_config,
     apply_changes,
     make_task_dirs,
     per_prompt,
-    pid_alive,
     prompt_events,
     write_models_json,
 )
@@ -118,9 +117,9 @@ async def test_qemu_is_gone_after_a_failing_test(
     with pytest.raises(RuntimeError, match="the test failed here"):
         async with agent:
             pid = agent.vm.pid
-            assert pid is not None and pid_alive(pid)
+            assert pid is not None and alive(pid)
             raise RuntimeError("the test failed here")
-    assert pid is not None and not pid_alive(pid)
+    assert pid is not None and not alive(pid)
 
 
 def test_qemu_dies_with_a_host_process_killed_with_sigkill(
@@ -152,13 +151,13 @@ def test_qemu_dies_with_a_host_process_killed_with_sigkill(
     try:
         assert proc.stdout is not None
         qemu_pid = int(proc.stdout.readline())
-        assert pid_alive(qemu_pid)
+        assert alive(qemu_pid)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         deadline = time.monotonic() + 10
-        while pid_alive(qemu_pid) and time.monotonic() < deadline:
+        while alive(qemu_pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not pid_alive(qemu_pid), "QEMU outlived the process that started it"
+        assert not alive(qemu_pid), "QEMU outlived the process that started it"
     finally:
         proc.kill()
 
@@ -189,4 +188,4 @@ async def test_boot_watchdog_reports_a_silent_guest_with_the_command_line(
     text = str(info.value)
     assert "qemu-system-x86_64" in text and "-kernel" in text
     assert isinstance(info.value, BootStalled) or "exit status" in text
-    assert vm.pid is not None and not pid_alive(vm.pid)
+    assert vm.pid is not None and not alive(vm.pid)

@@ -32,8 +32,7 @@ from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text,
 from piwork.policy import Choice
 from piwork.policy.rules import Action
 from piwork.runner import TaskSession
-
-from .conftest import ScriptedAsker, scripted_request
+from tests.helpers.vm import ScriptedAsker, scripted_request
 
 pytestmark = pytest.mark.vm
 

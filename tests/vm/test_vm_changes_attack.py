@@ -45,8 +45,7 @@ from piwork.config import get_paths
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.models.scripted import write as write_tool
 from piwork.runner import EventKind, RunEvent, TaskSession
-
-from .conftest import scripted_request
+from tests.helpers.vm import scripted_request
 
 pytestmark = [
     pytest.mark.vm,

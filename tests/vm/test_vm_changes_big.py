@@ -17,8 +17,7 @@ import pytest
 
 from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, bash
 from piwork.runner import TaskSession
-
-from .conftest import per_prompt, piwork_cli, private_paths, scripted_request
+from tests.helpers.vm import per_prompt, piwork_cli, private_paths, scripted_request
 
 pytestmark = pytest.mark.vm
 

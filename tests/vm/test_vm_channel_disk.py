@@ -32,10 +32,8 @@ from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStatus, TaskStore
 from piwork.tasks.transcript import read_records
 from piwork.vm.channel import Endpoint
-from tests.faults.conftest import SmallDisk
-
-from .conftest import pid_alive
-from .test_vm_faults import (
+from tests.helpers.disk import SmallDisk
+from tests.helpers.faults import (
     Story,
     assert_no_orphans,
     check_after_fault,
@@ -44,6 +42,7 @@ from .test_vm_faults import (
     ports_of,
     resume_to_completion,
 )
+from tests.helpers.procs import alive
 
 pytestmark = pytest.mark.vm
 
@@ -202,7 +201,7 @@ async def test_disk_full_mid_run_stops_with_the_reason_and_the_task_resumes(
     assert said.startswith("the disk is full") and f"`piwork resume {story.task_id}`" in said
     assert outcome.status == "interrupted", outcome  # task.json could not say "stopped"
     assert [e for e in events if e.kind is EventKind.DONE], "no done event"
-    assert qemu is not None and not pid_alive(qemu), "QEMU outlived the stopped run"
+    assert qemu is not None and not alive(qemu), "QEMU outlived the stopped run"
     await assert_no_orphans(story.task_id, ports)
 
     small_data_disk.free()

@@ -13,9 +13,8 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
@@ -24,27 +23,10 @@ from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, bash, w
 from piwork.pack.manifest import Manifest
 from piwork.policy import Choice
 from piwork.runner import Asker, EventKind, RunEvent, RunRequest, TaskSession
-
-from .conftest import ScriptedAsker, private_paths, scripted_provider
-from .test_vm_permissions import script
+from tests.helpers.cli import always_allow, changes, piwork
+from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 pytestmark = pytest.mark.vm
-
-PIWORK = [sys.executable, "-m", "piwork.cli.main"]
-
-
-async def piwork(home: Path, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *PIWORK,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PIWORK_HOME": str(home)},
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 def sh(*cmd: str) -> str:
@@ -61,24 +43,6 @@ def digest(root: Path) -> dict[str, str]:
             key = f"{st.st_mode:o}:{st.st_mtime_ns}:{hashlib.sha256(data).hexdigest()}"
             out[str(p.relative_to(root))] = key
     return out
-
-
-async def changes(home: Path, task_id: str, turn: int) -> dict[str, str]:
-    code, out, err = await piwork(home, "changes", task_id, "--turn", str(turn), "--json")
-    assert code == 0, err
-    return {c["path"]: c["status"] for c in json.loads(out)["changes"]}
-
-
-def always_allow(action: str) -> dict[str, Any]:
-    return {
-        "id": f"r-test-{action}",
-        "action": action,
-        "verdict": "allow",
-        "scope": "global",
-        "scopeValue": None,
-        "pattern": None,
-        "created": "2025-01-01T00:00:00+00:00",
-    }
 
 
 async def test_agent_changes_are_recorded_per_turn_and_undoable(
@@ -106,7 +70,7 @@ async def test_agent_changes_are_recorded_per_turn_and_undoable(
     policy = tmp_path / "policy.json"
     rules = [always_allow(a) for a in ("write", "delete", "shell")]
     policy.write_text(json.dumps({"version": 1, "rules": rules}))
-    model_server.script = script(
+    model_server.script = per_prompt(
         ToolCalls(
             [
                 write("a.txt", "alpha, overwritten by the agent\n", id="t1_write"),

@@ -19,10 +19,8 @@ from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, bash, w
 from piwork.pack.manifest import Manifest
 from piwork.policy import Choice
 from piwork.runner import Asker, RunRequest, TaskSession
-
-from .conftest import ScriptedAsker, private_paths, scripted_provider
-from .test_vm_checkpoints import always_allow, changes, piwork
-from .test_vm_permissions import script
+from tests.helpers.cli import always_allow, changes, piwork
+from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 pytestmark = pytest.mark.vm
 
@@ -49,7 +47,7 @@ async def test_undo_restores_ignored_files_and_a_file_renamed_over(
     policy = tmp_path / "policy.json"
     rules = [always_allow(a) for a in ("write", "delete", "shell")]
     policy.write_text(json.dumps({"version": 1, "rules": rules}))
-    model_server.script = script(
+    model_server.script = per_prompt(
         ToolCalls(
             [
                 write(".GIT/x", "[core]\n\tfsmonitor = evil\n", id="t1_poison"),

@@ -20,8 +20,7 @@ from piwork.policy.request import PermissionRequest
 from piwork.runner import Asker, EventKind, Outcome, RunEvent, RunRequest, TaskSession
 from piwork.tasks import TaskStore
 from piwork.tasks.transcript import read_records
-
-from .conftest import ScriptedAsker, scripted_provider
+from tests.helpers.vm import ScriptedAsker, scripted_provider
 
 pytestmark = pytest.mark.vm
 

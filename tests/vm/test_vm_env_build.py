@@ -31,8 +31,7 @@ import pytest
 from piwork.config import Paths
 from piwork.env import store_for
 from piwork.policy import Choice
-
-from .conftest import ScriptedAsker, bash_task, piwork_cli, private_paths
+from tests.helpers.vm import ScriptedAsker, bash_task, piwork_cli, private_paths
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
 

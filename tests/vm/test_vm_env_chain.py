@@ -17,8 +17,7 @@ import pytest
 
 from piwork.env import store_for
 from piwork.env.store import MAX_CHAIN_LAYERS
-
-from .conftest import bash_task, private_paths
+from tests.helpers.vm import bash_task, private_paths
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
 

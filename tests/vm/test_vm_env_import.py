@@ -19,9 +19,8 @@ import pytest
 
 from piwork.config import Paths
 from piwork.env import store_for
-from tests.oci_archive import busybox_image
-
-from .conftest import bash_task, piwork_cli, private_paths
+from tests.helpers.oci_archive import busybox_image
+from tests.helpers.vm import bash_task, piwork_cli, private_paths
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(2400)]
 

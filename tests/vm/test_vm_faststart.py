@@ -20,8 +20,13 @@ from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, bash
 from piwork.pack.manifest import Manifest
 from piwork.rpc import models as m
 from piwork.vm.template import META, RAM, STATE, default_root, template_for
-
-from .conftest import agent_config, apply_changes, make_task_dirs, per_prompt, write_models_json
+from tests.helpers.vm import (
+    agent_config,
+    apply_changes,
+    make_task_dirs,
+    per_prompt,
+    write_models_json,
+)
 
 pytestmark = pytest.mark.vm
 

@@ -21,8 +21,8 @@ from piwork.rpc import models as m
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
 from piwork.tasks import TaskStatus
 from piwork.tasks.transcript import read_records
-
-from .conftest import ScriptedAsker, pid_alive, scripted_provider
+from tests.helpers.procs import alive
+from tests.helpers.vm import ScriptedAsker, scripted_provider
 
 pytestmark = pytest.mark.vm
 
@@ -117,13 +117,13 @@ async def test_qemu_killed_mid_stream_fails_the_task_with_its_reason_and_loses_n
     after, problems = read_records(session.task.transcript_path)
     assert problems == []
     assert [r.seq for r in after[: len(before)]] == [r.seq for r in before]
-    assert not pid_alive(qemu)
+    assert not alive(qemu)
     # No helper process of this VM is left (there are none since the netmux; slirp's
     # guestfwd relays used to be QEMU's children).
     mine = [
         pid
         for pid in os.listdir("/proc")
-        if pid.isdigit() and _ppid(int(pid)) == qemu and pid_alive(int(pid))
+        if pid.isdigit() and _ppid(int(pid)) == qemu and alive(int(pid))
     ]
     assert mine == []
 

@@ -16,10 +16,7 @@ result:"), so a per-prompt script would ask for the picture again, forever.
 
 from __future__ import annotations
 
-import base64
 import json
-import struct
-import zlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -33,8 +30,8 @@ from piwork.rpc import models as m
 from piwork.runner import RunRequest, TaskSession
 from piwork.tasks.model import Limits
 from piwork.vm.command import GATEWAY_GUEST_ADDR
-
-from .conftest import (
+from tests.helpers.images import images_sent, png, png_size
+from tests.helpers.vm import (
     SCRIPTED_PROVIDER,
     ScriptedAsker,
     agent_config,
@@ -49,48 +46,9 @@ WIDTH, HEIGHT = 2400, 100
 SHOWN = (2000, 83)  # pi's limit is 2000 px a side; 100 * 2000 / 2400 rounds to 83
 
 
-def png(width: int, height: int) -> bytes:
-    """An RGB PNG with a gradient (so it is not trivially small), written here."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + data))
-        return struct.pack(">I", len(data)) + kind + data + crc
-
-    row = bytes(v for x in range(width) for v in (x % 256, (x * 7) % 256, 128))
-    rows = b"".join(b"\0" + row for _ in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
-
-
-def png_size(data: bytes) -> tuple[int, int]:
-    """Width and height from a PNG's IHDR (raises if it is not a PNG)."""
-    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
-        raise ValueError(f"not a PNG: {data[:16]!r}")
-    w, h = struct.unpack(">II", data[16:24])
-    return int(w), int(h)
-
-
-def images_sent(body: object) -> list[bytes]:
-    """Every ``data:`` image URL in a chat request's messages, decoded."""
-    found: list[bytes] = []
-    messages = body.get("messages", []) if isinstance(body, dict) else []
-    for msg in messages:
-        content = msg.get("content") if isinstance(msg, dict) else None
-        for part in content if isinstance(content, list) else []:
-            url = (part.get("image_url") or {}).get("url", "") if isinstance(part, dict) else ""
-            if isinstance(url, str) and url.startswith("data:"):
-                found.append(base64.b64decode(url.partition(",")[2]))
-    return found
-
-
 def assert_resized(server: ScriptedModelServer) -> None:
     """The model's last request carries pi's note and the resized picture, once."""
-    # What pi 0.73.1 writes (utils/image-resize.js formatDimensionNote).
+    # What pi writes (dist/utils/image-resize.js formatDimensionNote).
     note = f"[Image: original {WIDTH}x{HEIGHT}, displayed at {SHOWN[0]}x{SHOWN[1]}."
     requests = server.chat_requests
     assert len(requests) == 2, f"{len(requests)} model requests"

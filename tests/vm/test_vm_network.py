@@ -46,8 +46,7 @@ from piwork.models.scripted import (
 from piwork.policy import Choice
 from piwork.policy.request import PermissionRequest
 from piwork.runner import Outcome, RunEvent, RunRequest, TaskSession
-
-from .conftest import ScriptedAsker, per_prompt, scripted_provider
+from tests.helpers.vm import ScriptedAsker, per_prompt, scripted_provider
 
 pytestmark = pytest.mark.vm
 

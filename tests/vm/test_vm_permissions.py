@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -37,8 +37,7 @@ from piwork.models.scripted import (
 from piwork.pack.manifest import Manifest
 from piwork.policy import Action, AuditLog, Choice, PermissionRequest
 from piwork.runner import AllowAsker, Asker, EventKind, Outcome, RunEvent, RunRequest, TaskSession
-
-from .conftest import ScriptedAsker, private_paths, scripted_provider
+from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 pytestmark = pytest.mark.vm
 
@@ -68,16 +67,6 @@ class Person(ScriptedAsker):
 
 def as_asker(person: Person) -> Asker:
     return cast(Asker, person)
-
-
-def script(*steps: Step) -> Callable[[ChatRequest], Step]:
-    """Restarts at every user message; steps are the model's turns of one prompt."""
-
-    def choose(req: ChatRequest) -> Step:
-        i = req.assistant_turns_since_user
-        return steps[i] if i < len(steps) else Text("(script finished)")
-
-    return choose
 
 
 def last_exchanges(server: ScriptedModelServer) -> list[ToolExchange]:
@@ -118,7 +107,7 @@ class Live:
         return self.session.task.id
 
     async def run(self, prompt: str, *steps: Step, answer: object = None) -> Outcome:
-        self.server.script = script(*steps)
+        self.server.script = per_prompt(*steps)
         self.person.permission_answer = answer
         self.person.permissions.clear()
         self.events.clear()
@@ -298,7 +287,7 @@ async def test_always_allow_in_the_folder_persists_so_a_second_run_does_not_ask(
     (live.folder / "other.txt").write_text("keep\n")
     person = Person(permission=Choice.DENY)
     events: list[RunEvent] = []
-    model_server.script = script(
+    model_server.script = per_prompt(
         ToolCalls([bash("rm always.txt", id="call_always_2")]),
         ToolCalls([bash("rm other.txt", id="call_other")]),
         Text("done"),
@@ -443,7 +432,7 @@ async def test_headless_run_without_a_terminal_denies_and_says_so(
     folder.mkdir()
     (folder / "headless.txt").write_text("keep\n")
     write_providers(home, model_server)
-    model_server.script = script(
+    model_server.script = per_prompt(
         ToolCalls([bash("rm headless.txt", id="call_headless")]),
         Text("I could not delete it."),
     )
@@ -488,7 +477,7 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
         "created": "2025-01-01T00:00:00+00:00",
     }
     policy.write_text(json.dumps({"version": 1, "rules": [rule]}))
-    model_server.script = script(
+    model_server.script = per_prompt(
         ToolCalls([bash("rm allowed.txt", id="call_policy_allowed")]),
         ToolCalls([bash("rm denied.txt", id="call_policy_denied")]),
         Text("done"),

@@ -37,10 +37,9 @@ from piwork.config import Paths, get_paths
 from piwork.models.scripted import ScriptedModelServer, Text, ToolCalls, bash, split_text
 from piwork.tasks import TaskStatus
 from piwork.tasks.transcript import read_records
-
-from .conftest import pid_alive
-from .test_vm_faults import Story, assert_no_orphans, check_after_fault, counting
-from .test_vm_resume import PIWORK, Cli, make_home, qemu_children, run_cli, task_dir
+from tests.helpers.cli import PIWORK, Cli, make_home, run_cli, task_dir
+from tests.helpers.faults import Story, assert_no_orphans, check_after_fault, counting
+from tests.helpers.procs import alive, qemu_children
 
 pytestmark = pytest.mark.vm
 
@@ -171,10 +170,10 @@ async def kill_piwork(home: Home, cli: Cli, point: str, was: str = "running") ->
         await cli.finish(10)  # the events it wrote before it died
     await asyncio.wait_for(cli.proc.wait(), 10)
     for _ in range(300):  # 15 s: the kernel delivers the parent-death signal at once
-        if not any(pid_alive(p) for p in children):
+        if not any(alive(p) for p in children):
             break
         await asyncio.sleep(0.05)
-    left = [p for p in children if pid_alive(p)]
+    left = [p for p in children if alive(p)]
     assert not left, f"{point}: children of the killed piwork still alive: {left}"
     await assert_no_orphans(home.task_id, ())
     await check_interrupted(home, point, was)

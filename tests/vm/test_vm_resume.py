@@ -15,8 +15,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,43 +26,16 @@ import pytest
 from piwork.agent import GUEST_SESSION
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.runner import DEFAULT_RESUME_PROMPT
-
-from .conftest import pid_alive
+from tests.helpers.cli import Cli, make_home, run_cli, task_dir
+from tests.helpers.procs import alive, qemu_children
 
 pytestmark = pytest.mark.vm
 
-PIWORK = [sys.executable, "-m", "piwork.cli.main"]
 RESUMED_MARK = DEFAULT_RESUME_PROMPT[:40]
 SLEEP_CMD = "sleep 600; echo never"
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def make_home(root: Path, server: ScriptedModelServer) -> dict[str, str]:
-    """A private PIWORK_HOME whose providers.json has the scripted server (no key)."""
-    home = root / "home"
-    (home / "config").mkdir(parents=True)
-    model = {
-        "id": "scripted",
-        "name": "scripted test model",
-        "contextWindow": 128000,
-        "maxTokens": 4096,
-        "reasoning": False,
-        "input": ["text"],
-    }
-    providers = {
-        "providers": {
-            "scripted": {
-                "baseUrl": server.base_url,
-                "api": "openai-completions",
-                "auth": "none",
-                "models": [model],
-            }
-        }
-    }
-    (home / "config" / "providers.json").write_text(json.dumps(providers))
-    return {**os.environ, "PIWORK_HOME": str(home)}
 
 
 def crash_script(first_prompt: str) -> Callable[[ChatRequest], Step]:
@@ -86,107 +57,15 @@ def crash_script(first_prompt: str) -> Callable[[ChatRequest], Step]:
     return choose
 
 
-class Cli:
-    """One `piwork` subprocess whose --json events the test reads as they come."""
-
-    def __init__(self, proc: asyncio.subprocess.Process, stderr: Path) -> None:
-        self.proc = proc
-        self.stderr_path = stderr
-        self.events: list[dict[str, Any]] = []
-
-    @classmethod
-    async def start(cls, env: dict[str, str], log: Path, *args: str) -> Cli:
-        with log.open("wb") as err:
-            proc = await asyncio.create_subprocess_exec(
-                *PIWORK, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=err, env=env,
-            )  # fmt: skip
-        return cls(proc, log)
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text(errors="replace")[-4000:]
-
-    async def next_event(self) -> dict[str, Any] | None:
-        assert self.proc.stdout is not None
-        line = await self.proc.stdout.readline()
-        if not line:
-            return None
-        ev: dict[str, Any] = json.loads(line)
-        self.events.append(ev)
-        return ev
-
-    async def wait_event(
-        self, pred: Callable[[dict[str, Any]], bool], timeout: float
-    ) -> dict[str, Any]:
-        async with asyncio.timeout(timeout):
-            while True:
-                ev = await self.next_event()
-                if ev is None:
-                    raise AssertionError(
-                        f"piwork ended before the awaited event; events: "
-                        f"{[e['event'] for e in self.events]}\nstderr: {self.stderr}"
-                    )
-                if pred(ev):
-                    return ev
-
-    async def finish(self, timeout: float) -> int:
-        """Read the remaining events and wait for the exit; a hang fails the test."""
-        try:
-            async with asyncio.timeout(timeout):
-                while await self.next_event() is not None:
-                    pass
-                return await self.proc.wait()
-        except TimeoutError:
-            raise AssertionError(
-                f"piwork did not exit within {timeout:.0f}s; last events "
-                f"{self.events[-5:]}\nstderr: {self.stderr}"
-            ) from None
-
-    def kill(self) -> None:
-        if self.proc.returncode is None:
-            self.proc.kill()
-
-
-async def run_cli(env: dict[str, str], *args: str, timeout: float = 120) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *PIWORK, *args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=env,
-    )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-def qemu_children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == pid and comm.startswith("qemu-system"):
-            found.append(int(entry.name))
-    return found
-
-
 def wait_gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
-    while pid_alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return not pid_alive(pid)
+    return not alive(pid)
 
 
 def tool_started(command: str) -> Callable[[dict[str, Any]], bool]:
     return lambda ev: ev["event"] == "tool_start" and command in str(ev.get("arg"))
-
-
-def task_dir(env: dict[str, str], task_id: str) -> Path:
-    return Path(env["PIWORK_HOME"], "data", "tasks", task_id)
 
 
 def transcript(env: dict[str, str], task_id: str) -> list[dict[str, Any]]:

@@ -30,8 +30,7 @@ from piwork.policy import Choice
 from piwork.rpc import models as m
 from piwork.runner import EventKind, Outcome, RunEvent, RunRequest, TaskSession
 from piwork.tasks import TaskStatus
-
-from .conftest import ScriptedAsker, scripted_provider
+from tests.helpers.vm import ScriptedAsker, scripted_provider
 
 pytestmark = pytest.mark.vm
 

@@ -32,8 +32,7 @@ import pytest
 from piwork.config import get_paths
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.runner import RunRequest, TaskSession
-
-from .conftest import scripted_provider
+from tests.helpers.vm import scripted_provider
 
 pytestmark = pytest.mark.vm
 

@@ -14,15 +14,13 @@ API the CLI uses) with the real pi and a scripted model:
    policy, ``pip install`` fails with the proxy's reason and installs nothing.
 
 This lab inspects TLS with its own certificate authority, which the host
-trusts (``/usr/local/share/ca-certificates``); the first step installs the
-host's local CAs into the task's environment (system store, pip and npm
-config), as a person behind such a proxy would. Where the host has none, the
-step does nothing.
-
-The package registries are allowed by the rules ``piwork env allow-registries``
-saves; any other network question is denied (none may be asked). In this lab
-the registries resolve to a TEST-NET address (an interceptor), which the egress
-proxy counts as private: the sessions allow private networks for that reason.
+trusts (``/usr/local/share/ca-certificates``): piwork gives the guest the
+host's extra CAs at every start (``piwork.net``), so nothing here installs
+one. The package registries are allowed by the rules ``piwork env
+allow-registries`` saves; in this lab they resolve to a TEST-NET address (the
+inspecting gateway), which the egress proxy refuses as private until allowed:
+the test runs ``piwork network allow-private --registries``, as ``piwork
+doctor`` tells a person to. Any network question is denied (none may be asked).
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ from piwork.policy.request import PermissionRequest
 from piwork.policy.rules import Action, Rule, Scope, Verdict
 from piwork.policy.store import PolicyStore
 from piwork.runner import Outcome, RunEvent, RunRequest, TaskSession
-
-from .conftest import ScriptedAsker, per_prompt, private_paths, scripted_provider
+from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 # Four VM starts and real installs under TCG (apt-get update alone parses Debian's
 # package lists in an emulated CPU): far past the suite's 600 s default.
@@ -88,25 +85,6 @@ def fetch_sdist(dest: Path) -> None:
     assert (dest / SIX / "test_six.py").is_file()
 
 
-HOST_LOCAL_CAS = Path("/usr/local/share/ca-certificates")
-TRUST_LOCAL_CAS = (
-    "if ls .lab-ca/*.crt >/dev/null 2>&1; then "
-    "cp .lab-ca/*.crt /usr/local/share/ca-certificates/ && "
-    "update-ca-certificates >/dev/null 2>&1 && "
-    "printf '[global]\\ncert = /etc/ssl/certs/ca-certificates.crt\\n' > /etc/pip.conf && "
-    "mkdir -p /usr/local/etc && "
-    "echo cafile=/etc/ssl/certs/ca-certificates.crt > /usr/local/etc/npmrc; fi; echo trusted"
-)
-
-
-def copy_local_cas(folder: Path) -> None:
-    certs = sorted(HOST_LOCAL_CAS.glob("*.crt")) if HOST_LOCAL_CAS.is_dir() else []
-    if certs:
-        (folder / ".lab-ca").mkdir()
-        for c in certs:
-            (folder / ".lab-ca" / c.name).write_bytes(c.read_bytes())
-
-
 def asker() -> ScriptedAsker:
     """Tool steps run; any egress question is denied (the registries are rules already)."""
 
@@ -139,7 +117,6 @@ class Session:
             task_id=task_id,
             model="scripted/scripted",
             extra_providers=(scripted_provider(self.server),),  # type: ignore[arg-type]
-            egress_allow_private_networks=True,
         )
 
     def open(self, task_id: str | None = None) -> TaskSession:
@@ -206,14 +183,16 @@ async def test_installs_persist_across_a_crash_a_resume_and_a_new_task_until_res
     folder.mkdir()
     (folder / "hello.c").write_text(HELLO_C)
     fetch_sdist(folder)
-    copy_local_cas(folder)
+    # What `piwork doctor` says to do on a network whose registries resolve privately.
+    assert "allow private-network pypi.org" in piwork_cli(
+        paths, "network", "allow-private", "--registries"
+    )
     server = ScriptedModelServer([Text("nothing scripted yet")], model_id="scripted")
     async with server:
         s = Session(server, paths, folder)
 
         # ---- 1: a new task installs things, then QEMU is killed mid-step
         steps = [
-            sh(TRUST_LOCAL_CAS),
             sh(
                 'echo "bash $BASH_VERSION"; mkdir -p /root/proj && cd /root/proj && git init -q '
                 "&& git -c user.name=t -c user.email=t@example.com commit -q --allow-empty "
@@ -266,15 +245,14 @@ async def test_installs_persist_across_a_crash_a_resume_and_a_new_task_until_res
             crashed, _ = await asyncio.wait_for(run, 120)
             assert not crashed.ok
         print("\n--- first task ---\n" + "\n---\n".join(results))
-        assert results[0].strip().endswith("trusted"), results[0]
-        assert "bash 5.2" in results[1] and "first commit" in results[1]
-        assert "hello from C" in results[2]
-        assert "six 1.16.0" in results[3]
-        assert "is-number true" in results[4]
-        assert "tree v2" in results[5], results[5]
-        assert results[6].split() == ["1", "3"]
-        assert " passed" in results[7] and "failed" not in results[7], results[7]
-        blob_hash = results[8].split()[0]
+        assert "bash 5.2" in results[0] and "first commit" in results[0]
+        assert "hello from C" in results[1]
+        assert "six 1.16.0" in results[2]
+        assert "is-number true" in results[3]
+        assert "tree v2" in results[4], results[4]
+        assert results[5].split() == ["1", "3"]
+        assert " passed" in results[6] and "failed" not in results[6], results[6]
+        blob_hash = results[7].split()[0]
         assert len(blob_hash) == 64
         assert network_questions(s.asker) == []
 

@@ -689,8 +689,11 @@ export function commandsIn(commandText) {
 
 // pi's own tools: their effects stay in the VM (the folder's change sets are decided
 // on the host), so they never ask for what they do to files. `ask_user` only asks the
-// person a question. Exact names only; any other tool is a connector.
-const OWN_TOOLS = new Set(["read", "ls", "grep", "find", "write", "edit", "bash", "ask_user"]);
+// person a question; `codemode` acts only through the tools its script calls, and each
+// of those calls comes through this gate itself (tool_call fires for nested calls:
+// tests/vm/test_vm_codemode.py); `tool_search` only declares tools. Exact names only;
+// any other tool is a connector.
+const OWN_TOOLS = new Set(["read", "ls", "grep", "find", "write", "edit", "bash", "ask_user", "codemode", "tool_search"]);
 
 /**
  * Classify one pi tool call.

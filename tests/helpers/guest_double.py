@@ -20,7 +20,7 @@ import orjson
 from piwork.agent import AgentVm, PiDoor
 from piwork.rpc.client import RpcClient
 from piwork.vm.channel import Endpoint, GuestChannel
-from tests.unit.fake_agent import NoVmDoors
+from tests.helpers.fake_agent import NoVmDoors
 
 
 class FakeGuest:

@@ -1,6 +1,6 @@
 """A stand-in for a piwork process holding a remote QEMU: tests kill it with SIGKILL.
 
-``python -m tests.hosts.holder NAME-JSON FINGERPRINT LEASE`` connects to the
+``python -m tests.helpers.holder NAME-JSON FINGERPRINT LEASE`` connects to the
 host (the test's sshd), starts ``qemu-system-x86_64 -machine none`` under the
 watchdog, prints ``<pid> <rundir>`` and keeps the heartbeat going until killed.
 """

@@ -160,6 +160,17 @@ def test_the_model_picker_marks_models_whose_provider_has_no_key(
     assert "not a real model" in shown["demo"]
 
 
+def permissions_tab(qtbot: QtBot, paths: Paths) -> tuple[Any, Any]:
+    """Settings open on the Permissions tab, as a person opens it."""
+    from piwork.gui.settings import SettingsDialog
+
+    dlg = SettingsDialog(paths, Prefs())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    dlg.tabs.setCurrentWidget(dlg.policy_tab)
+    return dlg, dlg.policy_tab
+
+
 def test_a_damaged_policy_file_is_a_banner_editing_waits_and_restore_puts_it_back(
     qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
 ) -> None:
@@ -167,17 +178,12 @@ def test_a_damaged_policy_file_is_a_banner_editing_waits_and_restore_puts_it_bac
     the tab names the file and ``piwork policy restore``, the rules cannot be edited (the
     store would refuse, and the buttons raised from their slots), and the banner's button
     puts the last good copy back."""
-    from piwork.gui.settings import SettingsDialog
     from piwork.policy import Rule, Scope
 
     store = PolicyStore(gui_paths.policy_file)
     store.add(Rule(Action.SHELL, Verdict.DENY, Scope.global_(), pattern="rm -rf"))
     gui_paths.policy_file.write_bytes(gui_paths.policy_file.read_bytes()[:25])  # torn
-    dlg = SettingsDialog(gui_paths, Prefs())
-    qtbot.addWidget(dlg)
-    dlg.show()
-    tab = dlg.policy_tab
-    dlg.tabs.setCurrentWidget(tab)
+    dlg, tab = permissions_tab(qtbot, gui_paths)
     assert tab.banner.isVisible()
     text = tab.banner_text.text()
     assert str(gui_paths.policy_file) in text and "`piwork policy restore`" in text
@@ -201,15 +207,9 @@ def test_a_damaged_policy_file_is_a_banner_editing_waits_and_restore_puts_it_bac
 def test_a_policy_damaged_with_no_good_copy_says_how_to_start_over(
     qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
 ) -> None:
-    from piwork.gui.settings import SettingsDialog
-
     gui_paths.policy_file.parent.mkdir(parents=True, exist_ok=True)
     gui_paths.policy_file.write_bytes(b'{"version": 1, "rules": [')  # never good
-    dlg = SettingsDialog(gui_paths, Prefs())
-    qtbot.addWidget(dlg)
-    dlg.show()
-    dlg.tabs.setCurrentWidget(dlg.policy_tab)
-    tab = dlg.policy_tab
+    _dlg, tab = permissions_tab(qtbot, gui_paths)
     assert tab.banner.isVisible() and not tab.restore_btn.isVisible()
     assert "no earlier good copy" in tab.banner_text.text()
     assert "piwork policy reset --yes" in tab.banner_text.text()
@@ -219,14 +219,9 @@ def test_a_policy_damaged_with_no_good_copy_says_how_to_start_over(
 def test_a_policy_damaged_while_the_tab_is_open_shows_the_banner_instead_of_raising(
     qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
 ) -> None:
-    from piwork.gui.settings import SettingsDialog
     from piwork.policy import Rule, Scope
 
-    dlg = SettingsDialog(gui_paths, Prefs())
-    qtbot.addWidget(dlg)
-    dlg.show()
-    tab = dlg.policy_tab
-    dlg.tabs.setCurrentWidget(tab)
+    dlg, tab = permissions_tab(qtbot, gui_paths)
     assert not tab.banner.isVisible() and tab.add_btn.isEnabled()
     dlg.add_rule()
     add = dlg.add_rule_dialog

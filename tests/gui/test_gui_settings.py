@@ -187,7 +187,7 @@ def test_a_damaged_policy_file_is_a_banner_editing_waits_and_restore_puts_it_bac
     assert tab.banner.isVisible()
     text = tab.banner_text.text()
     assert str(gui_paths.policy_file) in text and "`piwork policy restore`" in text
-    assert "No task starts until" in text
+    assert "no task starts until" in tab.banner_title.text()
     assert tab.restore_btn.isVisible()
     for w in (tab.add_btn, tab.delete_btn, tab.reset_btn, tab.rules):
         assert not w.isEnabled(), w

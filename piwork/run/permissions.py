@@ -533,7 +533,12 @@ class ChangeJudge:
     def verdicts(self, targets: list[Target]) -> list[tuple[Verdict, bool]]:
         try:
             rules = self.bridge.decider.store.effective_rules()
-        except PolicyError:  # nothing decided on a guess: everything asks (and is denied)
+        except PolicyError as exc:
+            # Nothing is decided on a damaged policy: said, audited, the run ends (as for
+            # a gate request), and nothing is asked: every change waits in the layer.
+            if targets:
+                self.bridge._policy_unusable(self._request(targets, "the agent's changes"), exc)
+            self._stop.set()
             return [(Verdict.ASK, False)] * len(targets)
         out = []
         for t in targets:
@@ -542,10 +547,10 @@ class ChangeJudge:
             out.append((verdict, rule is not None and rule.source is RuleSource.USER))
         return out
 
-    async def ask(self, targets: list[Target], question: str) -> Answer:
+    def _request(self, targets: list[Target], question: str) -> PermissionRequest:
         order = (Action.DELETE, Action.MOVE, Action.WRITE)
         action = next((a for a in order if any(t.action is a for t in targets)), Action.WRITE)
-        perm = PermissionRequest(
+        return PermissionRequest(
             request_id=f"changes-{secrets.token_hex(4)}",
             question=question,
             options=tuple(c.value for c in GATE_CHOICES),
@@ -559,6 +564,9 @@ class ChangeJudge:
             targets=tuple(targets),
             payload={},
         )
+
+    async def ask(self, targets: list[Target], question: str) -> Answer:
+        perm = self._request(targets, question)
         if self._stop.is_set():
             return Answer.NOBODY
         deciding = asyncio.ensure_future(self.bridge.decide_permission(perm))

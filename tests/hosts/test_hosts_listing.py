@@ -226,7 +226,9 @@ async def test_stop_brings_the_disk_back_and_removes_the_run_dir_whatever_is_lis
         agent = RemoteAgentVm.__new__(RemoteAgentVm)
         agent.link = cast(Any, SimpleNamespace(conn=conn, root=str(remote.root)))
         agent.remote_dirs = there
-        agent.cfg = cast(Any, SimpleNamespace(dirs=local))
+        agent.cfg = cast(Any, SimpleNamespace(dirs=local, moved_aside_dir=tmp_path / "aside"))
+        agent.git_moved_aside = []
+        agent.git_guard_error = None
         agent.folder_sync = None
         agent.progress = None
         agent.rundir = str(remote.root / "run" / "r1")

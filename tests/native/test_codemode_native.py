@@ -2,9 +2,12 @@
 run natively as piwork starts it (its extensions, pi's defaults, the agent dir's
 settings), in a trusted folder whose ``.pi/settings.json`` turns codemode on. The
 scripted model calls ``codemode`` with a script that runs ``rm`` through
-``tools.bash``: the permission gate, which asks only from its ``tool_call`` handler,
-must ask about that ``bash`` call, and its answer must decide it. No VM (the same
-through the VM and the host's policy: tests/vm/test_vm_codemode.py)."""
+``tools.bash``. The gate asks about a command only when the person's own rules ask
+before it (issue 34: a delete in the folder is asked from the change set on the
+host, docs/change-sets.md); with a rule asking before ``rm`` (the host hands its
+prefixes to the gate as ``PIWORK_GATE_ASK_COMMANDS``), the gate, which asks only
+from its ``tool_call`` handler, must ask about that ``bash`` call, and its answer
+must decide it. No VM (through the VM and the host's policy: tests/vm/test_vm_pi1x.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from piwork.models import ScriptedModelServer, Step, Text, ToolCall, ToolCalls
 
 from .pi_native import JSON, permission, run_piwork_pi
 
+ASK_BEFORE_RM = {"PIWORK_GATE_ASK_COMMANDS": '["rm"]'}
+"""The person's rule ``ask shell rm``, as the host hands it to the gate."""
 SCRIPT = "const out = await tools.bash({ command: 'rm victim.txt' });\nreturn 'rm said: ' + out;"
 
 
@@ -37,7 +42,9 @@ async def test_a_delete_in_a_codemode_script_is_asked_and_the_answer_holds(
         return {"value": choice} if permission(req) is not None else {"cancelled": True}
 
     async with ScriptedModelServer(script, model_id="scripted") as model:
-        pi = await run_piwork_pi(tmp_path, work, model, "clean up", answer=answer)
+        pi = await run_piwork_pi(
+            tmp_path, work, model, "clean up", answer=answer, env=ASK_BEFORE_RM
+        )
 
     # codemode was offered because the trusted folder's settings asked for it.
     offered = {t["function"]["name"] for t in model.chat_requests[0].body["tools"]}

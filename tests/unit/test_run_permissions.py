@@ -182,6 +182,32 @@ async def test_a_policy_damaged_mid_run_denies_and_ends_the_run(session: TaskSes
     session.store.close()
 
 
+async def test_a_policy_damaged_mid_run_keeps_every_change_out_and_ends_the_run(
+    session: TaskSession,
+) -> None:
+    """The same for a change set (issue 34): no change is decided on a guess, nobody is
+    asked, the audit log says why, the run ends; the changes wait in the agent's layer."""
+    from piwork.changes.engine import Answer
+    from piwork.policy import AuditLog, Verdict
+
+    store = session.permissions.decider.store
+    store.path.parent.mkdir(parents=True, exist_ok=True)
+    store.path.write_bytes(b'{"version": 1, "ru')
+    judge = session.permissions.change_judge()
+    targets = [
+        Target(Action.WRITE, op="write", path="/mnt/work/secret/plan.txt"),
+        Target(Action.DELETE, op="delete", path="/mnt/work/old.txt"),
+    ]
+    assert judge.verdicts(targets) == [(Verdict.ASK, False)] * 2
+    assert await judge.ask(targets[1:], "delete old.txt?") is Answer.NOBODY
+    assert _asker(session).asked == []
+    audited = [(e["decision"], e["decidedBy"]) for e in AuditLog(session.paths.audit_log).read()]
+    assert audited == [("deny", "unusable-policy")]
+    assert session.stop_requested
+    judge.resume()  # the next run asks again
+    session.store.close()
+
+
 async def test_a_provider_side_tool_is_asked_like_a_network_destination(
     session: TaskSession,
 ) -> None:

@@ -17,6 +17,7 @@ from piwork.models.providers import Provider
 from piwork.models.scripted import ChatRequest, ScriptedModelServer, Step, Text, ToolCalls, bash
 from piwork.policy import Choice
 from piwork.policy.request import PermissionRequest
+from piwork.policy.rules import Action
 from piwork.runner import Asker, EventKind, Outcome, RunEvent, RunRequest, TaskSession
 from piwork.tasks import TaskStore
 from piwork.tasks.transcript import read_records
@@ -87,10 +88,12 @@ async def test_four_tasks_at_once_keep_to_themselves(
             ["mark.txt"] if n == 0 else ["mark.txt", "victim.txt"]
         ), n
         assert (folders[n] / "mark.txt").read_text() == f"task-{n}\n"
-        # Questions: only the tasks whose model deleted were asked, once, about their file.
+        # Questions: only the tasks whose model deleted were asked, once, about their file
+        # (from the turn's change set, with the exact path: docs/change-sets.md).
         asked = [r for r in asker.permissions if isinstance(r, PermissionRequest)]
         if n in ASKING:
-            assert [r.command for r in asked] == ["rm victim.txt"], n
+            deleted = [(Action.DELETE, "/mnt/work/victim.txt")]
+            assert [[(t.action, t.path) for t in r.targets] for r in asked] == [deleted], n
         else:
             assert asked == [], n
         # Events: every one is this task's, and the text is its own.

@@ -74,8 +74,9 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
         )
         outcome = await asyncio.wait_for(session.run_prompt("write the plan"), 600)
         assert outcome.ok, outcome
+        # The write was made in the agent's layer; its change set met the rule and was
+        # kept out of the folder (issue 34, docs/change-sets.md).
         assert not secret.exists()
-        assert "Permission denied" in _results(model_server)["call_rule"]
 
         policy.write_bytes(good[: len(good) // 3])  # truncated by something else
         model_server.script = per_prompt(
@@ -95,7 +96,9 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
         for e in AuditLog(paths.audit_log).read()
         if e.get("task") == task_id and e.get("action") == "write"
     ]
-    assert decided == [("deny", "rule"), ("deny", "unusable-policy")]
+    # A rule's verdict on a change set is not audited (nothing was asked); the change set
+    # met on the damaged file is, and ended the run.
+    assert decided == [("deny", "unusable-policy")]
 
     # -- the next run, as a person starts it: refused before anything boots.
     model_server.script = per_prompt(
@@ -141,4 +144,4 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
     )  # fmt: skip
     assert code == 0, err[-3000:]
     assert not secret.exists()
-    assert "Permission denied" in _results(model_server)["call_next"]
+    assert "call_next" in _results(model_server)  # the write ran, in the agent's layer

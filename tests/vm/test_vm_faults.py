@@ -203,10 +203,14 @@ async def test_qemu_killed_during_a_file_write_then_the_task_resumes(story: Stor
     try:
         story.server.script = counting(ToolCalls([bash(writes)]), Text("written"))
         run = asyncio.ensure_future(session.run_prompt("write many files"))
+        # The writes land in the agent's layer (the folder gets them as a change set at
+        # the next model call, docs/change-sets.md): kill once the command has run a while.
         deadline = time.monotonic() + 180
-        while not (story.folder / "w3.bin").exists():
+        while not any(e.kind is EventKind.TOOL_START for e in events):
             assert time.monotonic() < deadline and not run.done(), "the writes never started"
             await asyncio.sleep(0.05)
+        await asyncio.sleep(2.0)
+        assert not run.done(), "the writes finished before the kill"
         assert story.task_id is not None
         story.records, _ = read_records(session.store.get(story.task_id).transcript_path)
         kill_qemu(session)

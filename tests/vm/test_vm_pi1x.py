@@ -3,8 +3,9 @@ proxy, the host policy, the person played by the test), with the scripted model:
 
 * the folder's AGENTS.md reaches the model's system prompt, and the person is told
   what pi loaded from the folder (project trust is on by default);
-* a delete made from a codemode script is asked exactly like a direct one, and the
-  answer holds (codemode is on because the trusted folder's .pi/settings.json says so);
+* a delete made from a codemode script is asked exactly like a direct one (from the
+  change set, with its path), and the answer holds (codemode is on because the trusted
+  folder's .pi/settings.json says so);
 * a small stdio MCP server the test writes is started in the VM and used;
 * an HTTP MCP server's domain is asked by the egress proxy before it is reached.
 
@@ -151,6 +152,9 @@ async def test_agents_md_reaches_the_model_and_the_person_is_told_what_loaded(li
 
 
 async def test_a_delete_from_a_codemode_script_is_asked_like_a_direct_one(live: Live) -> None:
+    """The ``rm`` runs in the agent's own layer (issue 34: the guest never writes the
+    folder); the delete is asked from the change set taken before the next model call,
+    naming the exact path, the same whichever call made it, and "deny" keeps the file."""
     for name in ("script-victim.txt", "direct-victim.txt"):
         (live.folder / name).write_text("precious\n")
     code = "await tools.bash({ command: 'rm script-victim.txt' });\nreturn 'removed';"
@@ -164,15 +168,13 @@ async def test_a_delete_from_a_codemode_script_is_asked_like_a_direct_one(live: 
     assert outcome.ok, outcome
     assert (live.folder / "script-victim.txt").read_text() == "precious\n"
     assert (live.folder / "direct-victim.txt").read_text() == "precious\n"
-    # Two questions, one per rm, the same in all but the call that made it.
+    # Two questions, one per turn's change set, each with the one path its rm deleted.
     scripted, direct = live.person.tool_requests()
-    assert scripted.tool_call_id is not None and scripted.tool_call_id.startswith("call_cm/")
-    assert direct.tool_call_id == "call_direct"
     for r, file in ((scripted, "script-victim.txt"), (direct, "direct-victim.txt")):
-        assert (r.action, r.tool, r.command) == (Action.DELETE, "bash", f"rm {file}")
+        assert (r.action, r.tool) == (Action.DELETE, "changes"), r
         assert [(t.action, t.path) for t in r.targets] == [(Action.DELETE, f"/mnt/work/{file}")]
-    assert "Script failed" in live.result_of("call_cm")
-    assert "Permission denied by the user" in live.result_of("call_cm")
+    # The script itself ran to its end: its rm worked in the agent's layer.
+    assert "removed" in live.result_of("call_cm")
 
 
 def shout(call_id: str, server: str, text: str) -> ToolCalls:

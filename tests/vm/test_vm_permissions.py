@@ -37,6 +37,7 @@ from piwork.models.scripted import (
 from piwork.pack.manifest import Manifest
 from piwork.policy import Action, AuditLog, Choice, PermissionRequest
 from piwork.runner import AllowAsker, Asker, EventKind, Outcome, RunEvent, RunRequest, TaskSession
+from tests.helpers.cli import make_home, run_cli
 from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 pytestmark = pytest.mark.vm
@@ -387,43 +388,6 @@ async def test_stop_while_a_change_set_question_is_open_ends_cancelled_within_se
 # --------------------------------------------------------------------------- headless CLI
 
 
-def write_providers(home: Path, server: ScriptedModelServer) -> None:
-    config = home / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    providers = {
-        "providers": {
-            "scripted": {
-                "baseUrl": server.base_url,
-                "api": "openai-completions",
-                "auth": "none",
-                "models": [{"id": "scripted", "name": "scripted test model"}],
-            }
-        }
-    }
-    (config / "providers.json").write_text(json.dumps(providers))
-
-
-async def run_cli(home: Path, *args: str, timeout: float = 400) -> tuple[int, str, str]:
-    """``piwork`` with no terminal (stdin /dev/null, pipes), without blocking the loop
-    that serves the scripted model."""
-    proc = await asyncio.create_subprocess_exec(
-        *PIWORK,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PIWORK_HOME": str(home)},
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_headless_run_without_a_terminal_denies_and_says_so(
     tmp_path: Path, model_server: ScriptedModelServer
 ) -> None:
@@ -431,13 +395,20 @@ async def test_headless_run_without_a_terminal_denies_and_says_so(
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "headless.txt").write_text("keep\n")
-    write_providers(home, model_server)
+    env = make_home(tmp_path, model_server)
     model_server.script = per_prompt(
         ToolCalls([bash("rm headless.txt", id="call_headless")]),
         Text("I could not delete it."),
     )
     code, out, err = await run_cli(
-        home, "run", "delete headless.txt", "--folder", str(folder), "--model", "scripted/scripted"
+        env,
+        "run",
+        "delete headless.txt",
+        "--folder",
+        str(folder),
+        "--model",
+        "scripted/scripted",
+        timeout=400,
     )
     assert code == 0, err[-3000:]
     # Nobody to ask: the delete is not made in the folder, the run says it waits.
@@ -450,9 +421,9 @@ async def test_headless_run_without_a_terminal_denies_and_says_so(
     [entry] = [e for e in audit if e["target"].endswith("/headless.txt")]
     assert entry["decision"] == "deny" and entry["decidedBy"] == "no-terminal"
     # `piwork apply` applies it later.
-    task = json.loads((await run_cli(home, "tasks", "list", "--json"))[1])
+    task = json.loads((await run_cli(env, "tasks", "list", "--json"))[1])
     task_id = task[0]["id"] if isinstance(task, list) else task["tasks"][0]["id"]
-    code, out, err = await run_cli(home, "apply", task_id, "--yes")
+    code, out, err = await run_cli(env, "apply", task_id, "--yes")
     assert code == 0, err
     assert not (folder / "headless.txt").exists()
 
@@ -465,7 +436,7 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
     folder.mkdir()
     for name in ("allowed.txt", "denied.txt"):
         (folder / name).write_text("x\n")
-    write_providers(home, model_server)
+    env = make_home(tmp_path, model_server)
     policy = tmp_path / "ci-policy.json"
     rule = {
         "id": "r-ci-delete",
@@ -483,8 +454,8 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
         Text("done"),
     )
     code, out, err = await run_cli(
-        home, "run", "clean up", "--folder", str(folder), "--model", "scripted/scripted",
-        "--policy", str(policy), "--json",
+        env, "run", "clean up", "--folder", str(folder), "--model", "scripted/scripted",
+        "--policy", str(policy), "--json", timeout=400,
     )  # fmt: skip
     assert code == 0, err[-3000:]
     assert not (folder / "allowed.txt").exists()

@@ -238,10 +238,15 @@ async def test_guest_root_cannot_make_the_host_run_anything_through_the_folder(
     assert "the agent commits" in log  # git works for the agent, in its copy
     assert log.rstrip().endswith(f"rc=0 :: step {log.count('rc=') - 1}"), log
 
-    # What reached the folder: the ordinary edits (README, made-by-guest.txt). Everything
-    # else waits, or is the person's git metadata and stays in the agent's copy.
+    # What reached the folder: the ordinary edits (README, made-by-guest.txt, and the
+    # tracked file hooks/commit-msg: the hard link's other name). Everything else waits, or
+    # is the person's git metadata and stays in the agent's copy.
     now = snapshot(folder)
-    assert {k for k in now if now.get(k) != before.get(k)} == {"made-by-guest.txt", "README"}
+    assert {k for k in now if now.get(k) != before.get(k)} == {
+        "made-by-guest.txt",
+        "README",
+        "hooks/commit-msg",
+    }
     assert not {k for k in before if k not in now}
     assert snapshot(main / ".git") == main_before
     waiting = {w.root: w for w in waiting_changes(task_id)}
@@ -250,8 +255,11 @@ async def test_guest_root_cannot_make_the_host_run_anything_through_the_folder(
                  ".pre-commit-config.yaml", "feature/.githooks", "node_modules/.bin",
                  ".envrc", ".vscode", ".GIT"):  # fmt: skip
         assert root in waiting, root
-    assert "hooks/commit-msg" not in waiting  # an ordinary file: the hard link was not followed
-    assert (folder / "hooks" / "commit-msg").read_text() == "#!/bin/sh\nexit 0\n"
+    # 3b: an ordinary file, applied as a new file renamed into place: the hard link is not
+    # written through, so the hook git runs (the link's other name) is the person's still.
+    assert "hooks/commit-msg" not in waiting
+    assert (folder / "hooks" / "commit-msg").read_text() == marker_script(m["hook"])
+    assert (folder / ".git" / "hooks" / "commit-msg").read_text() == "#!/bin/sh\nexit 0\n"
     notices = [e.data.get("message", "") for e in events if e.kind is EventKind.NOTICE]
     assert any("waiting for you" in n and "piwork apply" in n for n in notices), notices
 

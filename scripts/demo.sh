@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One command for a newcomer: install everything, build the runtime pack, and
 # run a real pi agent in a QEMU VM on a small folder with the offline demo
-# model. The agent drafts PIWORK_DEMO.md and asks to move it into ./demo-folder:
-# at a terminal you answer; with no terminal the ask is denied and the folder
-# stays as it was. The last lines say which happened.
+# model. The agent drafts PIWORK_DEMO.md and moves it into ./demo-folder (its own
+# copy; piwork brings the new file into the folder, `piwork undo` takes it back).
+# The last lines say what happened.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

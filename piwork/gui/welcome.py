@@ -89,8 +89,9 @@ class WelcomePage(QWidget):
         s1.addWidget(
             self._text(
                 "The demo model is a script, not a real model. In a VM it looks at a small "
-                "folder piwork made for it, asks your permission once before it changes "
-                "anything, and shows the change under “Files changed”, where you can undo it."
+                "folder piwork made for it and writes a summary there; piwork brings the "
+                "change into the folder and shows it under “Files changed”, where you can "
+                "undo it."
             )
         )
         self.demo_btn = QPushButton("Run the demo")

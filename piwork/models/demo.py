@@ -230,7 +230,8 @@ def demo_script(request: ChatRequest) -> Step:
             f"Hello! I am the piwork offline demo model: a script, not a real LLM, so I "
             f"cannot act on your request{f' ({asked!r})' if asked else ''}. Instead I will "
             f"show what piwork does: look at the working folder, read a file, and put a "
-            f"short summary, {DEMO_FILE}, into it (piwork asks you first). "
+            f"short summary, {DEMO_FILE}, into it (piwork puts it there for me, and you can "
+            "undo it). "
             "First, the folder listing."
         )
         return ToolCalls([bash(LIST_COMMAND)], text=intro)
@@ -259,8 +260,9 @@ def demo_script(request: ChatRequest) -> Step:
         return ToolCalls(
             [bash(MOVE_COMMAND)],
             text=(
-                f"{LABEL} Now I move {DEMO_FILE} into your folder. Moving files is something "
-                "piwork asks you about first."
+                f"{LABEL} Now I move {DEMO_FILE} into your folder. I work on my own copy of "
+                "it; piwork brings what I change into yours, asks you before a delete or a "
+                "move of your files, and can undo it all."
             ),
         )
 

@@ -16,5 +16,9 @@ echo "== import contract"
 .venv/bin/lint-imports --no-cache
 echo "== node --test (guest side)"
 node --test runtime-pack/tests/
+# Two workers (pytest-xdist): a file's tests stay together and in order on one
+# worker (--dist loadfile), the heaviest files first (tests/conftest.py); the
+# slowest tests are listed at the end. PIWORK_TEST_WORKERS=0 runs them serially.
 echo "== pytest"
-exec .venv/bin/pytest -p no:cacheprovider "$@"
+exec .venv/bin/pytest -p no:cacheprovider -n "${PIWORK_TEST_WORKERS:-2}" --dist loadfile \
+    --no-loadscope-reorder --durations=30 "$@"

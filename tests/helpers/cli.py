@@ -18,10 +18,9 @@ from piwork.models.scripted import (
 PIWORK = [sys.executable, "-m", "piwork.cli.main"]
 
 
-def make_home(root: Path, server: ScriptedModelServer) -> dict[str, str]:
-    """A private PIWORK_HOME whose providers.json has the scripted server (no key)."""
-    home = root / "home"
-    (home / "config").mkdir(parents=True)
+def write_providers(config: Path, server: ScriptedModelServer) -> None:
+    """``config/providers.json`` naming the scripted server as the provider ``scripted``
+    (no key), as a person's would after ``piwork`` is told about a local model server."""
     model = {
         "id": "scripted",
         "name": "scripted test model",
@@ -40,7 +39,14 @@ def make_home(root: Path, server: ScriptedModelServer) -> dict[str, str]:
             }
         }
     }
-    (home / "config" / "providers.json").write_text(json.dumps(providers))
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "providers.json").write_text(json.dumps(providers))
+
+
+def make_home(root: Path, server: ScriptedModelServer) -> dict[str, str]:
+    """A private PIWORK_HOME whose providers.json has the scripted server (no key)."""
+    home = root / "home"
+    write_providers(home / "config", server)
     return {**os.environ, "PIWORK_HOME": str(home)}
 
 

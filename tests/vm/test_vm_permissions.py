@@ -38,6 +38,7 @@ from piwork.models.scripted import (
 from piwork.pack.manifest import Manifest
 from piwork.policy import Action, AuditLog, Choice, PermissionRequest
 from piwork.runner import AllowAsker, Asker, EventKind, Outcome, RunEvent, RunRequest, TaskSession
+from tests.helpers.cli import write_providers
 from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 pytestmark = pytest.mark.vm
@@ -427,22 +428,6 @@ async def test_stop_while_a_permission_dialog_is_open_ends_cancelled_within_seco
 # --------------------------------------------------------------------------- headless CLI
 
 
-def write_providers(home: Path, server: ScriptedModelServer) -> None:
-    config = home / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    providers = {
-        "providers": {
-            "scripted": {
-                "baseUrl": server.base_url,
-                "api": "openai-completions",
-                "auth": "none",
-                "models": [{"id": "scripted", "name": "scripted test model"}],
-            }
-        }
-    }
-    (config / "providers.json").write_text(json.dumps(providers))
-
-
 async def run_cli(home: Path, *args: str, timeout: float = 400) -> tuple[int, str, str]:
     """``piwork`` with no terminal (stdin /dev/null, pipes), without blocking the loop
     that serves the scripted model."""
@@ -471,7 +456,7 @@ async def test_headless_run_without_a_terminal_denies_and_says_so(
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "headless.txt").write_text("keep\n")
-    write_providers(home, model_server)
+    write_providers(home / "config", model_server)
     model_server.script = per_prompt(
         ToolCalls([bash("rm headless.txt", id="call_headless")]),
         Text("I could not delete it."),
@@ -500,7 +485,7 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
     folder.mkdir()
     for name in ("allowed.txt", "denied.txt"):
         (folder / name).write_text("x\n")
-    write_providers(home, model_server)
+    write_providers(home / "config", model_server)
     policy = tmp_path / "ci-policy.json"
     rule = {
         "id": "r-ci-delete",

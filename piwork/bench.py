@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import json
 import os
-import shutil
 import statistics
 import tempfile
 import time
@@ -30,6 +28,7 @@ from typing import Any
 import orjson
 
 from piwork.config import Paths, get_paths
+from piwork.pack.node import pi_cli, pi_node
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
 from piwork.vm.command import Transport
 
@@ -91,16 +90,10 @@ def _scratch() -> Iterator[tuple[Paths, Path]]:
 # ---------------------------------------------------------------- native pi
 
 
-def _pi_cli() -> Path:
-    pkg = REPO / "runtime-pack" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent"
-    bin_entry: str = json.loads((pkg / "package.json").read_text())["bin"]["pi"]
-    return pkg / bin_entry
-
-
-async def _native_pi_start() -> float:
-    node = shutil.which("node")
-    if node is None:
-        raise RuntimeError("node is not on PATH: run scripts/setup.sh")
+async def _native_pi_start(source: Path = REPO) -> float:
+    """pi as ``source`` pins it, started natively with the node it needs (the pinned one)."""
+    node = pi_node(source)
+    cli = pi_cli(source)
     with tempfile.TemporaryDirectory(prefix="piwork-bench-native-") as tmp:
         root = Path(tmp)
         (root / "agent").mkdir()
@@ -109,7 +102,7 @@ async def _native_pi_start() -> float:
         t0 = time.monotonic()
         proc = await asyncio.create_subprocess_exec(
             node,
-            str(_pi_cli()),
+            str(cli),
             "--mode", "rpc", "--offline", "--no-session",
             "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
             cwd=root,

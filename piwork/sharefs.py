@@ -276,6 +276,18 @@ def unlink_beneath(root: Path, rel: str | PurePosixPath) -> None:
         os.close(dir_fd)
 
 
+def rename_beneath(root: Path, rel: str | PurePosixPath, new_name: str) -> None:
+    """Rename the entry ``root/rel`` (whatever it is: a planted link is renamed, not
+    followed) to ``new_name`` in the same directory."""
+    if not new_name or "/" in new_name or new_name in (".", ".."):
+        raise UnsafePathError(f"not a plain name: {new_name!r}")
+    dir_fd, name = _parent_beneath(root, rel, create=False)
+    try:
+        os.rename(name, new_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def replace_beneath(
     root: Path, rel: str | PurePosixPath, data: bytes, *, mode: int = 0o644
 ) -> bool:

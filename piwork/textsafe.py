@@ -48,6 +48,13 @@ def _escaped(ch: str) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+def has_unsafe(text: str, *, one_line: bool = True) -> bool:
+    """Whether ``text`` holds a character :func:`sanitize` would change (with ``one_line``,
+    tab, newline and CR too): for values that must be refused rather than shown escaped."""
+    pattern = _CANDIDATE_ONE_LINE if one_line else _CANDIDATE
+    return any(_unsafe(m.group(0)) for m in pattern.finditer(text))
+
+
 def sanitize(
     text: object,
     *,

@@ -53,7 +53,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 fi
 
 # pi's dependency tree for host-side tests that run the real pi natively.
-if [ ! -d runtime-pack/pi/node_modules/@mariozechner/pi-coding-agent ] \
+# (A changed lock, e.g. a new pi, is newer than the installed tree's copy of it.)
+if [ ! -f runtime-pack/pi/node_modules/.package-lock.json ] \
     || [ runtime-pack/pi/package-lock.json -nt runtime-pack/pi/node_modules/.package-lock.json ]; then
     say "npm ci in runtime-pack/pi (pinned pi + node for host-side tests)"
     (cd runtime-pack/pi && npm ci --omit=optional --ignore-scripts --no-audit --no-fund --loglevel=error)

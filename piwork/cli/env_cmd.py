@@ -29,10 +29,11 @@ from pathlib import Path
 
 from piwork.env import EnvStore, default_store
 from piwork.env.dockerfile import DEFAULT_NAMES
-from piwork.env.registries import registry_rules
+from piwork.env.registries import WHAT_IT_ALLOWS, registry_rules
 from piwork.env.store import MAX_CHAIN_LAYERS
 from piwork.policy.rules import Scope
 from piwork.policy.store import PolicyError, PolicyStore
+from piwork.textsafe import sanitize
 
 BUILD_DESCRIPTION = (
     "Build FOLDER's environment from a Dockerfile subset: FROM piwork (or FROM LAYER-ID, or "
@@ -277,6 +278,7 @@ def cmd_allow_registries(args: argparse.Namespace) -> int:
     print(f"saved {len(rules)} rules in {store.path}:")
     for rule in rules:
         print(f"  {rule.id}: {rule.describe()}")
+    print(WHAT_IT_ALLOWS)
     return 0
 
 
@@ -354,18 +356,17 @@ def cmd_import(args: argparse.Namespace) -> int:
     check_archive(archive)  # before the store is touched: a usage error (exit 2)
     store = default_store()
     result = import_image(store, archive)
+    # File names and the config come from the archive: printed inert, one line each.
     for change in result.removed[:20]:
-        print(f"piwork env import: {change}", file=sys.stderr)
+        print(f"piwork env import: {sanitize(change, one_line=True)}", file=sys.stderr)
     if len(result.removed) > 20:
         print(f"piwork env import: and {len(result.removed) - 20} more", file=sys.stderr)
     how = "cached" if result.cached else f"imported, {_mb(result.bytes)}"
     print(f"image {result.id} ({how})")
     if result.env or result.workdir:
-        names = " ".join(name for name, _ in result.env)
-        print(
-            f"  its Env ({names or 'none'}) and WorkingDir ({result.workdir or '/'}) apply to "
-            "tasks' shells"
-        )
+        names = sanitize(" ".join(name for name, _ in result.env), one_line=True)
+        workdir = sanitize(result.workdir or "/", one_line=True)
+        print(f"  its Env ({names or 'none'}) and WorkingDir ({workdir}) apply to tasks' shells")
     store.use_image(folder, result.id)
     print(f"{folder}: the next task runs on image {result.id} (piwork env reset goes back)")
     return 0

@@ -10,9 +10,11 @@ from typing import Any
 import orjson
 
 from piwork.hosts import store
-from piwork.hosts.check import HostReport, run_check
+from piwork.hosts.check import HostReport, number, run_check
 from piwork.hosts.connect import HostKeyInfo, connect, fingerprint_matcher
 from piwork.hosts.remote import remote_root
+from piwork.jsonstore import NothingToRestore
+from piwork.textsafe import sanitize
 
 
 def _ask(info: HostKeyInfo) -> bool:
@@ -41,40 +43,46 @@ async def _check(host: store.Host, args: argparse.Namespace) -> HostReport:
 
 
 def _print_report(host: store.Host, rep: HostReport) -> None:
+    # Every value came from the remote: checked for its type by parse(), printed inert here.
     v = rep.values
-    mem = int(v.get("mem_available_kb") or 0) // 1024
-    disk = int(v.get("disk_free_kb") or 0) // (1024 * 1024)
+    mem = number(v, "mem_available_kb") // 1024
+    disk = number(v, "disk_free_kb") // (1024 * 1024)
+    qemu = sanitize(v.get("qemu_version") or "not installed", one_line=True, limit=200)
     print(f"{host.name} ({host.target})")
-    print(f"  qemu     {v.get('qemu_version') or 'not installed'}")
+    print(f"  qemu     {qemu}")
     kvm = (
         "usable"
         if v.get("kvm_rw") == "1"
         else ("not usable" if v.get("kvm_exists") == "1" else "absent")
     )
     print(f"  /dev/kvm {kvm}")
-    print(f"  accel    {rep.accel.accel.value}: {rep.accel.reason}")
+    print(f"  accel    {rep.accel.accel.value}: {sanitize(rep.accel.reason, one_line=True)}")
     print(f"  disk     {disk} GiB free")
     print(f"  memory   {mem} MiB available")
     fwd = {"1": "allowed", "0": "REFUSED by sshd"}.get(v.get("ssh_streamlocal", ""), "not probed")
     print(f"  sockets  SSH channels to unix sockets: {fwd}")
     for p in rep.problems:
-        print(f"  ✗ {p}")
+        print(f"  ✗ {sanitize(p, one_line=True)}")
+
+
+def _exists(name: str) -> store.HostError:
+    return store.HostError(f"host {name!r} exists; remove it first: piwork hosts rm {name}")
 
 
 def cmd_add(args: argparse.Namespace) -> int:
-    hosts = store.load()
-    if args.name in hosts:
-        print(
-            f"piwork: host {args.name!r} exists; remove it first: piwork hosts rm {args.name}",
-            file=sys.stderr,
-        )
-        return 1
+    if args.name in store.load():
+        raise _exists(args.name)
     host = store.parse_target(args.name, args.target, identity=args.identity, root=args.root)
     if not args.no_connect:
         rep = asyncio.run(_check(host, args))
         _print_report(host, rep)
-    hosts[host.name] = host
-    store.save(hosts)
+
+    def add(hosts: dict[str, store.Host]) -> dict[str, store.Host]:
+        if host.name in hosts:  # added meanwhile by another command
+            raise _exists(host.name)
+        return {**hosts, host.name: host}
+
+    store.update(add)
     print(f"added {host.name} ({host.target})")
     return 0
 
@@ -92,12 +100,24 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
-    hosts = store.load()
-    if args.name not in hosts:
-        store.get(args.name)  # raises with the known names
-    del hosts[args.name]
-    store.save(hosts)
+    def remove(hosts: dict[str, store.Host]) -> dict[str, store.Host]:
+        if args.name not in hosts:
+            raise store.unknown(args.name, hosts)
+        return {name: h for name, h in hosts.items() if name != args.name}
+
+    store.update(remove)
     print(f"removed {args.name} (its trusted host key stays in {store.known_hosts_file()})")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    try:
+        restored = store.restore()
+    except NothingToRestore as exc:
+        raise store.HostError(str(exc)) from exc
+    print(f"restored {restored.path} from {restored.source}: {len(store.load())} host(s)")
+    if restored.kept is not None:
+        print(f"the damaged file is kept at {restored.kept}")
     return 0
 
 
@@ -151,6 +171,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("rm", help="remove a host")
     p.add_argument("name")
     p.set_defaults(func=_run(cmd_rm))
+
+    p = sub.add_parser(
+        "restore", help="put back the last good copy of a damaged hosts file (keeps the damaged)"
+    )
+    p.set_defaults(func=_run(cmd_restore))
 
     p = sub.add_parser("check", help="QEMU, /dev/kvm, the accelerator, disk and memory there")
     p.add_argument("name")

@@ -24,12 +24,14 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "piwork.cli.policy_cmd": ("policy",),
     "piwork.cli.auth_cmd": ("auth",),
     "piwork.cli.models_cmd": ("models",),
+    "piwork.cli.pi_cmd": ("trust", "mcp"),
     "piwork.cli.bench_cmd": ("bench",),
     "piwork.cli.changes_cmd": ("changes", "undo"),
     "piwork.cli.preview_cmd": ("preview",),
     "piwork.cli.env_cmd": ("env",),
     "piwork.cli.hosts_cmd": ("hosts",),
     "piwork.cli.network_cmd": ("network",),
+    "piwork.cli.restore_cmd": ("restore",),
     "piwork.gui.cli": ("gui",),
 }
 

@@ -13,7 +13,15 @@ import sys
 from typing import Any
 
 from piwork.auth import KeyStore, KeyStoreError
-from piwork.models.providers import Provider, ProviderConfigError, load_providers, providers_file
+from piwork.models.providers import (
+    Provider,
+    ProviderConfigError,
+    load_providers,
+    pi_catalog_models,
+    providers_file,
+)
+
+MODELS_SHOWN = 12
 
 
 def register(subparsers: Any) -> None:
@@ -24,6 +32,7 @@ def register(subparsers: Any) -> None:
         "and whether a key is stored. Use one with `piwork run --model PROVIDER/MODEL`.",
     )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--all", action="store_true", help="every model of each provider")
     parser.set_defaults(func=_cmd_models)
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION")
     add = sub.add_parser(
@@ -121,7 +130,7 @@ def _key_status(provider: Provider, store: KeyStore | None, store_error: str | N
 
 def _cmd_models(args: argparse.Namespace) -> int:
     try:
-        catalog = load_providers()
+        catalog = load_providers(pi_models=True)
     except ProviderConfigError as exc:
         print(f"piwork: {exc}", file=sys.stderr)
         return 1
@@ -155,7 +164,12 @@ def _cmd_models(args: argparse.Namespace) -> int:
         print(f"{row['provider']}  ({row['api']}, {row['baseUrl']})")
         print(f"  key:     {row['key']}")
         print(f"  default: {default}")
-        more = " (and the rest of pi's catalog)" if row["builtin"] else ""
-        print(f"  models:  {', '.join(row['models']) or '-'}{more}")
+        models: list[str] = row["models"]
+        shown = models if args.all or len(models) <= MODELS_SHOWN else models[:MODELS_SHOWN]
+        more = f" (+{len(models) - len(shown)} more: --all)" if len(shown) < len(models) else ""
+        print(f"  models:  {', '.join(shown) or '-'}{more}")
+    if pi_catalog_models() is None:
+        print("\nThe built-in providers list pi's whole catalog once the pack is built "
+              "(`piwork pack build`).")  # fmt: skip
     print(f"\nAdd OpenAI-compatible endpoints in {providers_file()}.")
     return 0

@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from piwork.jsonstore import NothingToRestore
 from piwork.policy.audit import AuditLog
 from piwork.policy.rules import DEFAULT_RULES, Action, Rule, Scope, Verdict
 from piwork.policy.store import PolicyError, PolicyStore
@@ -53,6 +54,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_rm)
 
+    p = sub.add_parser(
+        "restore",
+        help="put back the last good copy of a damaged policy file (the damaged one is kept)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_restore)
+
     p = sub.add_parser("reset", help="remove all your rules (the defaults remain)")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.add_argument("--json", action="store_true")
@@ -72,13 +80,6 @@ def _error(msg: str) -> int:
 
 def _print_json(obj: Any) -> None:
     sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2).decode() + "\n")
-
-
-def _load(store: PolicyStore) -> list[Rule]:
-    rules = store.load()
-    if store.notice is not None:
-        print(f"piwork policy: warning: {store.notice}", file=sys.stderr)
-    return rules
 
 
 def _table(rows: Iterable[list[str]], header: list[str]) -> str:
@@ -105,8 +106,8 @@ def _rule_row(r: Rule) -> list[str]:
 def cmd_list(args: argparse.Namespace) -> int:
     store = PolicyStore()
     try:
-        rules = _load(store)
-    except PolicyError as exc:
+        rules = store.load()
+    except PolicyError as exc:  # a damaged file: say what happened, and fail
         return _error(str(exc))
     if args.json:
         _print_json(
@@ -148,7 +149,6 @@ def cmd_add(args: argparse.Namespace) -> int:
     )
     store = PolicyStore()
     try:
-        _load(store)
         store.add(rule)
     except (PolicyError, OSError) as exc:
         return _error(f"cannot save the rule: {exc}")
@@ -162,7 +162,6 @@ def cmd_add(args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     store = PolicyStore()
     try:
-        _load(store)
         removed = store.remove(args.rule_id)
     except (PolicyError, OSError) as exc:
         return _error(str(exc))
@@ -181,6 +180,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     store = PolicyStore()
+    damage = store.check()
+    if damage is not None:
+        # Starting over is the person's choice; make sure they see what they replace.
+        print(f"piwork: {damage}", file=sys.stderr)
     if not args.yes:
         if not sys.stdin.isatty():
             return _error("reset removes all your rules; pass --yes to confirm")
@@ -189,7 +192,6 @@ def cmd_reset(args: argparse.Namespace) -> int:
             print("nothing changed")
             return 1
     try:
-        _load(store)
         count = store.reset()
     except (PolicyError, OSError) as exc:
         return _error(str(exc))
@@ -197,6 +199,30 @@ def cmd_reset(args: argparse.Namespace) -> int:
         _print_json({"removed": count})
     else:
         print(f"removed {count} rule(s); the built-in defaults apply")
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    store = PolicyStore()
+    try:
+        restored = store.restore()
+        rules = store.load()
+    except (PolicyError, NothingToRestore, OSError) as exc:
+        return _error(str(exc))
+    if args.json:
+        _print_json(
+            {
+                "file": str(restored.path),
+                "from": str(restored.source),
+                "damagedCopy": str(restored.kept) if restored.kept else None,
+                "rules": [r.to_json() for r in rules],
+            }
+        )
+        return 0
+    print(f"restored {restored.path} from {restored.source}: {len(rules)} rule(s) of yours")
+    if restored.kept is not None:
+        print(f"the damaged file is kept at {restored.kept}")
+    print("see them with `piwork policy list`")
     return 0
 
 

@@ -7,6 +7,7 @@ from typing import Any, TextIO
 
 import orjson
 
+from piwork.env.registries import WHAT_IT_ALLOWS
 from piwork.policy.request import Choice, PermissionRequest
 from piwork.runner import RunEvent
 from piwork.textsafe import sanitize
@@ -181,6 +182,7 @@ def permission_prompt_text(request: PermissionRequest, *, color: bool = True) ->
     if registries:
         lines.append(f"  {REGISTRIES_LABEL} stores {len(registries)} rules:")
         lines += [f"      {sanitize(r.human(), one_line=True)}" for r in registries]
+        lines.append(f"      {WHAT_IT_ALLOWS}")
     return "\n".join(lines)
 
 

@@ -546,6 +546,9 @@ async def build_env(
     ``asker``, a network host the policy does not allow is denied (and said).
     """
     t0 = time.monotonic()
+    damage = PolicyStore(paths.policy_file).check()  # its network questions need the policy
+    if damage is not None:
+        raise damage
     store = store_for(paths)
     first = parse(file)
     base_layer: str | None = None

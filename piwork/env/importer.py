@@ -46,13 +46,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from piwork import sharefs
 from piwork.env.dockerfile import ENV_NAME, env_script
-from piwork.env.store import BUILD_ENV_FILE, EnvError, EnvStore
+from piwork.env.store import BUILD_ENV_FILE, EnvError, EnvStore, write_record
 from piwork.errors import UsageError
-from piwork.fsutil import atomic_write_bytes, sha256_file
+from piwork.fsutil import sha256_file
+from piwork.textsafe import has_unsafe
 
 TOOLS = {
     "skopeo": "apt-get install skopeo (Debian bookworm: 1.9.3), or run scripts/setup.sh",
@@ -276,8 +275,12 @@ def image_settings(config: dict[str, object]) -> ImageSettings:
         if not isinstance(workdir, str) or not workdir.startswith("/"):
             notes.append(f"left out the WorkingDir {_shown(str(workdir))}: not an absolute path")
             workdir = None
-        elif len(workdir) > MAX_WORKDIR or any(c in workdir for c in "\n\r\x00"):
-            notes.append("left out the WorkingDir: too long, or holds a newline or NUL")
+        elif len(workdir) > MAX_WORKDIR or has_unsafe(workdir):
+            # Control (C0, C1, ESC, newline, NUL) and format (bidi, zero-width) characters:
+            # a folder name never needs one, and a terminal would act on them.
+            notes.append(
+                "left out the WorkingDir: too long, or holds a control or format character"
+            )
             workdir = None
         else:
             workdir = posixpath.normpath(workdir)
@@ -380,7 +383,7 @@ def import_image(store: EnvStore, archive: Path) -> Imported:
             "env": [list(pair) for pair in settings.env],
             "workdir": settings.workdir,
         }
-        atomic_write_bytes(store.images_dir / f"{image_id}.json", orjson.dumps(meta))
+        write_record(store.images_dir / f"{image_id}.json", meta)
         os.replace(tmp, path)
         return Imported(
             image_id,

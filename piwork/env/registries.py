@@ -35,6 +35,17 @@ REGISTRIES: dict[str, tuple[str, ...]] = {
 }
 
 
+WHAT_IT_ALLOWS = (
+    "What this allows, plainly: downloads from these domains, nothing else. piwork reads each "
+    "request to them (for HTTPS through a certificate authority made for each run, which only "
+    "that run's VM trusts) and refuses anything but a download: no `npm publish`, no uploads, "
+    "no other site named inside. These domains sit on shared CDNs (Fastly, Cloudflare); "
+    "piwork connects only to the domain itself."
+)
+"""Said with the rules by ``piwork env allow-registries`` and the terminal's ``[r]`` prompt
+(security review 2, finding 8)."""
+
+
 def registry_domains(mirrors: Iterable[str] = ()) -> tuple[str, ...]:
     built_in = tuple(d for domains in REGISTRIES.values() for d in domains)
     return built_in + tuple(m for m in dict.fromkeys(mirrors) if m not in built_in)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import logging
 import os
 import secrets
 import subprocess
@@ -51,7 +52,10 @@ import orjson
 
 from piwork.config import Paths, get_paths
 from piwork.errors import PersonError
-from piwork.fsutil import atomic_write_bytes, fsync_dir
+from piwork.fsutil import fsync_dir
+from piwork.jsonstore import DamagedFile, JsonFile
+
+log = logging.getLogger(__name__)
 
 ENV_DISK = "env.qcow2"
 ENV_META = "env.json"
@@ -275,12 +279,45 @@ def folder_key(folder: Path) -> str:
     return hashlib.sha256(str(folder).encode()).hexdigest()[:16]
 
 
+class EnvDamaged(DamagedFile, EnvError):
+    """A record of the environments cannot be read: no task starts on a guess of what it
+    said, and no layer is collected while it might be the one it names."""
+
+
+def _parse_record(raw: bytes) -> dict[str, Any]:
+    data = orjson.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    return data
+
+
+def record_file(path: Path) -> JsonFile[dict[str, Any]]:
+    """One record (a folder's, a layer's, an image's, a task's ``env.json``): written
+    durably with its last good copy, refused when damaged (:mod:`piwork.jsonstore`)."""
+    fresh = None
+    if path.parent.name == "folders":
+        fresh = "start the folder clean: `piwork env reset FOLDER`"
+    return JsonFile(
+        path,
+        _parse_record,
+        what="environment record",
+        restore_command=f"piwork restore {path}",
+        fresh=fresh,
+        error=EnvDamaged,
+    )
+
+
 def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+    """The record, None if there is none; :class:`EnvDamaged` if it cannot be read."""
+    return record_file(path).read()
+
+
+def write_record(path: Path, record: dict[str, Any]) -> None:
+    record_file(path).write(orjson.dumps(record))
+
+
+def _forget(path: Path) -> None:
+    record_file(path).remove()
 
 
 class EnvStore:
@@ -384,7 +421,7 @@ class EnvStore:
             "image": rec.image,
             "updated_at": time.time(),
         }
-        atomic_write_bytes(self.folders_dir / f"{rec.key}.json", orjson.dumps(payload))
+        write_record(self.folders_dir / f"{rec.key}.json", payload)
 
     def task_env(self, task_dir: Path) -> TaskEnv | None:
         meta = _read_json(task_dir / ENV_META)
@@ -410,7 +447,7 @@ class EnvStore:
             "image": image,
             "updated_at": time.time(),
         }
-        atomic_write_bytes(task_dir / ENV_META, orjson.dumps(payload))
+        write_record(task_dir / ENV_META, payload)
 
     # ------------------------------------------------------------ imported images
     @property
@@ -464,8 +501,13 @@ class EnvStore:
                 self._save_folder(
                     FolderEnv(folder_key(folder), str(folder), head, str(task_dir), image)
                 )
-            # Layers left only by deleted tasks (`piwork tasks rm`) go now.
-            self._gc()
+            # Layers left only by deleted tasks (`piwork tasks rm`) go now; while another
+            # record is damaged nothing is collected (it may name any layer), and this task
+            # does not depend on that.
+            try:
+                self._gc()
+            except EnvDamaged as exc:
+                log.warning("environment layers not collected: %s", exc)
             return TaskEnv(
                 task_dir / ENV_DISK,
                 head,
@@ -499,7 +541,7 @@ class EnvStore:
                 "created_at": time.time(),
                 "image": env.image.stem if env.image is not None else None,
             }
-            atomic_write_bytes(self.layers_dir / f"{layer_id}.json", orjson.dumps(meta))
+            write_record(self.layers_dir / f"{layer_id}.json", meta)
             os.rename(env.disk, path)
             os.chmod(path, 0o400)
             fsync_dir(self.layers_dir)
@@ -543,11 +585,11 @@ class EnvStore:
         }
         # The record first: a crash before the disk is in place leaves a record
         # without a disk, which layer() ignores and gc removes.
-        atomic_write_bytes(meta_path, orjson.dumps(meta))
+        write_record(meta_path, meta)
         try:
             merge_chain([la.path for la in chain], self.layers_dir / f"{merged_id}.qcow2")
         except (EnvError, OSError) as exc:  # e.g. no room for the copy: nothing lost
-            meta_path.unlink()
+            _forget(meta_path)
             return layer_id, (
                 f"the folder's {len(chain)} environment layers were not merged into one "
                 f"({exc}); this task starts on them as they are"
@@ -576,7 +618,7 @@ class EnvStore:
                 "build": build,
                 "image": image,
             }
-            atomic_write_bytes(self.layers_dir / f"{layer_id}.json", orjson.dumps(meta))
+            write_record(self.layers_dir / f"{layer_id}.json", meta)
             os.rename(disk, path)
             os.chmod(path, 0o400)
             fsync_dir(self.layers_dir)
@@ -600,7 +642,10 @@ class EnvStore:
     def reset(self, folder: Path) -> bool:
         """The folder's next task starts clean; layers no task uses any more are deleted."""
         with self._locked():
-            rec = self.folder(folder)
+            try:
+                rec = self.folder(folder)
+            except EnvDamaged:  # the person chose to start clean: a copy of it is kept
+                rec = FolderEnv(folder_key(folder), str(folder), None, None, None)
             if rec is None:
                 return False
             self._save_folder(FolderEnv(rec.key, rec.folder, None, None, None))
@@ -610,10 +655,10 @@ class EnvStore:
     def rm(self, folder: Path) -> bool:
         """Forget the folder's environment entirely (and delete the layers only it used)."""
         with self._locked():
-            path = self.folders_dir / f"{folder_key(folder)}.json"
-            if not path.exists():
+            record = record_file(self.folders_dir / f"{folder_key(folder)}.json")
+            if not record.path.exists() and not record.last_good.exists():
                 return False
-            path.unlink()
+            record.remove()  # damaged or not: the person chose to forget it
             self._gc()
         return True
 
@@ -655,7 +700,7 @@ class EnvStore:
             if meta.stem not in keep:
                 with contextlib.suppress(FileNotFoundError):
                     (self.layers_dir / f"{meta.stem}.qcow2").unlink()
-                meta.unlink()
+                _forget(meta)
                 removed.append(meta.stem)
         removed += self._gc_images(keep)
         return removed
@@ -683,7 +728,7 @@ class EnvStore:
                 continue
             with contextlib.suppress(FileNotFoundError):
                 self.image_path(image_id).unlink()
-            meta_path.unlink()
+            _forget(meta_path)
             removed.append(image_id)
         return removed
 

@@ -5,13 +5,14 @@ one back."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QPushButton
 
 from piwork.gui.appstate import Crash
 from piwork.gui.controller import TaskController
 from piwork.gui.model import TasksModel
 from piwork.gui.state import Phase
 from piwork.gui.text import sanitize
+from piwork.gui.widgets import plain_label
 
 
 def cut_off(model: TasksModel, crash: Crash | None) -> list[TaskController]:
@@ -45,7 +46,7 @@ class CrashBanner(QFrame):
             msg = f"{what}. Interrupted: {names}{more}. Nothing you typed was lost."
         else:
             msg = "piwork closed unexpectedly last time. Nothing you typed was lost."
-        self.text = QLabel()
+        self.text = plain_label()
         self.text.setTextFormat(Qt.TextFormat.PlainText)
         self.text.setText(msg)
         self.text.setWordWrap(True)

@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QHBoxLayout,
-    QLabel,
     QPushButton,
     QVBoxLayout,
     QWidget,
@@ -29,9 +28,10 @@ from piwork.gui.controller import TaskController
 from piwork.gui.hosts import host_names
 from piwork.gui.model import TasksModel
 from piwork.gui.prefs import model_choices
+from piwork.gui.qtlink import listen
 from piwork.gui.state import Phase, hint_for
 from piwork.gui.text import sanitize
-from piwork.gui.widgets import Composer
+from piwork.gui.widgets import Composer, plain_label
 
 CLEAN_ENV_TIP = (
     "Start the new task from the clean workbench, not from what the folder's last task "
@@ -71,7 +71,7 @@ class ComposePanel(QWidget):
         self.folder_btn.setToolTip("Working folder for a new task")
         self.folder_btn.clicked.connect(self.pick_folder)
         bar.addWidget(self.folder_btn)
-        self.folder_lbl = QLabel("no folder")
+        self.folder_lbl = plain_label("no folder")
         self.folder_lbl.setObjectName("folderLabel")
         bar.addWidget(self.folder_lbl, 1)
         self.clean_env = QCheckBox("Start clean")
@@ -106,8 +106,8 @@ class ComposePanel(QWidget):
         self._draft_timer.timeout.connect(self.save_draft)
         self.composer.textChanged.connect(self._draft_timer.start)
         self.draft_error: str | None = None
-        model.selected_changed.connect(self._selected)
-        model.changed.connect(lambda _t: self.redraw())
+        listen(self, model.selected_changed, self._selected)
+        listen(self, model.changed, lambda _t: self.redraw())
 
     # ------------------------------------------------------------ pickers
     def fill_models(self) -> None:
@@ -151,6 +151,7 @@ class ComposePanel(QWidget):
     def _show_folder_env(self) -> None:
         """The "Start clean" box says what the new task would otherwise start from."""
         from piwork.gui.envs import folder_env, mb
+        from piwork.gui.words import task_titles
 
         info = None
         if self.new_folder is not None:
@@ -160,8 +161,8 @@ class ComposePanel(QWidget):
             self.clean_env.setToolTip(CLEAN_ENV_TIP)
             return
         self.clean_env.setToolTip(
-            f"{sanitize(str(info.folder), limit=300)}: {info.next_start()} ({mb(info.bytes)}). "
-            + CLEAN_ENV_TIP
+            f"{sanitize(str(info.folder), limit=300)}: {info.next_start(task_titles(self.paths))} "
+            f"({mb(info.bytes)}). " + CLEAN_ENV_TIP
         )
 
     def reset_new_task(self) -> None:

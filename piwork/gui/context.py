@@ -21,7 +21,6 @@ import asyncio
 import csv
 import io
 import logging
-import stat
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,6 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import (
     QHBoxLayout,
-    QLabel,
     QListWidget,
     QListWidgetItem,
     QPlainTextEdit,
@@ -54,9 +52,17 @@ from PySide6.QtWidgets import (
 
 from piwork import sharefs
 from piwork.config import Paths, get_paths
+from piwork.gui.qtlink import listen
 from piwork.gui.text import sanitize
 from piwork.gui.turns import TurnsPane
-from piwork.gui.widgets import InertBrowser, file_kind, open_preview, set_inert_markdown
+from piwork.gui.watch import FolderWatch, still_there
+from piwork.gui.widgets import (
+    InertBrowser,
+    file_kind,
+    open_preview,
+    plain_label,
+    set_inert_markdown,
+)
 from piwork.runner import EventKind, RunEvent
 
 if TYPE_CHECKING:
@@ -109,23 +115,6 @@ class DiffHighlighter(QSyntaxHighlighter):
         self.setFormat(0, len(text), f)
 
 
-def relative_beneath(root: Path, changed: str) -> str | None:
-    """``changed`` relative to ``root`` if it is a regular file beneath it (no link on the way)."""
-    try:
-        rel = Path(changed).relative_to(root)
-    except ValueError:
-        return None
-    if not rel.parts or ".." in rel.parts:
-        return None
-    try:
-        st = sharefs.lstat_beneath(root, rel.as_posix())
-    except OSError:
-        return rel.as_posix()  # deleted (or unreachable): still a change to list
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    return rel.as_posix()
-
-
 def _part(name: str) -> Any:
     return property(lambda self: getattr(self.turns_pane, name))
 
@@ -138,7 +127,7 @@ class ContextPanel(QWidget):
         self.setMinimumWidth(260)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 8, 8, 8)
-        self.folder_label = QLabel("No task selected")
+        self.folder_label = plain_label("No task selected")
         self.folder_label.setWordWrap(True)
         self.folder_label.setObjectName("panelFolder")
         lay.addWidget(self.folder_label)
@@ -146,12 +135,18 @@ class ContextPanel(QWidget):
         self.open_btn.clicked.connect(self._open_folder)
         self.open_btn.setEnabled(False)  # until a task with a folder is shown
         lay.addWidget(self.open_btn)
+        self.open_note = plain_label()  # what became of "Open in file manager"
+        self.open_note.setObjectName("openNote")
+        self.open_note.setWordWrap(True)
+        self.open_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.open_note.hide()
+        lay.addWidget(self.open_note)
         # Previews: the selected task's open previews (hidden when it has none).
         self.previews_box = QWidget()
         self.previews_box.setObjectName("previews")
         pl = QVBoxLayout(self.previews_box)
         pl.setContentsMargins(0, 4, 0, 4)
-        pl.addWidget(QLabel("Previews"))
+        pl.addWidget(plain_label("Previews"))
         self.previews_rows = QVBoxLayout()
         pl.addLayout(self.previews_rows)
         self.preview_buttons: dict[int, QPushButton] = {}  # port -> its "Open" button
@@ -172,14 +167,15 @@ class ContextPanel(QWidget):
         self.turns_pane.file_changed.connect(
             lambda path, status, task_id: self.note_change(path, status, task_id=task_id)
         )
+        self.turns_pane.net_changes.connect(self.set_changes)
         self.tabs.addTab(self.turns_pane, "Turns")
         lay.addWidget(self.tabs, 2)
-        self.preview_title = QLabel("Preview")
+        self.preview_title = plain_label("Preview")
         self.preview_title.setObjectName("previewTitle")
         lay.addWidget(self.preview_title)
         self.preview = QStackedWidget()
         self.preview_text = InertBrowser()  # previews guest files: loads nothing
-        self.preview_image = QLabel()
+        self.preview_image = plain_label()
         self.preview_image.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.preview_table = QTableWidget()
         self.diff_view = QPlainTextEdit()
@@ -194,11 +190,11 @@ class ContextPanel(QWidget):
         for w in (self.preview_text, self.preview_image, self.preview_table, self.diff_view):
             self.preview.addWidget(w)
         lay.addWidget(self.preview, 3)
-        self.usage = QLabel()
+        self.usage = plain_label()
         self.usage.setObjectName("usage")
         lay.addWidget(self.usage)
         # The task's environment disk (what it installed), as `piwork tasks show` says it.
-        self.env_label = QLabel()
+        self.env_label = plain_label()
         self.env_label.setObjectName("taskEnv")
         self.env_label.setWordWrap(True)  # the panel can be narrow: never cut the size off
         self.env_label.setToolTip(
@@ -210,7 +206,7 @@ class ContextPanel(QWidget):
         self.outputs: Path | None = None
         self.task_id: str | None = None
         self.changed: dict[str, str] = {}  # display name -> status
-        self._watches: dict[str, tuple[asyncio.Future[None], asyncio.Event]] = {}
+        self.watcher = FolderWatch(self._watched)
         self._changes: dict[str, dict[str, str]] = {}
         self._preview_gen = 0
 
@@ -218,10 +214,10 @@ class ContextPanel(QWidget):
     def follow(self, model: TasksModel) -> None:
         """Draw the model's selected task, and note every task's changes as they come."""
         self.model = model
-        model.selected_changed.connect(self._task_selected)
-        model.changed.connect(self._task_changed)
-        model.run_event.connect(self._run_event)
-        model.closed.connect(lambda t: self.unwatch(t.task_id or ""))
+        listen(self, model.selected_changed, self._task_selected)
+        listen(self, model.changed, self._task_changed)
+        listen(self, model.run_event, self._run_event)
+        listen(self, model.closed, lambda t: self.unwatch(t.task_id or ""))
         self._clock = QTimer(self)
         self._clock.setInterval(500)
         self._clock.timeout.connect(self._tick)
@@ -289,6 +285,7 @@ class ContextPanel(QWidget):
             f"Working folder: {folder}" if folder else "Working folder: (none for this task)"
         )
         self.open_btn.setEnabled(folder is not None)
+        self.open_note.hide()
         self.refresh_env()
         # Nothing of the task shown before may stay: its diff, preview or their title.
         self._preview_gen += 1
@@ -350,13 +347,13 @@ class ContextPanel(QWidget):
             rv.setContentsMargins(0, 0, 0, 2)
             rv.setSpacing(0)
             top = QHBoxLayout()
-            top.addWidget(QLabel(f"Port {port}"), 1)
+            top.addWidget(plain_label(f"Port {port}"), 1)
             btn = QPushButton("Open")
             btn.setToolTip(url)
             btn.clicked.connect(lambda _=False, u=url: open_preview(u))
             top.addWidget(btn)
             rv.addLayout(top)
-            link = QLabel(url)
+            link = plain_label(url)
             link.setObjectName("previewUrl")
             link.setToolTip(url)
             link.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -367,58 +364,59 @@ class ContextPanel(QWidget):
 
     def watch(self, task_id: str, folder: Path | None, outputs: Path | None) -> None:
         """Record changes under the task's folder and outputs, selected or not."""
-        if task_id in self._watches:
-            return
-        roots = [p for p in (folder, outputs) if p is not None and p.is_dir()]
-        if not roots:
-            return
-        stop = asyncio.Event()
-        job = asyncio.ensure_future(self._watch_files(task_id, folder, roots, stop))
-        self._watches[task_id] = (job, stop)
+        self.watcher.watch(task_id, folder, outputs)
 
     def unwatch(self, task_id: str) -> None:
-        entry = self._watches.pop(task_id, None)
-        if entry is not None:
-            job, stop = entry
-            stop.set()  # the watcher's thread polls it; a loop cannot close while it runs
-            job.cancel()
+        self.watcher.unwatch(task_id)
 
     def stop_watching(self) -> None:
-        for task_id in list(self._watches):
-            self.unwatch(task_id)
+        self.watcher.stop()
 
-    async def _watch_files(
-        self, task_id: str, folder: Path | None, roots: list[Path], stop: asyncio.Event
-    ) -> None:
-        from watchfiles import Change, awatch
+    def _watched(self, task_id: str, label: str, status: str, gone: bool) -> None:
+        """What the watcher saw; ``gone``: a file of the outputs already moved away (a
+        batch may list its "deleted" before its "added")."""
+        if gone:
+            if label not in self._changes.get(task_id, {}):
+                return
+            status = "deleted"
+        self.note_change(label, status, task_id=task_id)
 
-        names = {Change.added: "added", Change.modified: "modified", Change.deleted: "deleted"}
-        try:
-            async for changes in awatch(
-                *roots,
-                recursive=True,
-                step=200,
-                debounce=400,
-                rust_timeout=1000,
-                stop_event=stop,
-            ):
-                for kind, p in changes:
-                    for root in roots:
-                        rel = relative_beneath(root, p)
-                        if rel is None:
-                            continue
-                        label = rel if root == folder else f"outputs/{rel}"
-                        self.note_change(label, names.get(kind, "modified"), task_id=task_id)
-                        break
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a watcher failure must not take the window down
-            log.warning("file watcher stopped: %s", exc)
+    def set_changes(self, task_id: str, changes: list[tuple[str, str]]) -> None:
+        """What the task changed in the folder all told (from the checkpoints, the VM
+        off): it replaces what the watcher saw, so an undone change leaves the list and
+        a file the agent only passed through its outputs is not listed (issue 33 item 5).
+        Files still in the task's outputs stay, under "outputs/"."""
+        old = self._changes.get(task_id, {})
+        kept = {
+            rel: status
+            for rel, status in old.items()
+            if rel.startswith("outputs/") and self._exists(task_id, rel)
+        }
+        net = {sanitize(p, limit=300, keep_newlines=False): st for p, st in changes[:MAX_FILES]}
+        self._changes[task_id] = {**net, **kept}
+        if task_id == (self.task_id or ""):
+            self.changed = self._changes[task_id]
+            self.files.clear()
+            for rel, status in self.changed.items():
+                self._add_item(rel, status)
+
+    def _exists(self, task_id: str, rel: str) -> bool:
+        return still_there(self.paths.tasks / task_id / "outputs", rel[len("outputs/") :])
 
     def note_change(self, rel: str, status: str, *, task_id: str | None = None) -> None:
         rel = sanitize(rel, limit=300, keep_newlines=False)
         changes = self._changes.setdefault(task_id or self.task_id or "", {})
         if rel not in changes and len(changes) >= MAX_FILES:
+            return
+        if status == "deleted" and changes.get(rel) == "added":
+            # Made and removed in this task (the demo's draft moved out of its outputs):
+            # nothing to show.
+            del changes[rel]
+            if changes is self.changed:
+                for i in range(self.files.count()):
+                    if self.files.item(i).data(Qt.ItemDataRole.UserRole) == rel:
+                        self.files.takeItem(i)
+                        break
             return
         changes[rel] = status
         if changes is not self.changed:
@@ -479,7 +477,12 @@ class ContextPanel(QWidget):
                 )
             except OSError as exc:
                 if gen == self._preview_gen:
-                    self.preview_text.setPlainText(f"cannot preview {rel}: {exc.strerror or exc}")
+                    gone = self.changed.get(rel) == "deleted"
+                    self.preview_text.setPlainText(
+                        f"{rel} was deleted in this task: nothing to show"
+                        if gone
+                        else f"cannot preview {rel}: {exc.strerror or exc}"
+                    )
                     self.preview.setCurrentWidget(self.preview_text)
                 return
             if gen == self._preview_gen:
@@ -529,8 +532,17 @@ class ContextPanel(QWidget):
             self.preview.setCurrentWidget(self.preview_text)
 
     def _open_folder(self) -> None:
-        if self.root is not None:
-            QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.root)))
+        """Ask the desktop to open the folder, and say what happened: where no file
+        manager answers (a bare window manager), the path to open by hand (issue 33)."""
+        if self.root is None:
+            return
+        ok = QDesktopServices.openUrl(QUrl.fromLocalFile(str(self.root)))
+        self.open_note.setText(
+            f"Opened in your file manager: {self.root}"
+            if ok
+            else f"No file manager answered on this desktop. The folder is: {self.root}"
+        )
+        self.open_note.show()
 
     # ------------------------------------------------------------ checkpoints
     def on_changes_event(self, data: dict[str, object], *, task_id: str | None = None) -> None:

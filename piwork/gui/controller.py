@@ -29,6 +29,7 @@ from piwork.gui.events import Event
 from piwork.gui.state import WORKING, Phase, TaskState, ended_phase
 from piwork.policy import Choice, PermissionRequest
 from piwork.preview import PreviewChoice, PreviewQuestion
+from piwork.preview.state import loopback_address
 from piwork.run.pool import CLOSE, Pool
 from piwork.runner import EventKind, Outcome, RunEvent, RunRequest, TaskSession
 from piwork.tasks import TaskBusy
@@ -78,7 +79,8 @@ def preview_url(url: object) -> str | None:
     """The URL of a preview event if it is one piwork builds (http on loopback), else None.
 
     The event comes from this process, but its port numbers came from the guest: the
-    window opens nothing but plain ``http://`` addresses under ``.localhost``.
+    window opens nothing but plain ``http://`` on a loopback address (a preview's own
+    ``127.a.b.c``) or under ``.localhost``.
     """
     if not isinstance(url, str) or len(url) > 300:
         return None
@@ -90,7 +92,8 @@ def preview_url(url: object) -> str | None:
     host = parts.hostname or ""
     if parts.scheme != "http" or port is None:
         return None
-    if host not in ("localhost", "127.0.0.1") and not host.endswith(".localhost"):
+    named = host in ("localhost", "127.0.0.1") or host.endswith(".localhost")
+    if not named and loopback_address(host) is None:
         return None
     return url
 
@@ -499,7 +502,9 @@ class TaskController:
     async def pause(self) -> None:
         if self.session is not None:
             await self.session.pause_vm()
+            self.changed.emit()  # the runner's pause state is the truth: draw it now
 
     async def resume_vm(self) -> None:
         if self.session is not None:
             await self.session.resume_vm()
+            self.changed.emit()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QFrame,
     QLabel,
@@ -22,10 +23,19 @@ from piwork.config import Paths
 from piwork.gui.controller import TaskController
 from piwork.gui.history import load_history
 from piwork.gui.model import TasksModel
+from piwork.gui.qtlink import listen
 from piwork.gui.text import sanitize
 from piwork.gui.welcome import WelcomePage
-from piwork.gui.widgets import MessageView, NoticeRow, PreviewRow, ToolRow
-from piwork.gui.words import permission_line, person_paths, stopped_words
+from piwork.gui.widgets import MessageView, NoticeRow, PreviewRow, ToolRow, plain_tip
+from piwork.gui.words import (
+    RESUME_PROMPT,
+    RESUMED,
+    ended_line,
+    is_denied,
+    permission_line,
+    person_paths,
+    stopped_words,
+)
 from piwork.runner import EventKind, RunEvent
 
 _TECHNICAL = ("accelerator:", "pack:", "restored in", "cold boot", "using the offline demo model")
@@ -52,6 +62,7 @@ class Conversation(QScrollArea):
         self.setWidget(inner)
         self.current: MessageView | None = None
         self.tools: dict[str, ToolRow] = {}
+        self.denied: set[str] = set()  # steps whose permission was denied
         self.previews: dict[int, PreviewRow] = {}  # the latest row of each guest port
         self.boot_row: NoticeRow | None = None
         self.boot_details: list[str] = []
@@ -67,10 +78,17 @@ class Conversation(QScrollArea):
         return w
 
     def user(self, text: str, mode: str | None = None) -> None:
+        if text == RESUME_PROMPT and mode is None:
+            self.current = None
+            self.notice(RESUMED)  # piwork's words to the agent, not the person's
+            return
         who = {"steer": "you (steer)", "follow_up": "you (queued follow-up)"}.get(mode or "", "you")
-        self.current = None
-        self.boot_row, self.boot_details = None, []  # the next start gets its own row
-        self.add(MessageView(who if who != "you" else "you", text, markdown=False))
+        if mode is None:
+            self.current = None
+            self.boot_row, self.boot_details = None, []  # the next start gets its own row
+        # A steer while the agent writes goes under its message, and the message goes on
+        # in its own bubble above (one message to pi): it is never cut in two.
+        self.add(MessageView(who, text, markdown=False))
 
     def text(self, delta: str) -> None:
         if self.current is None:
@@ -101,15 +119,27 @@ class Conversation(QScrollArea):
             self.boot_row.setText(line)
         if detail:
             self.boot_details.append(detail)
-            self.boot_row.setToolTip("\n".join(self.boot_details[-30:]))
+            self.boot_row.setToolTip(plain_tip("\n".join(self.boot_details[-30:])))
 
-    def tool_end(self, call_id: str, name: str, ok: bool, text: str) -> None:
+    def tool_end(
+        self, call_id: str, name: str, ok: bool, text: str, seconds: float | None = None
+    ) -> None:
         row = self.tools.get(call_id)
         if row is None:
             row = ToolRow(call_id, name, "")
             self.tools[call_id] = row
             self.add(row)
-        row.finish(ok, text)
+        row.finish(ok, text, seconds=seconds, denied=call_id in self.denied)
+
+    def deny(self, call_id: str) -> None:
+        """A permission for step ``call_id`` was denied: its failure is that denial."""
+        if call_id:
+            self.denied.add(call_id)
+
+    def interrupt(self) -> None:
+        """The run ended: a step still open never finished (no spinner left behind)."""
+        for row in self.tools.values():
+            row.interrupt()
 
     def notice(self, text: str, kind: str = "notice") -> None:
         self.add(NoticeRow(text, kind))
@@ -157,6 +187,7 @@ class ConversationPane(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         self.header = QLabel("New task")
+        self.header.setTextFormat(Qt.TextFormat.RichText)  # the title in bold, escaped
         self.header.setObjectName("taskHeader")
         self.header.setContentsMargins(12, 6, 12, 0)
         lay.addWidget(self.header)
@@ -167,11 +198,11 @@ class ConversationPane(QWidget):
         self.stack.addWidget(self.welcome)
         lay.addWidget(self.stack, 1)
         self.conversations: dict[int, Conversation] = {}
-        model.added.connect(self._added)
-        model.removed.connect(self._removed)
-        model.selected_changed.connect(lambda _t: self.redraw())
-        model.changed.connect(self._changed)
-        model.run_event.connect(self._on_event)
+        listen(self, model.added, self._added)
+        listen(self, model.removed, self._removed)
+        listen(self, model.selected_changed, lambda _t: self.redraw())
+        listen(self, model.changed, self._changed)
+        listen(self, model.run_event, self._on_event)
 
     def conversation(self, task: TaskController) -> Conversation:
         return self.conversations[id(task)]
@@ -207,7 +238,7 @@ class ConversationPane(QWidget):
             f"<b>{html.escape(sanitize(sel.title, limit=120, keep_newlines=False))}</b>"
             f" — {html.escape(state.label)}{extra}"
         )
-        self.header.setToolTip(f"model: {sel.model}" if sel.model else "")
+        self.header.setToolTip(plain_tip(f"model: {sel.model}") if sel.model else "")
 
     # ------------------------------------------------------------ the runner's events
     def _on_event(self, ctl: TaskController, ev: RunEvent) -> None:
@@ -250,19 +281,23 @@ class ConversationPane(QWidget):
             line = permission_line(d)
             if line is not None:
                 conv.notice(line)
+            if is_denied(d):
+                conv.deny(str(d.get("call") or ""))
         elif k is EventKind.DONE:
             conv.text_end()
+            conv.interrupt()
             done_msg: Any = d.get("message")
             if ctl.stopping or d.get("reason") == "cancelled":
                 done_msg = None  # "stopped by the person" is what the label already says
             turns = int(d.get("turns") or 0)
             ended = stopped_words(str(d["reason"])) if d.get("reason") else ctl.label.capitalize()
             conv.notice(
-                f"— {ended}"
-                + (f": {sanitize(str(done_msg), limit=300)}" if done_msg else "")
-                + f" · {int(d.get('tokens') or 0):,} tokens, {turns} turn"
-                + ("" if turns == 1 else "s")
-                + " —"
+                ended_line(
+                    ended,
+                    sanitize(str(done_msg), limit=300) if done_msg else None,
+                    int(d.get("tokens") or 0),
+                    turns,
+                )
             )
         elif k is EventKind.PREVIEW:
             port = d.get("port")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from piwork.config import Paths
 from piwork.env import ENV_DISK, EnvStore, allocated_bytes, store_for
+from piwork.gui.text import sanitize
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,9 @@ class LayerInfo:
     users: int
     """Tasks whose disk sits on this layer (they keep it until they are deleted)."""
 
-    def line(self) -> str:
+    def line(self, titles: dict[str, str] | None = None) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(self.created_at))
-        made = f"from task {self.from_task}, " if self.from_task else ""
+        made = f"from {task_words(self.from_task, titles)}, " if self.from_task else ""
         tasks = "1 task" if self.users == 1 else f"{self.users} tasks"
         return f"{made}{when}; used by {tasks}"
 
@@ -49,15 +50,24 @@ class FolderInfo:
     def bytes(self) -> int:
         return sum(la.bytes for la in self.layers) + self.last_task_bytes
 
-    def next_start(self) -> str:
-        """Where the folder's next task starts, in words."""
-        saved = f"{len(self.layers)} saved layer{'' if len(self.layers) == 1 else 's'}"
+    def next_start(self, titles: dict[str, str] | None = None) -> str:
+        """Where the folder's next task starts, in words (tasks by their titles)."""
+        n = len(self.layers)
+        saved = f"what {n} earlier task{'' if n == 1 else 's'} installed"
         if self.last_task:
-            over = f" (over {saved})" if self.layers else ""
-            return f"the next task starts from what task {self.last_task} left{over}"
+            over = f" (and {saved})" if self.layers else ""
+            return f"the next task starts with what {task_words(self.last_task, titles)} left{over}"
         if self.layers:
-            return f"the next task starts from {saved}"
+            return f"the next task starts with {saved}"
         return "the next task starts clean"
+
+
+def task_words(task_id: str, titles: dict[str, str] | None) -> str:
+    """A task as a person knows it: by its title ("task 3f2a…" only when it is gone)."""
+    title = (titles or {}).get(task_id)
+    if title:
+        return f"“{sanitize(title, limit=60, keep_newlines=False)}”"
+    return "a task since deleted" if titles is not None else f"task {task_id}"
 
 
 def mb(n: int) -> str:
@@ -100,6 +110,6 @@ def task_env_line(paths: Paths, task_id: str | None) -> str:
     env = store_for(paths).task_env(task_dir)
     if env is None:
         return ""
-    base = "on a saved layer" if env.base else "from the clean workbench"
+    base = "started with what earlier tasks installed" if env.base else "started clean"
     cap = f"{env.size / 2**30:.0f} GiB"
     return f"Environment: {mb(allocated_bytes(env.disk))} of {cap}, {base}"

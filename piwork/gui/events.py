@@ -22,17 +22,25 @@ class Event:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._listeners: list[Callable[..., Any]] = []
+        self._listeners: list[tuple[Callable[..., Any], Callable[[], bool] | None]] = []
 
-    def connect(self, listener: Callable[..., Any]) -> None:
-        self._listeners.append(listener)
+    def connect(
+        self, listener: Callable[..., Any], *, alive: Callable[[], bool] | None = None
+    ) -> None:
+        """``alive``: the listener is dropped once it says False (a view whose widget Qt
+        deleted: what a Qt connection does for a destroyed receiver)."""
+        self._listeners.append((listener, alive))
 
     def disconnect(self, listener: Callable[..., Any]) -> None:
-        if listener in self._listeners:
-            self._listeners.remove(listener)
+        self._listeners = [(f, a) for f, a in self._listeners if f != listener]
 
     def emit(self, *args: Any) -> None:
-        for listener in list(self._listeners):
+        for entry in list(self._listeners):
+            listener, alive = entry
+            if alive is not None and not alive():
+                if entry in self._listeners:
+                    self._listeners.remove(entry)
+                continue
             try:
                 listener(*args)
             except Exception as exc:

@@ -17,7 +17,7 @@ def host_names() -> tuple[list[str], str | None]:
     try:
         hosts = store.load()
     except store.HostError as exc:
-        return [], sanitize(str(exc), limit=300)
+        return [], sanitize(str(exc), limit=800)
     return sorted(hosts), None
 
 
@@ -26,5 +26,5 @@ def host_lines() -> tuple[list[str], str | None]:
     try:
         hosts = store.load()
     except store.HostError as exc:
-        return [], sanitize(str(exc), limit=300)
+        return [], sanitize(str(exc), limit=800)
     return [f"{h.name}  {h.target}" for _, h in sorted(hosts.items())], None

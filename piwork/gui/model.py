@@ -46,7 +46,7 @@ class TasksModel:
         self.tasks: list[TaskController] = []  # newest first, as the rail lists them
         self.selected: TaskController | None = None
         self.interrupted: list[str] = []  # ids the last start found cut off by a crash
-        self.session_factory: Any = None  # None: the real runner (tests pass a double)
+        self._session_factory: Any = None  # None: the real runner (tests pass a double)
         self.added = Event("added")
         self.removed = Event("removed")
         self.selected_changed = Event("selected")
@@ -103,11 +103,23 @@ class TasksModel:
         self.select(task)
         return task
 
+    @property
+    def session_factory(self) -> Any:
+        """What runs a prompt for every task of the model: the real runner, or a test's
+        double (set on the tasks already listed too)."""
+        return self._session_factory
+
+    @session_factory.setter
+    def session_factory(self, factory: Any) -> None:
+        self._session_factory = factory
+        for task in self.tasks:
+            task.session_factory = factory
+
     def new(self, **fields: Any) -> TaskController:
         """A task of this model (not listed until ``add``)."""
         task = TaskController(self.pool, **fields)
-        if self.session_factory is not None:
-            task.session_factory = self.session_factory
+        if self._session_factory is not None:
+            task.session_factory = self._session_factory
         return task
 
     def add(self, task: TaskController, *, restored: bool = False) -> None:

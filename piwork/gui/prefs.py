@@ -63,12 +63,24 @@ def model_choices(paths: Paths) -> list[tuple[str, str]]:
     """``(ref, label)`` for the model picker: the labelled demo first, then every model."""
     out = [(DEMO, "demo (offline, scripted — not a real model)")]
     try:
-        catalog = load_providers(paths.config / PROVIDERS_FILE_NAME)
+        catalog = load_providers(paths.config / PROVIDERS_FILE_NAME, pi_models=True)
     except (ProviderConfigError, OSError):
         return out
+    keys = None
     for p in catalog.values():
         if p.name == "piwork-demo":
             continue
+        mark = ""
+        if p.auth != "none" and p.key_required:
+            # Which models can run now: a provider without its key is marked (issue 33).
+            from piwork.auth import KeyStore
+
+            keys = keys or KeyStore(paths=paths)
+            try:
+                stored = keys.where(p.credential_name) is not None
+            except Exception:  # an unreachable keyring: say nothing rather than guess
+                stored = True
+            mark = "" if stored else "  · no key yet"
         for mid in p.model_ids():
-            out.append((f"{p.name}/{mid}", f"{p.name}/{mid}"))
+            out.append((f"{p.name}/{mid}", f"{p.name}/{mid}{mark}"))
     return out

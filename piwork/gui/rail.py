@@ -10,14 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QResizeEvent
+from PySide6.QtCore import QEvent, QObject, QSize, Qt, QTimer, Signal
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QMenu, QPushButton, QVBoxLayout, QWidget
 
 from piwork.gui.controller import TaskController
 from piwork.gui.model import TasksModel
+from piwork.gui.qtlink import listen
 from piwork.gui.state import Phase
 from piwork.gui.text import sanitize
+from piwork.gui.widgets import plain_tip
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 
@@ -50,6 +51,7 @@ class TaskRail(QWidget):
         self.list.currentRowChanged.connect(self._row_chosen)
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
+        self.list.viewport().installEventFilter(self)
         lay.addWidget(self.list)
         self.settings_btn = QPushButton("Settings")
         self.settings_btn.clicked.connect(self.settings)
@@ -57,10 +59,10 @@ class TaskRail(QWidget):
         self.setMinimumWidth(180)
         self.menu: QMenu | None = None
         self._spin = 0
-        model.added.connect(lambda t, _r: self._added(t))
-        model.removed.connect(self._removed)
-        model.changed.connect(lambda _t: self.redraw())
-        model.selected_changed.connect(self._selected)
+        listen(self, model.added, lambda t, _r: self._added(t))
+        listen(self, model.removed, self._removed)
+        listen(self, model.changed, lambda _t: self.redraw())
+        listen(self, model.selected_changed, self._selected)
 
         self._timer = QTimer(self)
         self._timer.setInterval(120)
@@ -119,11 +121,12 @@ class TaskRail(QWidget):
                 continue
             item.setText(self.row_text(task))
             title = sanitize(task.title, limit=300, keep_newlines=False)
-            item.setToolTip(title + (f"  (Ctrl+{i + 1})" if i < 9 else ""))
+            item.setToolTip(plain_tip(title + (f"  (Ctrl+{i + 1})" if i < 9 else "")))
 
-    def resizeEvent(self, e: QResizeEvent) -> None:
-        super().resizeEvent(e)
-        self.redraw()  # titles are elided to the width
+    def eventFilter(self, watched: QObject, e: QEvent) -> bool:
+        if e.type() == QEvent.Type.Resize:
+            self.redraw()  # titles are elided to the list's width
+        return False
 
     def _tick(self) -> None:
         """Animation only: the spinner of working tasks."""

@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QDialogButtonBox,
     QFormLayout,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
@@ -36,10 +35,14 @@ from PySide6.QtWidgets import (
 
 from piwork.auth import KeyStore
 from piwork.config import Paths
+from piwork.gui.asking import message_box
 from piwork.gui.network_tab import NetworkTab
+from piwork.gui.pi_tab import PiTab
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.settings_tabs import EnvsTab, PacksTab
-from piwork.gui.text import sanitize
+from piwork.gui.text import sanitize, shown_rule
+from piwork.gui.widgets import plain_label, plain_labels, plain_tip
+from piwork.gui.words import VERDICT_WORDS, audit_line, task_titles
 from piwork.models.custom import add_provider, remove_provider
 from piwork.models.defaults import DEMO, set_default_model
 from piwork.models.providers import (
@@ -48,7 +51,16 @@ from piwork.models.providers import (
     load_custom_providers,
     load_providers,
 )
-from piwork.policy import DEFAULT_RULES, Action, AuditLog, PolicyStore, Rule, Scope, Verdict
+from piwork.policy import (
+    DEFAULT_RULES,
+    Action,
+    AuditLog,
+    PolicyStore,
+    Rule,
+    Scope,
+    ScopeKind,
+    Verdict,
+)
 
 
 def _tab(tab: str, name: str) -> Any:
@@ -75,11 +87,13 @@ class SettingsDialog(QDialog):
         self.envs_tab = EnvsTab(paths)
         self.tabs.addTab(self.envs_tab, "Environments")
         self.tabs.addTab(self._hosts_tab(), "Remote hosts")
+        self.tabs.addTab(PiTab(paths), "pi")  # project trust, MCP servers (piwork.gui.pi_tab)
         self.tabs.addTab(NetworkTab(paths), "Network")  # piwork.gui.network_tab (piwork.net)
         self.tabs.addTab(self._archive_tab(), "Archived")
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay.addWidget(buttons)
+        plain_labels(self)  # the form rows' labels too
 
     packs = _tab("packs_tab", "packs")
     pack_status = _tab("packs_tab", "pack_status")
@@ -100,7 +114,7 @@ class SettingsDialog(QDialog):
         self.default_pick = QComboBox()
         self._fill_default()
         self.default_pick.currentIndexChanged.connect(self._default_changed)
-        self.default_note = QLabel()
+        self.default_note = plain_label()
         form.addRow("Default model", self.default_pick)
         form.addRow("", self.default_note)
         self._update_default_note()
@@ -119,7 +133,7 @@ class SettingsDialog(QDialog):
         krow.addWidget(self.key_field, 1)
         krow.addWidget(save)
         form.addRow("Provider key", krow)
-        self.key_status = QLabel()
+        self.key_status = plain_label()
         form.addRow("", self.key_status)
         # custom providers
         self.custom_list = QListWidget()
@@ -222,7 +236,10 @@ class SettingsDialog(QDialog):
                 path=self.paths.config / PROVIDERS_FILE_NAME,
             )
         except Exception as exc:
-            QMessageBox.warning(self, "Provider not saved", sanitize(exc, limit=1500))
+            box = message_box(self, "Provider not saved", sanitize(exc, limit=1500))
+            box.setIcon(QMessageBox.Icon.Warning)
+            box.open()
+            self.provider_box = box
             return
         self._fill_custom()
         self._fill_default()
@@ -238,10 +255,10 @@ class SettingsDialog(QDialog):
     def _policy_tab(self) -> QWidget:
         w = QWidget()
         lay = QVBoxLayout(w)
-        lay.addWidget(QLabel("Your rules (saved with “Always allow”, or added here):"))
+        lay.addWidget(plain_label("Your rules (saved with “Always allow”, or added here):"))
         self.rules = QTableWidget(0, 5)
         self.rules.setObjectName("rulesTable")
-        self.rules.setHorizontalHeaderLabels(["Rule", "Action", "Scope", "Pattern", "Created"])
+        self.rules.setHorizontalHeaderLabels(["Rule", "Answer", "Where", "Matching", "Made"])
         self.rules.horizontalHeader().setStretchLastSection(True)
         lay.addWidget(self.rules, 2)
         row = QHBoxLayout()
@@ -256,14 +273,14 @@ class SettingsDialog(QDialog):
         row.addWidget(reset)
         row.addStretch(1)
         lay.addLayout(row)
-        lay.addWidget(QLabel("Built in (your rules come first):"))
+        lay.addWidget(plain_label("Built in (your rules come first):"))
         self.builtin = QListWidget()
         self.builtin.setObjectName("builtinRules")
         for r in DEFAULT_RULES:
             self.builtin.addItem(f"{r.human()} — {r.note}" if r.note else r.human())
         self.builtin.setMaximumHeight(150)
         lay.addWidget(self.builtin, 1)
-        lay.addWidget(QLabel("Audit log (newest first):"))
+        lay.addWidget(plain_label("Audit log (newest first):"))
         self.audit = QPlainTextEdit()
         self.audit.setReadOnly(True)
         lay.addWidget(self.audit, 1)
@@ -279,19 +296,22 @@ class SettingsDialog(QDialog):
         self._rules = rules
         self.rules.setRowCount(len(rules))
         for i, r in enumerate(rules):
-            for j, v in enumerate(
-                [r.describe(), r.action.value, r.scope.describe(), r.pattern or "", r.created]
-            ):
-                self.rules.setItem(i, j, QTableWidgetItem(sanitize(v, limit=400)))
+            # In the person's words and paths: their folder's files relative to it, the
+            # scope as a folder or "every folder", the day it was made. The exact rule
+            # (as `piwork policy list` prints it) is the row's tooltip.
+            shown = shown_rule(r)
+            where = "every folder" if r.scope.kind is ScopeKind.GLOBAL else str(r.scope.value)
+            cells = [shown.human(), VERDICT_WORDS.get(r.verdict.value, r.verdict.value), where,
+                     shown.pattern or "anything", str(r.created)[:10]]  # fmt: skip
+            for j, v in enumerate(cells):
+                cell = QTableWidgetItem(sanitize(v, limit=400, keep_newlines=False))
+                cell.setToolTip(plain_tip(sanitize(r.describe(), limit=400)))
+                self.rules.setItem(i, j, cell)
         self.rules.resizeColumnsToContents()
         with contextlib.suppress(Exception):
             entries = list(AuditLog(self.paths.audit_log).read())[-200:]
-            lines = [
-                f"{e.get('ts') or e.get('time') or ''}  {e.get('task') or '-'}  "
-                f"{e.get('action')} {e.get('target')}: {e.get('decision')} "
-                f"({e.get('decidedBy')})"
-                for e in reversed(entries)
-            ]
+            titles = task_titles(self.paths)
+            lines = [audit_line(e, titles) for e in reversed(entries)]
             self.audit.setPlainText(sanitize("\n".join(lines) or "(empty)", limit=200_000))
 
     def rule_texts(self) -> list[str]:
@@ -359,7 +379,7 @@ class SettingsDialog(QDialog):
         for spin in (self.max_tasks, self.memory, self.cpus, self.keep_warm):
             spin.valueChanged.connect(self._save_limits)
         self.accel.currentIndexChanged.connect(self._save_limits)
-        note = QLabel(
+        note = plain_label(
             "Changes apply at once and are saved. Memory, CPUs and the accelerator are used "
             "by the next VM a task starts."
         )
@@ -375,14 +395,14 @@ class SettingsDialog(QDialog):
 
             form.addRow(
                 "Task limits (settings.json)",
-                QLabel(
+                plain_label(
                     f"turns {shown(lim.max_turns)}, time {shown(lim.max_wall_time_seconds, ' s')}, "
                     f"tokens {shown(lim.max_tokens)}, cost "
                     + ("no limit" if lim.max_cost_usd is None else f"${lim.max_cost_usd}")
                 ),
             )
         except Exception as exc:
-            form.addRow("Task limits", QLabel(sanitize(exc, limit=300)))
+            form.addRow("Task limits", plain_label(sanitize(exc, limit=300)))
         return w
 
     def _save_limits(self) -> None:
@@ -398,7 +418,7 @@ class SettingsDialog(QDialog):
         """The archived tasks, by title; "Bring back" returns one to the task list."""
         w = QWidget()
         lay = QVBoxLayout(w)
-        lay.addWidget(QLabel("Archived tasks (out of the task list; nothing is deleted):"))
+        lay.addWidget(plain_label("Archived tasks (out of the task list; nothing is deleted):"))
         self.archived = QListWidget()
         self.archived.setObjectName("archivedTasks")
         lay.addWidget(self.archived, 1)
@@ -434,27 +454,42 @@ class SettingsDialog(QDialog):
     def _hosts_tab(self) -> QWidget:
         """The stored remote hosts, read-only: adding one checks the host's key and
         login, which is ``piwork hosts add``'s job in a terminal."""
-        from piwork.gui.hosts import ADD_HINT, host_lines
-
         w = QWidget()
         lay = QVBoxLayout(w)
         self.hosts = QListWidget()
         self.hosts.setObjectName("hostList")
+        lay.addWidget(self.hosts, 1)
+        self.hosts_note = plain_label()
+        self.hosts_note.setObjectName("hostsNote")
+        self.hosts_note.setWordWrap(True)
+        self.hosts_note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        lay.addWidget(self.hosts_note)
+        refresh = QPushButton("Refresh")
+        refresh.clicked.connect(self.refresh_hosts)
+        lay.addWidget(refresh)
+        self.refresh_hosts()
+        # Read again each time the tab is shown: `piwork hosts add` runs in a terminal
+        # while this dialog is open (issue 33 item 15).
+        self.tabs.currentChanged.connect(lambda i: self._tab_shown(i, w))
+        return w
+
+    def _tab_shown(self, index: int, hosts_page: QWidget) -> None:
+        if self.tabs.widget(index) is hosts_page:
+            self.refresh_hosts()
+
+    def refresh_hosts(self) -> None:
+        from piwork.gui.hosts import ADD_HINT, host_lines
+
         lines, error = host_lines()
+        self.hosts.clear()
         for line in lines:
             self.hosts.addItem(line)
-        lay.addWidget(self.hosts, 1)
-        note = QLabel(
+        self.hosts_note.setText(
             (error + "\n" if error else "")
             + ("" if lines else "No remote hosts yet. ")
             + ADD_HINT
             + " (in a terminal). A new task's host is chosen next to its model."
         )
-        note.setObjectName("hostsNote")
-        note.setWordWrap(True)
-        note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        lay.addWidget(note)
-        return w
 
 
 class AddRuleDialog(QDialog):
@@ -474,9 +509,12 @@ class AddRuleDialog(QDialog):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Add a rule")
+        self.setMinimumWidth(560)
         form = QFormLayout(self)
+        form.setSizeConstraint(QFormLayout.SizeConstraint.SetMinimumSize)
         self.verdict = QComboBox()
-        for v, label in ((Verdict.ALLOW, "Allow"), (Verdict.ASK, "Ask"), (Verdict.DENY, "Deny")):
+        # "Ask" first: the dialog never opens on "allow anything everywhere" (issue 33).
+        for v, label in ((Verdict.ASK, "Ask"), (Verdict.ALLOW, "Allow"), (Verdict.DENY, "Deny")):
             self.verdict.addItem(label, v)
         form.addRow("", self.verdict)
         self.action = QComboBox()
@@ -489,12 +527,20 @@ class AddRuleDialog(QDialog):
         self.folder = QLineEdit()
         self.folder.setPlaceholderText("empty: in every folder")
         form.addRow("in tasks on folder", self.folder)
-        self.preview = QLabel()
+        self.preview = plain_label()
+        self.preview.setObjectName("rulePreview")
         self.preview.setWordWrap(True)
         form.addRow("Rule", self.preview)
-        buttons = QDialogButtonBox(
-            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
-        )
+        self.warning = plain_label()
+        self.warning.setObjectName("ruleWarning")
+        self.warning.setWordWrap(True)
+        form.addRow("", self.warning)
+        buttons = QDialogButtonBox()
+        self.add_btn = buttons.addButton("Add the rule", QDialogButtonBox.ButtonRole.AcceptRole)
+        cancel = buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
+        # Enter never stores a rule: Cancel is the default.
+        self.add_btn.setAutoDefault(False)
+        cancel.setDefault(True)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         form.addRow(buttons)
@@ -503,6 +549,7 @@ class AddRuleDialog(QDialog):
         for e in (self.pattern, self.folder):
             e.textChanged.connect(self._show)
         self._show()
+        plain_labels(self)
 
     def rule(self) -> Rule | None:
         folder = self.folder.text().strip()
@@ -517,3 +564,17 @@ class AddRuleDialog(QDialog):
     def _show(self) -> None:
         r = self.rule()
         self.preview.setText(sanitize(r.human(), limit=400) if r is not None else "")
+        wide = (
+            r is not None
+            and r.verdict is Verdict.ALLOW
+            and r.pattern is None
+            and r.scope.kind is ScopeKind.GLOBAL
+        )
+        self.warning.setText(
+            "This allows it for ANY target, in EVERY task and folder: add a pattern or a "
+            "folder to narrow it."
+            if wide
+            else ""
+        )
+        self.warning.setVisible(wide)
+        self.adjustSize()  # the words never end cut off

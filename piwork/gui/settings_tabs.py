@@ -11,7 +11,6 @@ from pathlib import Path
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QHBoxLayout,
-    QLabel,
     QListWidget,
     QMessageBox,
     QPushButton,
@@ -24,6 +23,7 @@ from PySide6.QtWidgets import (
 from piwork.config import Paths
 from piwork.gui.controller import spawn
 from piwork.gui.text import sanitize
+from piwork.gui.widgets import plain_label
 
 
 class EnvsTab(QWidget):
@@ -31,7 +31,7 @@ class EnvsTab(QWidget):
         super().__init__()
         self.paths = paths
         lay = QVBoxLayout(self)
-        intro = QLabel(
+        intro = plain_label(
             "What tasks install (apt, pip, npm) is kept per working folder: a new task on a "
             "folder starts from what the folder's last task left. Reset makes the next task "
             "start clean; tasks already made keep their own disks."
@@ -58,7 +58,7 @@ class EnvsTab(QWidget):
             row.addWidget(b)
         row.addStretch(1)
         lay.addLayout(row)
-        self.env_status = QLabel()
+        self.env_status = plain_label()
         self.env_status.setObjectName("envStatus")
         self.env_status.setWordWrap(True)
         lay.addWidget(self.env_status)
@@ -66,9 +66,11 @@ class EnvsTab(QWidget):
         self.refresh_envs()
 
     def refresh_envs(self) -> None:
-        from piwork.gui.envs import folder_envs, mb
+        from piwork.gui.envs import folder_envs, mb, task_words
+        from piwork.gui.words import task_titles
 
         self.envs.clear()
+        titles = task_titles(self.paths)
         try:
             infos = folder_envs(self.paths)
         except Exception as exc:  # a broken store is said, never a crashed dialog
@@ -77,21 +79,21 @@ class EnvsTab(QWidget):
         self._env_folders: list[Path] = []
         for info in infos:
             top = QTreeWidgetItem(
-                [sanitize(str(info.folder), limit=400), mb(info.bytes), info.next_start()]
+                [sanitize(str(info.folder), limit=400), mb(info.bytes), info.next_start(titles)]
             )
             top.setData(0, Qt.ItemDataRole.UserRole, str(info.folder))
             if info.last_task:
                 top.addChild(
                     QTreeWidgetItem(
                         [
-                            f"task {info.last_task}'s disk",
+                            f"what {task_words(info.last_task, titles)} installed",
                             mb(info.last_task_bytes),
                             "frozen into a layer when the next task starts",
                         ]
                     )
                 )
             for la in info.layers:
-                top.addChild(QTreeWidgetItem([f"layer {la.id}", mb(la.bytes), la.line()]))
+                top.addChild(QTreeWidgetItem(["saved earlier", mb(la.bytes), la.line(titles)]))
             self.envs.addTopLevelItem(top)
             top.setExpanded(True)
             self._env_folders.append(info.folder)
@@ -127,6 +129,7 @@ class EnvsTab(QWidget):
         size = f" ({mb(info.bytes)})" if info is not None else ""
         shown = sanitize(str(folder), limit=400)
         box = QMessageBox(self)
+        box.setTextFormat(Qt.TextFormat.PlainText)  # guest paths and links: never rich text
         box.setIcon(QMessageBox.Icon.Warning)
         if what == "reset":
             box.setWindowTitle("Reset the environment?")
@@ -193,7 +196,7 @@ class PacksTab(QWidget):
             row.addWidget(b)
         row.addStretch(1)
         lay.addLayout(row)
-        self.pack_status = QLabel()
+        self.pack_status = plain_label()
         self.pack_status.setWordWrap(True)
         lay.addWidget(self.pack_status)
         self._fill_packs()

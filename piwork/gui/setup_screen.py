@@ -50,6 +50,7 @@ class SetupScreen(QDialog):
             "<h2>Welcome to piwork</h2>"
             "The agent runs inside a small virtual machine. These pieces are needed:"
         )
+        head.setTextFormat(Qt.TextFormat.RichText)  # our own words, no guest text
         head.setWordWrap(True)
         lay.addWidget(head)
         self.list = QListWidget()

@@ -13,7 +13,15 @@ from PySide6.QtWidgets import QMessageBox, QVBoxLayout, QWidget
 
 from piwork.gui.controller import PendingPermission, PendingPreview, TaskController
 from piwork.gui.model import TasksModel
-from piwork.gui.text import always_rules, plain_request, registry_rules_offered, rule_text, sanitize
+from piwork.gui.qtlink import listen
+from piwork.gui.text import (
+    always_rules,
+    plain_request,
+    registry_rules_offered,
+    replaced_files,
+    rule_text,
+    sanitize,
+)
 from piwork.gui.widgets import PermissionSheet, PreviewSheet, QuestionBar
 from piwork.gui.words import person_paths
 from piwork.policy import Choice, needs_confirmation
@@ -46,9 +54,9 @@ class SheetArea(QWidget):
         self.question_bar: QuestionBar | None = None
         self.everywhere_box: QMessageBox | None = None
         self._shown: tuple[object, ...] | None = None
-        model.selected_changed.connect(lambda _t: self.redraw())
-        model.asked.connect(lambda _t, _w: self.redraw())
-        model.changed.connect(self._changed)
+        listen(self, model.selected_changed, lambda _t: self.redraw())
+        listen(self, model.asked, lambda _t, _w: self.redraw())
+        listen(self, model.changed, self._changed)
 
     def _changed(self, task: TaskController) -> None:
         if task is self.model.selected:
@@ -95,8 +103,16 @@ class SheetArea(QWidget):
 
     def _permission(self, task: TaskController, p: PendingPermission, queued: int) -> None:
         req = p.request
+        replaced = replaced_files(req, task.folder)
+        warning = (
+            f"⚠ This replaces {', '.join(replaced[:5])}"
+            + (f" and {len(replaced) - 5} more" if len(replaced) > 5 else "")
+            + ", already in your folder."
+            if replaced
+            else ""
+        )
         sheet = PermissionSheet(
-            person_paths(plain_request(req)),
+            person_paths(plain_request(req)) + (f"\n{warning}" if warning else ""),
             person_paths(sanitize(req.question, limit=600)),
             str(task.folder) if task.folder else None,
             always_rules(req, Choice.ALWAYS_FOLDER),

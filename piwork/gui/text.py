@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import stat
 from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
 
 from piwork import textsafe
 from piwork.gui.words import person_paths
-from piwork.policy import Choice, PermissionRequest, Rule, describe_rules
+from piwork.policy import Action, Choice, PermissionRequest, Rule, describe_rules
 from piwork.policy.rules import PATH_ACTIONS
 
 MAX_GUEST_TEXT = 4000
@@ -83,6 +85,18 @@ def person_path(path: str) -> str:
     return person_paths(m.group(0)) + path[m.end() :] if m else path
 
 
+def rule_words(rules: Sequence[Rule]) -> str:
+    """What storing ``rules`` allows, in plain words only (``describe_rules``), paths in
+    the person's folder relative to it: what the permission sheet shows."""
+    return sanitize(describe_rules([shown_rule(r) for r in rules]), limit=600, keep_newlines=False)
+
+
+def rule_syntax(rules: Sequence[Rule]) -> str:
+    """The same rules exactly as ``piwork policy list`` prints them (the sheet's tooltip)."""
+    exact = "; ".join(shown_rule(r).describe() for r in rules)
+    return sanitize(exact, limit=600, keep_newlines=False)
+
+
 def rule_text(rules: Sequence[Rule]) -> str:
     """What storing ``rules`` allows in plain words (``describe_rules``, as the CLI says it),
     then each rule as ``piwork policy list`` and Settings show it; paths in the person's
@@ -106,3 +120,38 @@ def plain_request(request: PermissionRequest) -> str:
 
     lines = [headline(request, person_path), command_line(request)]
     return sanitize("\n".join(line for line in lines if line), limit=900)
+
+
+def replaced_files(request: PermissionRequest, folder: Path | None) -> list[str]:
+    """Files in the person's folder that allowing ``request`` would replace: a move's
+    destination (the last of its targets, as the gate lists ``mv``'s operands) that
+    already exists, checked on the host, now, beneath the folder without following a
+    link (``sharefs``). Paths relative to the folder, for the sheet's warning."""
+    from piwork import sharefs
+
+    if folder is None:
+        return []
+    moves = [t.path for t in request.targets if t.action is Action.MOVE and t.path]
+    if len(moves) < 2:
+        return []
+    *sources, dest = moves
+    m = _GUEST_PREFIX.match(dest)
+    if m is None or not dest.startswith("/mnt/work"):
+        return []
+    rel = dest[m.end() :].strip("/")
+    candidates = [rel] if rel else []
+    try:
+        st = sharefs.lstat_beneath(folder, rel) if rel else None
+    except OSError:
+        st = None
+    if st is None or stat.S_ISDIR(st.st_mode):  # "mv a b dir/": each lands inside it
+        candidates = [f"{rel}/{PurePosixPath(s).name}".lstrip("/") for s in sources]
+    out = []
+    for cand in candidates:
+        try:
+            st = sharefs.lstat_beneath(folder, cand)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            out.append(sanitize(cand, limit=200, keep_newlines=False))
+    return out

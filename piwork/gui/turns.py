@@ -69,6 +69,10 @@ class TaskTurns:
     # undo" goes back to that pre-undo checkpoint. Read from the checkpoints'
     # labels, so it survives a restart of the app.
     undone: tuple[int, str] | None
+    # What the task changed in the folder all told (first checkpoint to now): what
+    # "Files changed" lists once the VM is off; None while it runs (reading it would
+    # checkpoint the whole folder again).
+    net: tuple[FileChange, ...] | None = None
 
 
 def load_turns(task_id: str, paths: Paths, *, include_open: bool = True) -> TaskTurns:
@@ -96,7 +100,8 @@ def load_turns(task_id: str, paths: Paths, *, include_open: bool = True) -> Task
         if before.label == "before undo" and words[:2] == ["undo", "turn"] and len(words) == 3:
             with contextlib.suppress(ValueError):
                 undone = (int(words[2]), before.id)
-    return TaskTurns(out, undone)
+    net = tuple(task_changes(task_id, paths=paths)) if include_open and checkpoints else None
+    return TaskTurns(out, undone, net)
 
 
 def bounded_diff(text: str, limit: int = MAX_DIFF_LINES) -> tuple[str, int]:
@@ -140,6 +145,7 @@ class TurnsPane(QWidget):
 
     diff_shown = Signal(str, str)  # title, diff text
     file_changed = Signal(str, str, str)  # path, status, task id
+    net_changes = Signal(str, object)  # task id, [(path, status)]: all the task changed
 
     def __init__(self, paths: Paths) -> None:
         super().__init__()
@@ -180,6 +186,7 @@ class TurnsPane(QWidget):
         self._note: str | None = None  # the last outcome to show (an error, a refusal)
         self._job: asyncio.Future[None] | None = None
         self.conflict_box: QMessageBox | None = None
+        self._newest: int | None = None  # the newest turn listed (a newer one is shown)
         self._show_checkpoint_state()
 
     def show_task(
@@ -193,6 +200,7 @@ class TurnsPane(QWidget):
         self._again = False
         self._note = None
         self.turn_changes, self.undone = [], None
+        self._newest = None
         self.turns.clear()
         if self._job is not None:
             # A late result is dropped (the generation changed); an undo still finishes
@@ -273,12 +281,24 @@ class TurnsPane(QWidget):
         self._note = None
         # "Files changed" is filled from the checkpoints too, so it is not empty after
         # a restart (the live watcher only sees changes while the app runs).
-        for tc in result.turns:
-            for f in tc.files:
-                self.file_changed.emit(f.path, f.status, self.task_id or "")
+        if result.net is not None:
+            # The folder as the checkpoints say it is now: an undone change is gone.
+            self.net_changes.emit(self.task_id or "", [(f.path, f.status) for f in result.net])
+        else:
+            for tc in result.turns:
+                for f in tc.files:
+                    self.file_changed.emit(f.path, f.status, self.task_id or "")
         keep = self._selected()
         self.turn_changes, self.undone = result.turns, result.undone
         turns = result.turns
+        newest = turns[-1].turn if turns else None
+        if newest is not None and self._newest is not None and newest > self._newest:
+            # A new turn (a follow-up) changed files: show it, not the old turn the
+            # person had open (issue 33 item 10); the same file if the new turn has it.
+            path = keep[1] if keep is not None else None
+            has = path is not None and any(f.path == path for f in turns[-1].files)
+            keep = (newest, path if has else None)
+        self._newest = newest
         self.turns.clear()
         select: QTreeWidgetItem | None = None
         for tc in reversed(turns):  # newest turn first
@@ -447,6 +467,7 @@ class TurnsPane(QWidget):
         )
         more = f"\n… and {len(exc.conflicts) - 20} more" if len(exc.conflicts) > 20 else ""
         box = QMessageBox(self)
+        box.setTextFormat(Qt.TextFormat.PlainText)  # guest paths and links: never rich text
         box.setIcon(QMessageBox.Icon.Warning)
         box.setWindowTitle("Overwrite changed files?")
         box.setText(f"To {what}, piwork would overwrite files changed after the agent's changes:")

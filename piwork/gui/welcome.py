@@ -17,6 +17,7 @@ from PySide6.QtWidgets import QFrame, QLabel, QPushButton, QVBoxLayout, QWidget
 from piwork.auth import KeyStore
 from piwork.config import Paths
 from piwork.gui.text import sanitize
+from piwork.gui.widgets import plain_label
 from piwork.models.providers import PROVIDERS_FILE_NAME, load_providers
 
 DEMO_PROMPT = "Show me what piwork does with this folder."
@@ -77,7 +78,7 @@ class WelcomePage(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(40, 30, 40, 30)
         lay.setSpacing(14)
-        title = QLabel("Give piwork a task: describe it below and press Enter.")
+        title = plain_label("Give piwork a task: describe it below and press Enter.")
         title.setObjectName("welcomeTitle")
         title.setWordWrap(True)
         lay.addWidget(title)
@@ -121,15 +122,13 @@ class WelcomePage(QWidget):
 
     @staticmethod
     def _bold(text: str) -> QLabel:
-        label = QLabel(text)
+        label = plain_label(text)
         label.setObjectName("welcomeStepTitle")
         return label
 
     @staticmethod
     def _text(text: str) -> QLabel:
-        label = QLabel()
-        label.setTextFormat(Qt.TextFormat.PlainText)
-        label.setText(text)
+        label = plain_label(text)
         label.setWordWrap(True)
         return label
 

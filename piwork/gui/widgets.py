@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from piwork.gui.text import button_text, rule_text, sanitize
+from piwork.gui.text import button_text, rule_syntax, rule_words, sanitize
 from piwork.policy import Choice, Rule
 from piwork.preview import PreviewChoice, PreviewQuestion
 
@@ -78,6 +79,20 @@ class CodeHighlighter(QSyntaxHighlighter):
                 f.setForeground(QColor(colour))
                 self.setFormat(pos, len(value), f)
             pos += len(value)
+
+
+def plain_labels(root: QWidget) -> None:
+    """Every label under ``root`` that would guess (a form row's, made by the layout)
+    shows its text as text: no label of the app guesses rich text."""
+    for label in root.findChildren(QLabel):
+        if label.textFormat() is Qt.TextFormat.AutoText:
+            label.setTextFormat(Qt.TextFormat.PlainText)
+
+
+def plain_tip(text: str) -> str:
+    """Guest text as a tooltip: tooltips guess rich text like labels do, so the text is
+    escaped inside a rich-text paragraph (shown as typed, never parsed for tags)."""
+    return f"<p style='white-space:pre-wrap'>{html.escape(text)}</p>" if text else ""
 
 
 def plain_label(text: str = "") -> QLabel:
@@ -148,6 +163,7 @@ def ask_to_open(url: QUrl, parent: QWidget | None) -> QMessageBox | None:
     behind "https://…" would run a handler on the host)."""
     shown = sanitize(url.toString(), limit=500, keep_newlines=False)
     box = QMessageBox(parent)
+    box.setTextFormat(Qt.TextFormat.PlainText)  # guest paths and links: never rich text
     if url.scheme().lower() not in WEB_SCHEMES or not url.host():
         box.setIcon(QMessageBox.Icon.Warning)
         box.setWindowTitle("Link not opened")
@@ -183,7 +199,9 @@ class InertBrowser(QTextBrowser):
         self.link_box: QMessageBox | None = None
         self.anchorClicked.connect(self._clicked)
         self.highlighted.connect(
-            lambda url: self.setToolTip(sanitize(url.toString(), limit=500, keep_newlines=False))
+            lambda url: self.setToolTip(
+                plain_tip(sanitize(url.toString(), limit=500, keep_newlines=False))
+            )
         )
 
     def loadResource(self, type: int, name: QUrl | str) -> Any:
@@ -227,7 +245,7 @@ class MessageView(QFrame):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(10, 6, 10, 6)
         lay.setSpacing(2)
-        head = QLabel({"you": "You", "agent": "Agent"}.get(who, who))
+        head = plain_label({"you": "You", "agent": "Agent"}.get(who, who))
         head.setObjectName("msgHead")
         lay.addWidget(head)
         self.body = AutoHeightBrowser()
@@ -268,7 +286,7 @@ def sheet_head(sheet: QFrame, title: str, queued: int, what: str) -> tuple[QVBox
     sheet.setObjectName("permissionSheet")
     sheet.setFrameShape(QFrame.Shape.StyledPanel)
     lay = QVBoxLayout(sheet)
-    head = QLabel(title + (f"  ({queued} more waiting)" if queued else ""))
+    head = plain_label(title + (f"  ({queued} more waiting)" if queued else ""))
     head.setObjectName("sheetTitle")
     lay.addWidget(head)
     label = plain_label(what)
@@ -300,6 +318,8 @@ class ToolRow(QFrame):
         self.arg = sanitize(arg, limit=160, keep_newlines=False)
         self.t0 = time.monotonic()
         self.ok: bool | None = None
+        self.ended = ""  # ok, failed, denied, interrupted
+        self.duration: float | None = None
         lay = QVBoxLayout(self)
         lay.setContentsMargins(8, 2, 8, 2)
         lay.setSpacing(0)
@@ -323,20 +343,40 @@ class ToolRow(QFrame):
         icon = self.ICONS.get(self.name, "•")
         if self.ok is None:
             state = "…"
+        elif self.ended == "interrupted":
+            state = "■ interrupted"  # cut off (a stop, a crash): it never ended
         else:
-            state = ("✓" if self.ok else "✗ error") + f"  {self.duration:.1f}s"
+            # How the step ended in the person's words: a denial is no error (issue 33).
+            state = {"ok": "✓", "denied": "⊘ denied"}.get(self.ended, "✗ failed")
+            if self.duration is not None:
+                state += f"  {self.duration:.1f}s"
         arrow = "▾" if self.head.isChecked() else "▸"
         line = button_text(f"{self.name}  {self.arg}", limit=240)
         self.head.setText(f"{arrow} {icon} {line}   {state}")
-        self.head.setProperty("state", "run" if self.ok is None else ("ok" if self.ok else "err"))
+        look = {"ok": "ok", "denied": "denied", "interrupted": "denied"}.get(self.ended, "err")
+        self.head.setProperty("state", "run" if self.ok is None else look)
         self.head.style().unpolish(self.head)
         self.head.style().polish(self.head)
 
-    def finish(self, ok: bool, text: str) -> None:
+    def finish(
+        self, ok: bool, text: str, *, seconds: float | None = None, denied: bool = False
+    ) -> None:
+        """The step ended: ``seconds`` is its duration when replayed from the transcript
+        (live, the row's own clock); ``denied``: it failed because a permission was
+        denied (shown as such, not as an error)."""
         self.ok = ok
-        self.duration = time.monotonic() - self.t0
+        self.ended = "ok" if ok else ("denied" if denied else "failed")
+        self.duration = seconds if seconds is not None else time.monotonic() - self.t0
         self.output.setPlainText(sanitize(text or "(no output)", limit=20_000))
         self._render()
+
+    def interrupt(self) -> None:
+        """It never ended (the run was stopped or the app died): no more "…"."""
+        if self.ok is None:
+            self.ok = False
+            self.ended = "interrupted"
+            self.duration = None
+            self._render()
 
     def _toggle(self, on: bool) -> None:
         self.output.setVisible(on)
@@ -374,16 +414,30 @@ class PermissionSheet(QFrame):
     ) -> None:
         super().__init__()
         lay, self.what = sheet_head(self, "Permission needed", queued, plain)
+        self.detail: QLabel | None = None
         if detail:
-            # The guest's own wording (pi's gate, in the VM): labelled as such, so it is
-            # not read as a second request nor as the host's words above it.
+            # The guest's own wording (pi's gate, in the VM) mostly says again what the
+            # host's words above say: folded away, one click to compare (issue 33).
             d = plain_label("In the agent's words: " + detail)
             d.setWordWrap(True)
             d.setObjectName("sheetDetail")
+            d.hide()
+            more = QPushButton("The agent's own words…")
+            more.setFlat(True)
+            more.setObjectName("sheetMore")
+            more.clicked.connect(lambda: d.setVisible(not d.isVisible()))
+            lay.addWidget(more)
             lay.addWidget(d)
+            self.detail = d
         lay.addWidget(plain_label(f"Working folder: {folder or '(none)'}"))
         # The exact rules "Always" stores, paths in the person's folder relative to it.
         self.rule_label = plain_label(self._rule_text(folder_rules, everywhere_rules))
+        self.rule_label.setToolTip(
+            plain_tip(
+                f"“Always allow in this folder”: {rule_syntax(folder_rules)}\n"
+                f"“Always allow everywhere”: {rule_syntax(everywhere_rules)}"
+            )
+        )
         self.rule_label.setObjectName("sheetRule")
         self.rule_label.setWordWrap(True)
         self.rule_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
@@ -437,8 +491,8 @@ class PermissionSheet(QFrame):
     @staticmethod
     def _rule_text(folder_rules: Sequence[Rule], everywhere_rules: Sequence[Rule]) -> str:
         return (
-            f"“Always allow in this folder” saves: {rule_text(folder_rules)}\n"
-            f"“Always allow everywhere” saves: {rule_text(everywhere_rules)}"
+            f"“Always allow in this folder” saves: {rule_words(folder_rules)}\n"
+            f"“Always allow everywhere” saves: {rule_words(everywhere_rules)}"
         )
 
     def keyPressEvent(self, e: QKeyEvent) -> None:

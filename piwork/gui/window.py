@@ -36,19 +36,17 @@ from piwork.gui.controller import RunOptions, TaskController, spawn
 from piwork.gui.conversation import Conversation, ConversationPane
 from piwork.gui.model import TasksModel
 from piwork.gui.prefs import Prefs
+from piwork.gui.qtlink import listen
 from piwork.gui.rail import TaskRail
 from piwork.gui.sheets import SheetArea
 from piwork.gui.state import Enter, Phase
 from piwork.gui.text import sanitize
 from piwork.gui.welcome import DEMO_PROMPT, demo_folder
+from piwork.gui.words import RESUME_PROMPT
 from piwork.models.defaults import DEMO
 from piwork.run.pool import Pool
 
 ICON = Path(__file__).with_name("icons") / "piwork.svg"
-RESUME_PROMPT = (
-    "piwork stopped unexpectedly while you were working on this task. "
-    "Check where you got to and continue."
-)
 STYLE = """
 #rail { background: #f4f5f7; border: none; }
 #rail::item { padding: 6px 8px; border-bottom: 1px solid #e3e5e8; }
@@ -59,6 +57,7 @@ STYLE = """
 #toolHead { text-align: left; border: none; padding: 3px; color: #333; }
 #toolHead[state="err"] { color: #b00020; }
 #toolHead[state="ok"] { color: #1b5e20; }
+#toolHead[state="denied"] { color: #8a6d00; }
 #notice-notice { color: #777; padding: 2px 10px; }
 #notice-error { color: #b00020; padding: 2px 10px; }
 #notice-boot { color: #555; padding: 2px 10px; }
@@ -153,10 +152,10 @@ class MainWindow(QMainWindow):
         self.compose.pause.connect(self._pause_clicked)
         self.compose.end.connect(self._end_clicked)
         self.sheets.answered.connect(self.compose.composer.setFocus)
-        m.selected_changed.connect(lambda _t: self.sheets.redraw())
-        m.finished.connect(lambda t, _r: self._notify(t, t.label))
-        m.asked.connect(self._asked)
-        m.state_changed.connect(lambda _t: self._pool_changed())
+        listen(self, m.selected_changed, lambda _t: self.sheets.redraw())
+        listen(self, m.finished, lambda t, _r: self._notify(t, t.label))
+        listen(self, m.asked, self._asked)
+        listen(self, m.state_changed, lambda _t: self._pool_changed())
         # Keyboard
         QShortcut(QKeySequence("Ctrl+N"), self, self.new_task)
         QShortcut(QKeySequence("Ctrl+Return"), self, self.compose._send_clicked)

@@ -8,6 +8,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
+# What "Continue it" after a crash sends the agent: piwork's words, not the person's, so
+# the conversation shows them as a notice, never under "You" (issue 33 item 9).
+RESUME_PROMPT = (
+    "piwork stopped unexpectedly while you were working on this task. "
+    "Check where you got to and continue."
+)
+RESUMED = "piwork asked the agent to continue where the crash cut it off"
+
 # Where the guest sees the person's folders (piwork.agent): shown as the person knows them.
 _GUEST_DIRS = (("/mnt/work/", ""), ("/mnt/work", "."), ("/mnt/outputs/", "outputs/"))
 _GUEST_DIR_RE = re.compile(r"/mnt/(?:work|outputs)(?:/|\b)")
@@ -87,3 +95,47 @@ def stopped_words(reason: str) -> str:
         "error": "Failed",
         "limit": "Stopped at a limit",
     }.get(reason, "Stopped")
+
+
+def is_denied(d: dict[str, Any]) -> bool:
+    """A permission event or record that ended in "no" (by the person, a rule, nobody)."""
+    return str(d.get("decision") or "") in ("Deny", "deny")
+
+
+def ended_line(ended: str, message: str | None, tokens: int, steps: int) -> str:
+    """The line under a finished run, live and in a reopened task alike: how it ended,
+    what it cost, how many steps (model calls) it took."""
+    what = f": {message}" if message else ""
+    return f"— {ended}{what} · {tokens:,} tokens, {steps} step{'' if steps == 1 else 's'} —"
+
+
+VERDICT_WORDS = {"allow": "allowed", "ask": "asks you", "deny": "denied"}
+
+
+def task_titles(paths: Any) -> dict[str, str]:
+    """Task id -> title, for lines that name a task (the audit log): ids are not words."""
+    from piwork.tasks import TaskStore
+
+    store = TaskStore(paths.tasks)
+    try:
+        return {t.id: t.record.title for t in store.list()}
+    finally:
+        store.close()
+
+
+def audit_line(e: dict[str, Any], titles: dict[str, str]) -> str:
+    """One audit entry as a person reads it: when, which task (by its title), and the
+    decision in the words the conversation uses (``permission_line``)."""
+    when = str(e.get("ts") or e.get("time") or "").replace("T", " ")[:16]
+    task = str(e.get("task") or "")
+    name = titles.get(task) or ("a deleted task" if task else "no task")
+    line = permission_line(
+        {
+            "action": e.get("action"),
+            "tool": e.get("tool"),
+            "target": e.get("target"),
+            "decision": e.get("choice") or e.get("decision"),
+            "by": e.get("decidedBy"),
+        }
+    )
+    return f"{when}  “{name[:60]}”  {line or ''}"

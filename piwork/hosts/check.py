@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import asyncssh
 
+from piwork.textsafe import sanitize
 from piwork.vm.accel import AccelChoice, HostFacts, choose_accel
 from piwork.vm.template import UNKNOWN_QEMU
 
@@ -71,13 +72,45 @@ class HostReport:
         }
 
 
+NUMBERS = frozenset({"disk_free_kb", "mem_available_kb"})
+FLAGS = frozenset(
+    {"kvm_exists", "kvm_rw", "ssh_streamlocal", "tool_setpriv", "tool_sha256sum",
+     "tool_setsid", "tool_flock"}
+)  # fmt: skip
+TEXTS = frozenset({"qemu_path", "qemu_version", "qemu_stat", "cpu_flags", "system", "arch"})
+MAX_VALUE = 8192
+"""The longest value kept (``cpu_flags`` is ~1,500 characters on a big x86 box)."""
+MAX_OUTPUT = 64 * 1024
+
+
 def parse(output: str) -> dict[str, str]:
+    """The probe's ``key=value`` lines, as the remote sent them: untrusted input.
+
+    Only the keys the probe prints are kept, each checked for its type: numbers are
+    ASCII digits, flags ``0``/``1``, text bounded (and printed only through the
+    sanitiser); anything else is dropped, as if the probe had not said it.
+    """
     values: dict[str, str] = {}
-    for line in output.splitlines():
+    for line in output[:MAX_OUTPUT].splitlines():
         key, sep, value = line.partition("=")
-        if sep and key.replace("_", "").isalnum():
-            values[key] = value.strip()
+        value = value.strip()
+        if not sep or len(value) > MAX_VALUE:
+            continue
+        if key in NUMBERS:
+            ok = value.isascii() and value.isdigit() and len(value) <= 20
+        elif key in FLAGS:
+            ok = value in ("0", "1")
+        else:
+            ok = key in TEXTS
+        if ok:
+            values[key] = value
     return values
+
+
+def number(values: dict[str, str], key: str) -> int:
+    """A number :func:`parse` kept (0 when the remote did not say it)."""
+    value = values.get(key, "")
+    return int(value) if value.isascii() and value.isdigit() else 0
 
 
 def report(values: dict[str, str]) -> HostReport:
@@ -90,7 +123,8 @@ def report(values: dict[str, str]) -> HostReport:
     )
     problems = []
     if values.get("system") != "Linux":
-        problems.append(f"the remote runs {values.get('system') or 'an unknown system'}, not Linux")
+        system = sanitize(values.get("system") or "an unknown system", one_line=True, limit=60)
+        problems.append(f"the remote runs {system}, not Linux")
     if not values.get("qemu_path"):
         problems.append(
             "QEMU is not installed on the remote: apt-get install qemu-system-x86 (Debian/Ubuntu)"

@@ -19,9 +19,11 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 
+from piwork.fsutil import fsync_dir, fsync_fd
 from piwork.hosts.store import Host, HostError, known_hosts_file
 
 KEEPALIVE_SECONDS = 10
@@ -106,14 +108,28 @@ def _client_keys(host: Host) -> list[str] | tuple[()]:
 
 
 def _remember(info: HostKeyInfo) -> None:
+    """Append the accepted key durably (the person's decision: fsync, and the directory)."""
     path = known_hosts_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     line = f"{info.known_as} {info.key.export_public_key('openssh').decode().strip()}\n"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         os.write(fd, line.encode())
+        fsync_fd(fd)
     finally:
         os.close(fd)
+    fsync_dir(path.parent)
+
+
+SESSION_PINS: dict[str, Any] = {
+    "agent_forwarding": False,
+    "x11_forwarding": False,
+    "send_env": [],
+    "env": {},
+    "command": None,
+    "request_pty": False,
+}
+"""Connection options piwork sets whatever ssh_config says (see :func:`_strict`)."""
 
 
 _routes: ContextVar[dict[str, tuple[str, int]] | None] = ContextVar(
@@ -159,6 +175,11 @@ async def _strict(host: Host, files: list[str]) -> asyncssh.SSHClientConnection:
         known_hosts=files if files else b"",
         keepalive_interval=KEEPALIVE_SECONDS,
         connect_timeout=30,
+        # ssh_config may say ForwardAgent / ForwardX11Trusted / SendEnv / SetEnv /
+        # RemoteCommand / RequestTTY for every host (asyncssh reads them): a remote
+        # piwork drives would get the person's agent or display, or local variables
+        # (review 2, finding 9). Its sessions need none of these.
+        **SESSION_PINS,
     )
 
 

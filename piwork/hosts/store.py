@@ -1,21 +1,25 @@
 """The hosts a person added (``piwork hosts add``), kept in the settings dir.
 
-One JSON file, ``<config>/hosts.json``, written atomically; host keys the
-person accepted on first use go to ``<config>/known_hosts`` (OpenSSH format),
-next to (never instead of) the files ssh_config names.
+One JSON file, ``<config>/hosts.json``, written durably with its last good
+copy beside it (:mod:`piwork.jsonstore`); a file that does not parse is
+refused with the way back (``piwork hosts restore``), never read as "no
+hosts". Host keys the person accepted on first use go to
+``<config>/known_hosts`` (OpenSSH format), next to (never instead of) the files
+ssh_config names.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from piwork.config import get_paths
+from piwork.errors import PersonError
+from piwork.jsonstore import DamagedFile, JsonFile, Restored
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 TARGET_RE = re.compile(
@@ -25,8 +29,12 @@ DEFAULT_ROOT = ".cache/piwork-remote"
 """Relative to the remote user's home: packs, the watchdog and task folders live under it."""
 
 
-class HostError(Exception):
+class HostError(PersonError):
     """A host entry problem; the message says what to do."""
+
+
+class HostsDamaged(DamagedFile, HostError):
+    """hosts.json cannot be used (see :mod:`piwork.jsonstore`)."""
 
 
 class Host(BaseModel):
@@ -82,43 +90,61 @@ def known_hosts_file() -> Path:
     return get_paths().config / "known_hosts"
 
 
-def load() -> dict[str, Host]:
-    path = hosts_file()
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise HostError(f"cannot read {path}: {exc} (fix or remove the file)") from exc
-    try:
-        hosts = [Host.model_validate(h) for h in raw.get("hosts", [])]
-    except (ValidationError, AttributeError) as exc:
-        raise HostError(f"{path} is not a piwork hosts file: {exc}") from exc
+def parse_hosts(raw: bytes) -> dict[str, Host]:
+    doc = orjson.loads(raw)
+    if not isinstance(doc, dict) or not isinstance(doc.get("hosts", []), list):
+        raise ValueError('expected {"hosts": [...]}')
+    hosts = [Host.model_validate(h) for h in doc.get("hosts", [])]
     return {h.name: h for h in hosts}
 
 
-def save(hosts: dict[str, Host]) -> None:
-    """Write atomically: a crash leaves the old file or the new one, never half."""
-    path = hosts_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
+def hosts_store() -> JsonFile[dict[str, Host]]:
+    return JsonFile(
+        hosts_file(),
+        parse_hosts,
+        what="hosts file",
+        restore_command="piwork hosts restore",
+        fresh="remove it and add the hosts again with `piwork hosts add`",
+        error=HostsDamaged,
+    )
+
+
+def load() -> dict[str, Host]:
+    return hosts_store().load() or {}
+
+
+def _dump(hosts: dict[str, Host]) -> bytes:
     data = {"hosts": [h.model_dump(exclude_none=True) for h in hosts.values()]}
-    fd, tmp = tempfile.mkstemp(prefix=".hosts-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    return orjson.dumps(data, option=orjson.OPT_INDENT_2) + b"\n"
+
+
+def save(hosts: dict[str, Host]) -> None:
+    """Durably (fsync of the file and its directory): a crash leaves the old or the new."""
+    hosts_store().save(_dump(hosts))
+
+
+def update(change: Callable[[dict[str, Host]], dict[str, Host]]) -> dict[str, Host]:
+    """Read-modify-write under the file's lock (two ``hosts add`` never drop each other)."""
+    file = hosts_store()
+    with file.locked():
+        hosts = change(file.read() or {})
+        file.write(_dump(hosts))
+        return hosts
+
+
+def restore() -> Restored:
+    return hosts_store().restore()
+
+
+def unknown(name: str, hosts: dict[str, Host]) -> HostError:
+    known = ", ".join(sorted(hosts)) or "none yet"
+    return HostError(
+        f"no host named {name!r} (known: {known}); add it with: piwork hosts add {name} user@box"
+    )
 
 
 def get(name: str) -> Host:
     hosts = load()
     if name not in hosts:
-        known = ", ".join(sorted(hosts)) or "none yet"
-        raise HostError(
-            f"no host named {name!r} (known: {known}); "
-            f"add it with: piwork hosts add {name} user@box"
-        )
+        raise unknown(name, hosts)
     return hosts[name]

@@ -33,7 +33,8 @@ import asyncssh
 
 from piwork import sharefs
 from piwork.checkpoints.shadow import refused_prefix
-from piwork.hosts.remote import RemoteError, put_files, run
+from piwork.hosts.listing import sha256_listing
+from piwork.hosts.remote import put_files, run
 
 MAX_FILE_BYTES = 256 << 20
 """A file bigger than this on the remote is not brought back (reported as skipped)."""
@@ -58,11 +59,6 @@ class SyncResult:
     deleted: list[str] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
-
-
-def _safe(rel: str) -> bool:
-    parts = rel.split("/")
-    return bool(rel) and not rel.startswith("/") and all(p not in ("", ".", "..") for p in parts)
 
 
 def local_hashes(root: Path) -> dict[str, str]:
@@ -101,26 +97,14 @@ def _local_hash(root: Path, rel: str) -> str | None:
         os.close(fd)
 
 
-def _as_bytes(value: bytes | str | None) -> bytes:
-    return value if isinstance(value, bytes) else (value or "").encode()
-
-
 async def remote_hashes(conn: asyncssh.SSHClientConnection, root: str) -> dict[str, str]:
-    """rel -> sha256 of the regular files under ``root`` on the remote (links not followed)."""
+    """rel -> sha256 of the regular files under ``root`` on the remote (links not followed).
+
+    The listing is untrusted and streamed: names, depth, count and size are bounded
+    (:mod:`piwork.hosts.listing`).
+    """
     cmd = f"cd -- {shlex.quote(root)} && find . -type f -print0 | xargs -0 -r sha256sum --zero --"
-    result = await conn.run(cmd, check=False, timeout=600, encoding=None)
-    if result.exit_status != 0:
-        err = _as_bytes(result.stderr).decode(errors="replace").strip()
-        raise RemoteError(f"cannot list {root} on the remote: {err}")
-    out: dict[str, str] = {}
-    for rec in _as_bytes(result.stdout).split(b"\0"):
-        if not rec:
-            continue
-        digest, _, name = rec.partition(b"  ")
-        rel = name.decode("utf-8", errors="surrogateescape").removeprefix("./")
-        if _safe(rel) and len(digest) == 64:
-            out[rel] = digest.decode()
-    return out
+    return await sha256_listing(conn, cmd, root)
 
 
 class FolderSync:

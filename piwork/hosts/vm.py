@@ -24,7 +24,7 @@ import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import asyncssh
 from qemu.qmp import QMPClient, Runstate
@@ -34,6 +34,7 @@ from piwork.checkpoints.shadow import refused_prefix
 from piwork.hosts import envdisk, orphans, store, templates
 from piwork.hosts.check import HostReport, run_check
 from piwork.hosts.connect import Confirm, connect
+from piwork.hosts.listing import MAX_DEPTH, MAX_FILE_BYTES, Budget, name_ok
 from piwork.hosts.packs import PackUpload, Progress, ensure_pack
 from piwork.hosts.remote import put_files, remote_root, run
 from piwork.hosts.store import Host, HostError
@@ -651,7 +652,9 @@ class RemoteAgentVm(AgentVm):
             await super().stop(graceful=graceful)
         finally:
             await self.sync_folder()
-            with contextlib.suppress(asyncssh.Error, OSError):
+            # The remote's listing is untrusted: whatever it holds (a bound passed, a
+            # name no path can take), the disk still comes back and the run dir goes.
+            with contextlib.suppress(asyncssh.Error, OSError, HostError, ValueError):
                 await download_tree(self.link.conn, self.remote_dirs, self.cfg.dirs)
             if await self._bring_env_back():
                 await self.link.conn.run(f"rm -rf -- {shlex.quote(self.rundir)}", check=False)
@@ -701,22 +704,33 @@ async def download_tree(
 
     Remote entries are listed with lstat (no link is followed there); a local
     target is written only through :mod:`piwork.sharefs`-style checks: its parent
-    chain must be real directories inside the task folder, never a link.
+    chain must be real directories inside the task folder, never a link. The
+    listing is untrusted: names are checked before they become paths, and depth,
+    entries and bytes are bounded (:mod:`piwork.hosts.listing`); past a bound the
+    download stops with :class:`~piwork.hosts.listing.ListingTooLarge`.
     """
     skipped: list[str] = []
-    async with conn.start_sftp_client() as sftp:
+    budget = Budget()
+    # Names that are not UTF-8 keep their bytes (as os.fsdecode does) rather than fail.
+    async with conn.start_sftp_client(path_errors="surrogateescape") as sftp:
         for dst, src, writable in _pairs(local, remote):
             if not writable:
                 continue
-            skipped += await _get_dir(sftp, src, dst, dst)
+            skipped += await _get_dir(sftp, src, dst, budget, 0)
     return skipped
 
 
-async def _get_dir(sftp: asyncssh.SFTPClient, src: str, dst: Path, top: Path) -> list[str]:
+async def _get_dir(
+    sftp: asyncssh.SFTPClient, src: str, dst: Path, budget: Budget, depth: int
+) -> list[str]:
     skipped: list[str] = []
-    for entry in await sftp.readdir(src):
-        name = str(entry.filename)
-        if name in (".", "..") or "/" in name:
+    async for entry in sftp.scandir(src):
+        name = entry.filename
+        if not isinstance(name, str) or name in (".", ".."):
+            continue
+        budget.entry(src)
+        if not name_ok(name):  # NUL, '/', too long: never made into a path
+            skipped.append(f"{src}/{name!r}")
             continue
         if refused_prefix(name) is not None:  # git metadata: host git would run its config
             skipped.append(posixpath.join(src, name))
@@ -728,6 +742,9 @@ async def _get_dir(sftp: asyncssh.SFTPClient, src: str, dst: Path, top: Path) ->
             skipped.append(str(ldst))
             continue
         if attrs.type == asyncssh.FILEXFER_TYPE_DIRECTORY:
+            if depth >= MAX_DEPTH:
+                skipped.append(rsrc)
+                continue
             try:
                 ldst.mkdir(exist_ok=True)
             except OSError:  # a file of the same name here: kept, the remote dir is not
@@ -736,18 +753,42 @@ async def _get_dir(sftp: asyncssh.SFTPClient, src: str, dst: Path, top: Path) ->
             if ldst.is_symlink() or not ldst.is_dir():
                 skipped.append(str(ldst))
                 continue
-            skipped += await _get_dir(sftp, rsrc, ldst, top)
+            skipped += await _get_dir(sftp, rsrc, ldst, budget, depth + 1)
         elif attrs.type == asyncssh.FILEXFER_TYPE_REGULAR:
             tmp = dst / f".{name}.piwork-sync"
             try:
-                await sftp.get(rsrc, str(tmp), follow_symlinks=False)
+                await _get_file(sftp, rsrc, tmp, budget)
                 os.replace(tmp, ldst)  # replaces a file; never writes through a link
-            except (OSError, asyncssh.SFTPError):
+            except (OSError, asyncssh.SFTPError, FileTooBig):
                 tmp.unlink(missing_ok=True)
                 skipped.append(rsrc)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
         else:  # links, sockets, devices: never brought over
             skipped.append(rsrc)
     return skipped
+
+
+class FileTooBig(Exception):
+    """One remote file is over ``MAX_FILE_BYTES`` (it is skipped, the rest comes)."""
+
+
+async def _get_file(sftp: asyncssh.SFTPClient, src: str, dst: Path, budget: Budget) -> None:
+    """Copy one remote file, reading at most ``MAX_FILE_BYTES`` of it (whatever its size
+    says: the remote may send more than it announced)."""
+    got = 0
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        async with sftp.open(src, "rb") as remote:
+            while chunk := cast(bytes, await remote.read(1 << 20, got)):
+                got += len(chunk)
+                if got > MAX_FILE_BYTES:
+                    raise FileTooBig(src)
+                budget.take(len(chunk), src)
+                os.write(fd, chunk)
+    finally:
+        os.close(fd)
 
 
 async def open_remote_agent(

@@ -12,40 +12,28 @@ from typing import Any
 
 import orjson
 
-from piwork.fsutil import atomic_write_bytes
 from piwork.models.providers import (
     CustomProviderConfig,
     ProviderConfigError,
-    ProvidersFile,
-    load_custom_providers,
     providers_file,
+    providers_store,
 )
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    """The file as a document (checked like the reader checks it: a damaged one is refused,
+    never replaced by one that holds only the change)."""
+    if providers_store(path).read() is None:
         return {"providers": {}}
-    doc = orjson.loads(raw)
-    if not isinstance(doc, dict):
-        raise ProviderConfigError(f"{path} must hold a JSON object")
+    doc = orjson.loads(path.read_bytes())
     doc.setdefault("providers", {})
-    return doc
+    return dict(doc)
 
 
 def _write(path: Path, doc: dict[str, Any]) -> None:
-    """Validate with the reader's own checks on a side file, then replace atomically."""
-    ProvidersFile.model_validate(doc)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = orjson.dumps(doc, option=orjson.OPT_INDENT_2)
-    check = path.with_name(path.name + ".check")
-    try:
-        atomic_write_bytes(check, data)
-        load_custom_providers(check)  # reserved names and per-provider checks
-    finally:
-        check.unlink(missing_ok=True)
-    atomic_write_bytes(path, data)
+    """Checked by the reader's own parser (reserved names, per-provider checks), then written
+    durably with its last good copy; a bad entry never lands on disk."""
+    providers_store(path).write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
 
 
 def add_provider(
@@ -60,8 +48,6 @@ def add_provider(
     path = path or providers_file()
     if not models:
         raise ProviderConfigError("give at least one model id")
-    doc = _read(path)
-    old = doc["providers"]
     entry = {
         "baseUrl": base_url,
         "api": "openai-completions",
@@ -70,14 +56,17 @@ def add_provider(
         "models": [{"id": m} for m in models],
     }
     CustomProviderConfig.model_validate(entry)
-    _write(path, {**doc, "providers": {**old, name: entry}})
+    with providers_store(path).locked():
+        doc = _read(path)
+        _write(path, {**doc, "providers": {**doc["providers"], name: entry}})
 
 
 def remove_provider(name: str, *, path: Path | None = None) -> bool:
     path = path or providers_file()
-    doc = _read(path)
-    if name not in doc["providers"]:
-        return False
-    del doc["providers"][name]
-    _write(path, doc)
+    with providers_store(path).locked():
+        doc = _read(path)
+        if name not in doc["providers"]:
+            return False
+        del doc["providers"][name]
+        _write(path, doc)
     return True

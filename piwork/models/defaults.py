@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from piwork.settings import read_section, write_section
+from piwork.settings import read_section, update_section, write_section
 
 DEMO = "demo"
 
@@ -21,7 +21,7 @@ def default_model(path: Path | None = None) -> str:
 
 
 def set_default_model(ref: str, path: Path | None = None) -> None:
-    write_section("models", {**read_section("models", path), "default": ref}, path)
+    update_section("models", lambda section: {**section, "default": ref}, path)
 
 
 __all__ = ["DEMO", "default_model", "read_section", "set_default_model", "write_section"]

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from piwork.config import get_paths
 from piwork.errors import PersonError
+from piwork.jsonstore import DamagedFile, JsonFile
 from piwork.vm.command import GATEWAY_GUEST_ADDR
 
 ApiType = Literal[
@@ -150,6 +151,10 @@ class Provider(BaseModel):
     upstream_headers: dict[str, str] = Field(default_factory=dict)
     """Extra headers the gateway adds on the way out. Host-side only: they
     may hold secrets, so they are never rendered into the guest config."""
+    alt_apis: dict[ApiType, str] = Field(default_factory=dict)
+    """Other pi APIs some of this built-in provider's models speak, with that API's
+    upstream base URL (pi 1.x: OpenRouter's Claude models speak anthropic-messages at
+    https://openrouter.ai/api). Such a model is routed through :meth:`route`."""
 
     @field_validator("name")
     @classmethod
@@ -187,6 +192,25 @@ class Provider(BaseModel):
     def model_ids(self) -> tuple[str, ...]:
         return tuple(m.id for m in self.models) or self.known_models
 
+    def route(self, api: str) -> Provider | None:
+        """The provider as the gateway sees it for a model speaking ``api``: this one for
+        its own API, a sibling (``<name>-<api>``, same key and auth) for one of
+        :attr:`alt_apis`, None for an API piwork does not carry for it."""
+        if api == self.api:
+            return self
+        for alt, base in self.alt_apis.items():
+            if alt == api:
+                return Provider(
+                    name=f"{self.name}-{alt}",
+                    api=alt,
+                    base_url=base,
+                    auth=self.auth,
+                    key_required=self.key_required,
+                    key_name=self.credential_name,
+                    upstream_headers=self.upstream_headers,
+                )
+        return None
+
     def find_model(self, model_id: str) -> ModelSpec | None:
         return next((m for m in self.models if m.id == model_id), None)
 
@@ -198,8 +222,10 @@ BUILTIN_PROVIDERS: tuple[Provider, ...] = (
         base_url="https://api.anthropic.com",
         auth="x-api-key",
         pi_builtin=True,
-        default_model="claude-sonnet-4-5",
-        known_models=("claude-sonnet-4-5", "claude-opus-4-7", "claude-haiku-4-5"),
+        # pi's own default (core/model-resolver.js defaultModelPerProvider); the list is what
+        # piwork shows without a pack, which lists pi's whole catalog once built.
+        default_model="claude-opus-5-5",
+        known_models=("claude-opus-5-5", "claude-sonnet-5-5", "claude-haiku-5-5"),
     ),
     Provider(
         # pi's built-in "openai" speaks the Responses API.
@@ -208,8 +234,8 @@ BUILTIN_PROVIDERS: tuple[Provider, ...] = (
         base_url="https://api.openai.com/v1",
         auth="bearer",
         pi_builtin=True,
-        default_model="gpt-5.4",
-        known_models=("gpt-5.4", "gpt-5.4-mini", "gpt-5.5"),
+        default_model="gpt-6.2-sol",
+        known_models=("gpt-6.2-sol", "gpt-6.2-astra", "gpt-5.5"),
     ),
     Provider(
         # OpenAI through Chat Completions, for people who prefer it; same key.
@@ -244,8 +270,14 @@ BUILTIN_PROVIDERS: tuple[Provider, ...] = (
         base_url="https://openrouter.ai/api/v1",
         auth="bearer",
         pi_builtin=True,
-        default_model="anthropic/claude-sonnet-4.5",
-        known_models=("anthropic/claude-sonnet-4.5", "openai/gpt-5", "moonshotai/kimi-k2.6"),
+        default_model="moonshotai/kimi-k2.7-code",
+        known_models=(
+            "moonshotai/kimi-k2.7-code",
+            "openai/gpt-6.2-sol",
+            "anthropic/claude-sonnet-5.5",
+        ),
+        # pi 1.x sends OpenRouter's Claude models through its Anthropic-compatible API.
+        alt_apis={"anthropic-messages": "https://openrouter.ai/api"},
     ),
     Provider(
         name="google",
@@ -253,8 +285,8 @@ BUILTIN_PROVIDERS: tuple[Provider, ...] = (
         base_url="https://generativelanguage.googleapis.com/v1beta",
         auth="x-goog-api-key",
         pi_builtin=True,
-        default_model="gemini-2.5-pro",
-        known_models=("gemini-2.5-pro", "gemini-2.5-flash", "gemini-3.1-pro-preview"),
+        default_model="gemini-4-argon",
+        known_models=("gemini-4-argon", "gemini-3.8-flash", "gemini-2.5-pro"),
     ),
 )
 
@@ -327,27 +359,40 @@ def providers_file() -> Path:
     return get_paths().config / PROVIDERS_FILE_NAME
 
 
+class ProvidersDamaged(DamagedFile, ProviderConfigError):
+    """providers.json cannot be used (see :mod:`piwork.jsonstore`)."""
+
+
+def providers_store(path: Path | None = None) -> JsonFile[list[Provider]]:
+    """``providers.json``: read strictly, written durably with its last good copy."""
+    return JsonFile(
+        path or providers_file(),
+        _parse_custom_providers,
+        what="providers file",
+        restore_command="piwork restore providers",
+        fresh="remove it and add the providers again with `piwork models add`",
+        error=ProvidersDamaged,
+    )
+
+
 def load_custom_providers(path: Path | None = None) -> list[Provider]:
     """Read the person's custom endpoints; a missing file means none."""
-    path = path or providers_file()
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise ProviderConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return providers_store(path).read() or []
+
+
+def _parse_custom_providers(raw: bytes) -> list[Provider]:
     try:
         parsed = ProvidersFile.model_validate(orjson.loads(raw))
     except orjson.JSONDecodeError as exc:
-        raise ProviderConfigError(f"{path} is not valid JSON: {exc}") from exc
+        raise ProviderConfigError(f"not valid JSON: {exc}") from exc
     except ValidationError as exc:
-        raise ProviderConfigError(f"{path} is invalid:\n{exc}") from exc
+        raise ProviderConfigError(f"invalid: {exc}") from exc
     builtin_names = {p.name for p in BUILTIN_PROVIDERS} | {DEMO_PROVIDER}
     out: list[Provider] = []
     for name, cfg in parsed.providers.items():
         if name in builtin_names:
             raise ProviderConfigError(
-                f"{path}: provider name {name!r} is reserved for piwork's built-in "
+                f"provider name {name!r} is reserved for piwork's built-in "
                 "provider; choose another name"
             )
         try:
@@ -366,18 +411,43 @@ def load_custom_providers(path: Path | None = None) -> list[Provider]:
                 )
             )
         except ValidationError as exc:
-            raise ProviderConfigError(f"{path}: provider {name!r} is invalid:\n{exc}") from exc
+            raise ProviderConfigError(f"provider {name!r} is invalid: {exc}") from exc
     return out
 
 
 def load_providers(
-    path: Path | None = None, *, extra: Iterable[Provider] = ()
+    path: Path | None = None, *, extra: Iterable[Provider] = (), pi_models: bool = False
 ) -> dict[str, Provider]:
-    """Built-ins, then ``providers.json``, then ``extra`` (e.g. the demo provider)."""
+    """Built-ins, then ``providers.json``, then ``extra`` (e.g. the demo provider).
+
+    ``pi_models``: the built-ins list every chat model of pi's own catalog, as the pack
+    built from this source has it (``piwork.pack.picatalog``), when that pack is built;
+    otherwise the few models piwork names itself."""
     catalog: dict[str, Provider] = {p.name: p for p in BUILTIN_PROVIDERS}
+    if pi_models:
+        listed = pi_catalog_models()
+        for name, provider in list(catalog.items()):
+            ids = listed.get(name) if listed is not None else None
+            if ids:
+                # piwork's default and picks first, then the rest of pi's catalog.
+                first = [m for m in (provider.default_model, *provider.known_models) if m in ids]
+                ordered = tuple(dict.fromkeys([*first, *ids]))
+                catalog[name] = provider.model_copy(update={"known_models": ordered})
     for provider in (*load_custom_providers(path), *extra):
         catalog[provider.name] = provider
     return catalog
+
+
+def pi_catalog_models() -> dict[str, list[str]] | None:
+    """Each provider's chat model ids in pi's catalog, from the pack built from this
+    source (None when it is not built: nothing is built for a listing)."""
+    from piwork.pack import find_pack, picatalog
+
+    pack_dir = find_pack()
+    found = picatalog.load(pack_dir) if pack_dir is not None else None
+    if found is None:
+        return None
+    return {name: [m.id for m in models] for name, models in found.providers.items()}
 
 
 def parse_model_ref(ref: str, providers: Mapping[str, Provider]) -> tuple[Provider, str]:

@@ -17,6 +17,8 @@
    under TCG emulation costs seconds on every boot);
 8. write ``manifest.json`` last and rename the scratch dir into place.
 
+Beside the images, ``pi-models.json``: pi's model catalog (``piwork.pack.picatalog``).
+
 The kernel is the uncompressed ELF ``vmlinux`` taken out of Debian's XZ
 bzImage when it has a PVH entry (QEMU boots it directly, ~4 s less under TCG),
 else the bzImage ``vmlinuz`` as shipped.
@@ -70,6 +72,7 @@ from piwork.pack import (
     cpio,
     ingredients,
     node,
+    picatalog,
     rootfs,
     snapshot,
     workbench,
@@ -84,6 +87,7 @@ from piwork.pack.cache import (
 from piwork.pack.errors import PackError
 from piwork.pack.inputs import BUILDER_VERSION, compute_pack_id
 from piwork.pack.manifest import MANIFEST_NAME, Manifest, PackFile, sha256_file
+from piwork.rpc.version import check_pi
 
 KERNEL_NAME = "vmlinuz"
 PVH_KERNEL_NAME = "vmlinux"  # the uncompressed ELF, booted through its PVH entry
@@ -293,7 +297,9 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
     with progress.step("node + pi (npm ci)"):
         npm_dir = work / "npm"
         npm_dir.mkdir()
-        inst = node.npm_install(w.source / "runtime-pack" / "pi", npm_dir)
+        inst = node.npm_install(w.source / node.PI_SOURCE, npm_dir)
+        # A pack whose pi this piwork does not speak would only be refused at every run.
+        check_pi(inst.pi_version, f"the pin in {node.PI_SOURCE / 'package.json'}")
         versions["node"] = inst.node_version
         versions["pi"] = inst.pi_version
 
@@ -324,6 +330,9 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         shutil.copyfile(npm_dir / "package.json", initrd / GUEST_PI / "package.json")
         shutil.move(inst.node_modules, initrd / GUEST_PI / "node_modules")
         _smoke_test(initrd, work, progress)
+        pi_ai = initrd / GUEST_PI / "node_modules" / node.PI_AI_PACKAGE
+        n = picatalog.write(pi_ai, inst.pi_version, out / picatalog.FILE_NAME)
+        progress.note(f"{picatalog.FILE_NAME}: pi's catalog, {n} chat models")
 
     with progress.step("guest files (/init, supervisor, extensions, /etc)"):
         copied = _install_guest_files(w.source, initrd)
@@ -341,6 +350,7 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
             pi_pkg,
             initrd / GUEST_ROOT / "extensions",
             dropped,
+            initrd,
             snapshot_bundle=(snap_cjs, guest_url),
         )
         stats["pi_bundle_bytes"] = res.bundle_bytes
@@ -353,8 +363,10 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         if _host_runs_guest_binaries():
             home = work / "bundle-smoke-home"
             home.mkdir()
-            bundle.smoke_test(initrd / GUEST_NODE, pi_pkg, res.extensions, _smoke_env(home), home)
-            progress.note("smoke test: bundled pi answered get_state with the extensions loaded")
+            said = bundle.smoke_test(
+                initrd / GUEST_NODE, pi_pkg, res.extensions, _smoke_env(home), home, initrd
+            )
+            progress.note(f"smoke test: {said}")
 
     with progress.step("V8 code cache (the pack's node, in the guest tree)"):
         why = (
@@ -441,7 +453,13 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
     with progress.step("manifest"):
         files = [
             PackFile(path=name, sha256=sha256_file(out / name), size=(out / name).stat().st_size)
-            for name in (kernel_name, INITRD_NAME, rootfs.IMAGE_NAME, workbench.IMAGE_NAME)
+            for name in (
+                kernel_name,
+                INITRD_NAME,
+                rootfs.IMAGE_NAME,
+                workbench.IMAGE_NAME,
+                picatalog.FILE_NAME,
+            )
         ]
         versions["builder"] = str(BUILDER_VERSION)
         manifest = Manifest(
@@ -534,10 +552,10 @@ def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
             f"stdout: {proc.stdout.strip()[-1000:]}\nstderr: {proc.stderr.strip()[-2000:]}\n"
             f"A pruning rule in piwork/pack/node.py probably removed something pi imports."
         )
-    # Providers load lazily, so get_state alone does not prove their SDKs survived.
-    providers = initrd / GUEST_PI / "node_modules" / node.PI_AI_PACKAGE / "dist" / "providers"
+    # APIs load lazily, so get_state alone does not prove their SDKs survived.
+    apis = initrd / GUEST_PI / "node_modules" / node.PI_AI_PACKAGE / "dist" / "api"
     script = "".join(
-        f"await import({json.dumps(str(providers / (api + '.js')))});" for api in node.KEPT_APIS
+        f"await import({json.dumps(str(apis / (api + '.js')))});" for api in node.KEPT_APIS
     )
     proc = subprocess.run(
         [str(initrd / GUEST_NODE), "--input-type=module", "-e", script],
@@ -550,11 +568,11 @@ def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
     )
     if proc.returncode != 0:
         raise PackError(
-            f"a provider module of the pruned pi does not load ({', '.join(node.KEPT_APIS)}):\n"
+            f"an API module of the pruned pi does not load ({', '.join(node.KEPT_APIS)}):\n"
             f"{proc.stderr.strip()[-2000:]}"
         )
     progress.note(
-        f"smoke test: pruned pi answered get_state; providers load: {', '.join(node.KEPT_APIS)}"
+        f"smoke test: pruned pi answered get_state; APIs load: {', '.join(node.KEPT_APIS)}"
     )
 
 

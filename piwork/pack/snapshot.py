@@ -18,13 +18,14 @@ launcher's control channel ("go"), and must answer ``get_state``.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from piwork.pack import stage
+from piwork.pack.bundle import BUNDLE_EXPORTS
 from piwork.pack.codecache import NODE_FLAGS
 from piwork.pack.errors import PackError
 
@@ -32,11 +33,19 @@ SHIM = Path("runtime-pack") / "launcher" / "snapshot-shim.cjs"
 BUNDLE_MARK = "//@PIWORK_BUNDLE@"
 DATA_MARK = "/*@PIWORK_LAZY_DATA@*/ {}"
 URL_MARK = '/*@PIWORK_BUNDLE_URL@*/ ""'
-GUEST_ROOT = Path("opt") / "piwork"
+GUEST_ROOT = stage.GUEST_ROOT
 BLOB_NAME = "pi.blob"
 """In the guest: /opt/piwork/launcher/pi.blob (boot.sh, supervisor.js)."""
-STAND_INS = ("http", "https", "http2", "node:http", "node:https", "node:http2")
-"""Built-in modules whose native bindings V8 cannot serialize (HTTPParser, nghttp2)."""
+STAND_INS = tuple(
+    f"{prefix}{name}"
+    for name in ("http", "https", "http2", "worker_threads")
+    for prefix in ("", "node:")
+)
+"""Built-in modules that must not be loaded into the snapshot: http, https and http2 hold
+native bindings V8 cannot serialize (HTTPParser, nghttp2); worker_threads, once loaded
+there, makes every Worker the restored process starts abort at its start (Node 22 and 24:
+``Assertion failed: shutdown_wrap_template_.IsEmpty()``), which took pi's image resizing
+and codemode with it."""
 GUEST_ENV = {"PATH": "/bin:/sbin:/usr/bin:/usr/sbin", "HOME": "/root", "TERM": "linux"}
 """The launcher's environment in the guest (vm-image/init, boot.sh), where it matters to
 what pi reads at load: its agent dir (HOME), PATH, TERM."""
@@ -108,13 +117,14 @@ def compose(shim_text: str, bundle_text: str, data: dict[str, object], bundle_ur
 
 
 def check_report(report: dict[str, list[str]]) -> int:
-    """What pi did with the stand-ins while loading: only stdout/stderr writes and reads of
-    its own files are fine. Returns the number of stdout/stderr lines."""
+    """What pi did with the stand-ins while loading: only stdout/stderr writes, reads of
+    its own files and calls the shim replays once live are fine. Returns the number of
+    stdout/stderr lines."""
     at_load = [str(x) for x in report.get("atLoad", [])]
     bad = [
         x
         for x in at_load
-        if not x.startswith(("stdout: ", "stderr: "))
+        if not x.startswith(("stdout: ", "stderr: ", "replay "))
         and not (x.startswith("fs.") and x.split(" ", 1)[1].startswith("/opt/piwork/"))
     ]
     if bad:
@@ -124,7 +134,7 @@ def check_report(report: dict[str, list[str]]) -> int:
             + f". Add the module to STAND_INS or a shim to {SHIM} (its header says how)."
         )
     exports = report.get("exports", [])
-    for name in ("main", "EnvHttpProxyAgent", "setGlobalDispatcher", "install"):
+    for name in BUNDLE_EXPORTS:
         if name not in exports:
             raise PackError(f"the snapshot's bundle does not export {name}")
     return sum(1 for x in at_load if x.startswith(("stdout: ", "stderr: ")))
@@ -132,36 +142,6 @@ def check_report(report: dict[str, list[str]]) -> int:
 
 BUILD_DIR = Path("/opt/piwork-snapshot")
 """Where the build's script and blob are, in the build's own mount namespace."""
-
-
-def _private_opt(stage_root: Path, binds: dict[Path, Path], pid: bool) -> list[str] | None:
-    """A command prefix that runs in a private mount namespace where /opt holds only
-    ``binds`` (namespace path -> host path) and /opt/piwork is the stage; None where
-    ``unshare`` is not allowed."""
-    userns = [] if os.geteuid() == 0 else ["--map-root-user"]
-    all_binds = {Path("/") / GUEST_ROOT: stage_root / GUEST_ROOT, **binds}
-    mount = " && ".join(
-        ["mount -t tmpfs piwork /opt"]
-        + [
-            f"mkdir -p {inside} && mount --bind {host} {inside}"
-            for inside, host in all_binds.items()
-        ]
-    )
-    prefix = ["unshare", "--mount", "--propagation", "private"]
-    prefix += ["--pid", "--fork"] if pid else []
-    prefix += [*userns, "bash", "-c"]
-    probe = subprocess.run([*prefix, mount], capture_output=True, timeout=30, check=False)
-    if probe.returncode != 0:
-        return None
-    return [*prefix, f'{mount} && exec "$0" "$@"']
-
-
-def _inside(path: Path, stage_root: Path) -> Path:
-    """``path`` as the build's namespace sees it (the stage is at /opt/piwork there)."""
-    try:
-        return Path("/") / GUEST_ROOT / path.relative_to(stage_root / GUEST_ROOT)
-    except ValueError:
-        return path
 
 
 def build(
@@ -188,10 +168,10 @@ def build(
     )
     blob = work / BLOB_NAME
     blob.unlink(missing_ok=True)
-    prefix = _private_opt(stage_root, {BUILD_DIR: work}, pid=True)
+    prefix = stage.private_opt(stage_root, {BUILD_DIR: work}, pid=True)
     if prefix is not None:
         # Outside /opt the host's files are where they are (a test's node, say).
-        where, node, redirect = BUILD_DIR, _inside(node_binary, stage_root), {}
+        where, node, redirect = BUILD_DIR, stage.inside(node_binary, stage_root), {}
     else:
         prefix, where, node = [], work, node_binary
         redirect = {"PIWORK_SNAPSHOT_ROOT": str(stage_root)}
@@ -233,10 +213,10 @@ def smoke_test(
     mount namespace (``unshare``) where ``stage_root``'s opt/piwork is /opt/piwork. Where
     that is not allowed, only the restore and the launcher's start are checked."""
     staged = stage_root / GUEST_ROOT
-    namespace = _private_opt(stage_root, {}, pid=False)
+    namespace = stage.private_opt(stage_root, {}, pid=False)
     if namespace is not None:
         prefix = [*namespace[:-1], namespace[-1].replace('"$@"', '"$@" 3<&{fd} {fd}<&-')]
-        node_path, blob_path = _inside(node_binary, stage_root), _inside(blob, stage_root)
+        node_path, blob_path = stage.inside(node_binary, stage_root), stage.inside(blob, stage_root)
         extra_env: dict[str, str] = {}
     else:
         prefix = ["bash", "-c", 'exec "$0" "$@" 3<&{fd} {fd}<&-']

@@ -39,7 +39,7 @@ from piwork.policy.rules import (
     Verdict,
     winning_rule,
 )
-from piwork.policy.store import PolicyCorruptError, PolicyError, PolicyStore
+from piwork.policy.store import PolicyDamaged, PolicyError, PolicyStore
 
 __all__ = [
     "DEFAULT_RULES",
@@ -53,7 +53,7 @@ __all__ = [
     "Decision",
     "PermissionPayloadError",
     "PermissionRequest",
-    "PolicyCorruptError",
+    "PolicyDamaged",
     "PolicyError",
     "PolicyStore",
     "Rule",

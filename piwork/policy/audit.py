@@ -27,6 +27,7 @@ class DecidedBy:
     NO_TERMINAL = "no-terminal"  # headless without a terminal: denied
     ASSUME_YES = "assume-yes"  # headless --yes
     CANCELLED = "cancelled"  # stop/abort answered the dialog
+    UNUSABLE_POLICY = "unusable-policy"  # policy.json could not be read: denied, run ended
 
 
 @dataclass(frozen=True)

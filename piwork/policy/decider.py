@@ -306,6 +306,10 @@ class Decider:
         """Audit a dialog answered ``cancelled`` because the task stopped or aborted."""
         self._audit(request, ctx, "cancelled", DecidedBy.CANCELLED, None, why)
 
+    def record_unusable_policy(self, request: PermissionRequest, ctx: TaskContext) -> None:
+        """Audit the deny given because the policy file could not be read."""
+        self._audit(request, ctx, "deny", DecidedBy.UNUSABLE_POLICY, None, None)
+
     # -- helpers ---------------------------------------------------------
 
     @staticmethod

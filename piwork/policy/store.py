@@ -1,20 +1,23 @@
-"""The persisted policy: user rules in one JSON file, written atomically.
+"""The persisted policy: user rules in one JSON file, written durably, never guessed at.
 
 Durability: every change is a read-modify-write under an advisory lock,
 written to a temp file in the same directory, fsynced, ``os.replace``d over
-the old file, and the directory fsynced. A kill -9 at any point leaves either
-the old or the new file, never a torn one. A file that does not parse is
-moved aside (``policy.json.corrupt-<timestamp>``) with a warning naming both
-paths, never silently dropped.
+the old file, and the directory fsynced; the same bytes are then kept as
+``policy.json.last-good`` (:mod:`piwork.jsonstore`). A kill -9 at any point
+leaves either the old or the new file, never a torn one.
+
+A policy the host cannot read is never a looser policy: a ``policy.json``
+that does not parse (truncated by another tool, a bad sync, a full disk
+elsewhere), is empty, or is gone while its last good copy is there raises
+:class:`PolicyDamaged`. Nothing runs on it (a run refuses to start, a
+decision in a live run is a deny that ends the run); the message names the
+file, where a copy of the damaged bytes was kept, and ``piwork policy
+restore``, which puts the last good copy back.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,112 +25,96 @@ import orjson
 
 from piwork.config import get_paths
 from piwork.errors import PersonError
-from piwork.fsutil import atomic_write_bytes, fsync_dir
+from piwork.jsonstore import DamagedFile, JsonFile, Restored
 from piwork.policy.rules import DEFAULT_RULES, Rule
 
-log = logging.getLogger(__name__)
-
 FORMAT_VERSION = 1
+RESTORE_COMMAND = "piwork policy restore"
 
 
 class PolicyError(PersonError):
     """The policy file could not be read or written."""
 
 
-class PolicyCorruptError(PolicyError):
-    """The policy file did not parse; it has been moved aside."""
-
-    def __init__(self, path: Path, moved_to: Path, detail: str) -> None:
-        self.path = path
-        self.moved_to = moved_to
-        self.detail = detail
-        super().__init__(
-            f"the policy file {path} was unreadable ({detail}); it was moved to {moved_to} "
-            f"and piwork is using the default rules. Inspect that file and re-add your rules "
-            f"with `piwork policy allow|deny|ask`."
-        )
+class PolicyDamaged(DamagedFile, PolicyError):
+    """The policy file cannot be used: nothing is decided on it (see :mod:`piwork.jsonstore`)."""
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - Windows: single-writer best effort
-        yield
-        return
-    with open(lock_path, "a+b") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+def parse_rules(raw: bytes) -> list[Rule]:
+    """``policy.json``'s bytes as rules; ValueError/KeyError/TypeError for anything else."""
+    data: Any = orjson.loads(raw)
+    if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
+        raise ValueError("expected an object with a 'rules' list")
+    version = data.get("version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"unsupported format version {version!r}")
+    return [Rule.from_json(item) for item in data["rules"]]
+
+
+def policy_file(path: Path, *, keep_copies: bool = True) -> JsonFile[list[Rule]]:
+    return JsonFile(
+        path,
+        parse_rules,
+        what="policy file",
+        restore_command=RESTORE_COMMAND,
+        fresh="start with no rules of your own: `piwork policy reset --yes`",
+        error=PolicyDamaged,
+        keep_copies=keep_copies,
+    )
 
 
 class PolicyStore:
     """User rules on disk. Defaults (``DEFAULT_RULES``) are built in, never stored."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, keep_copies: bool = True) -> None:
+        """``keep_copies=False`` for a file given with ``run --policy``: nothing is written
+        beside it but what the run stores in it (see :class:`piwork.jsonstore.JsonFile`)."""
         self.path = path if path is not None else get_paths().policy_file
-        self.notice: PolicyCorruptError | None = None
-        """Set when a corrupt file was moved aside during the last load."""
-
-    @property
-    def _lock_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".lock")
+        self.file = policy_file(self.path, keep_copies=keep_copies)
 
     # -- reading ---------------------------------------------------------
 
-    def _parse(self, raw: bytes) -> list[Rule]:
-        data: Any = orjson.loads(raw)
-        if not isinstance(data, dict) or not isinstance(data.get("rules"), list):
-            raise ValueError("expected an object with a 'rules' list")
-        version = data.get("version")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"unsupported format version {version!r}")
-        return [Rule.from_json(item) for item in data["rules"]]
-
-    def _move_aside(self, detail: str) -> PolicyCorruptError:
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
-        moved = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        os.replace(self.path, moved)
-        fsync_dir(self.path.parent)
-        err = PolicyCorruptError(self.path, moved, detail)
-        log.warning("%s", err)
-        return err
-
-    def _read_unlocked(self) -> list[Rule]:
-        try:
-            raw = self.path.read_bytes()
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise PolicyError(f"cannot read the policy file {self.path}: {exc}") from exc
-        try:
-            return self._parse(raw)
-        except (ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
-            self.notice = self._move_aside(str(exc) or type(exc).__name__)
-            return []
-
     def load(self) -> list[Rule]:
-        """The user rules. A corrupt file is moved aside (see ``notice``)."""
-        with _locked(self._lock_path):
-            return self._read_unlocked()
+        """The user rules; raises :class:`PolicyDamaged` for a file that cannot be used."""
+        return self.file.load() or []
+
+    def check(self) -> PolicyDamaged | None:
+        """Why the policy cannot be used, or None (front ends ask before a run)."""
+        damage = self.file.check()
+        assert damage is None or isinstance(damage, PolicyDamaged)
+        return damage
 
     def effective_rules(self) -> list[Rule]:
         """User rules followed by the built-in defaults: what decisions use."""
         return [*self.load(), *DEFAULT_RULES]
 
+    def restore(self) -> Restored:
+        """Put ``policy.json.last-good`` back over a damaged policy file."""
+        return self.file.restore()
+
     # -- writing ---------------------------------------------------------
 
     def _write_unlocked(self, rules: Sequence[Rule]) -> None:
         doc = {"version": FORMAT_VERSION, "rules": [r.to_json() for r in rules]}
-        atomic_write_bytes(self.path, orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
+        self.file.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
 
-    def update(self, change: Callable[[list[Rule]], list[Rule]]) -> list[Rule]:
-        """Read-modify-write under the lock; returns the new user rules."""
-        with _locked(self._lock_path):
-            rules = change(self._read_unlocked())
+    def update(
+        self, change: Callable[[list[Rule]], list[Rule]], *, over_damaged: bool = False
+    ) -> list[Rule]:
+        """Read-modify-write under the lock; returns the new user rules.
+
+        A damaged file is never written over (the person's rules may still be in it),
+        except by ``over_damaged`` (``reset``: the person chose to start over; a copy of
+        the damaged bytes is kept, see :class:`PolicyDamaged`).
+        """
+        with self.file.locked():
+            try:
+                current = self.file.read() or []
+            except PolicyDamaged:
+                if not over_damaged:
+                    raise
+                current = []
+            rules = change(current)
             self._write_unlocked(rules)
             return rules
 
@@ -171,5 +158,5 @@ class PolicyStore:
             count.append(len(rules))
             return []
 
-        self.update(change)
+        self.update(change, over_damaged=True)
         return count[0]

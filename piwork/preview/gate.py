@@ -8,12 +8,13 @@ only when:
 * the request target is origin-form (``/path``), so the ``Host`` header is the
   only authority the request names;
 * there is exactly one ``Host`` header and it equals the preview's own
-  ``<task>-<port>.localhost:<hostport>`` (case-insensitive). Browsers keep
-  cookies per host name, not per port, so every preview gets its own name,
-  and a page served by the guest cannot read the person's other
-  ``localhost`` apps' cookies (nor they its). A name that resolves to
-  127.0.0.1 through someone else's DNS (DNS rebinding) sends its own name as
-  ``Host`` and is refused;
+  ``127.a.b.c:<hostport>`` (its own loopback address, see
+  :mod:`piwork.preview.server`; ``<task>-<port>.localhost:<hostport>`` where
+  only 127.0.0.1 exists), case-insensitive. Browsers keep cookies per host,
+  not per port, so every preview gets its own host, and a page served by the
+  guest cannot read the person's other local apps' cookies (nor they its). A
+  name that resolves to loopback through someone else's DNS (DNS rebinding)
+  sends its own name as ``Host`` and is refused;
 * an ``Origin`` header, if present, is the preview's own origin: another
   site's page cannot drive the guest's server (cross-site WebSocket, form
   posts) through the person's browser.
@@ -37,8 +38,14 @@ _LABEL = re.compile(r"[a-z0-9]+")
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 
 
+def address_host(address: str, host_port: int) -> str:
+    """``127.a.b.c:<hostport>``: the one ``Host`` a preview on its own address accepts."""
+    return f"{address}:{host_port}"
+
+
 def preview_host(task_id: str, guest_port: int, host_port: int) -> str:
-    """``<task-short-id>-<guestport>.localhost:<hostport>``: the one ``Host`` accepted."""
+    """``<task-short-id>-<guestport>.localhost:<hostport>``: the ``Host`` accepted where no
+    loopback address but 127.0.0.1 can be bound."""
     short = "".join(_LABEL.findall(task_id.lower()))[:8] or "task"
     return f"{short}-{guest_port}.localhost:{host_port}"
 

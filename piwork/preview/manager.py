@@ -8,9 +8,9 @@ Life of a preview:
    (``MAX_PORTS`` of them decided, the rest refused), ports below 1024 never;
 2. each new port is decided once per run, one at a time: a ``preview`` rule,
    else the person (``piwork.preview.policy``); no one to ask keeps it closed;
-3. an allowed port gets a loopback listener (``PreviewServer``) and a URL
-   ``http://<task>-<port>.localhost:<hostport>/``; the run emits a
-   ``preview`` event ``{port, url, state: opened|closed|refused}`` and the
+3. an allowed port gets a loopback listener on an address of its own
+   (``PreviewServer``) and a URL ``http://127.a.b.c:<hostport>/``; the run
+   emits a ``preview`` event ``{port, url, state: opened|closed|refused}`` and the
    open previews are written to ``<task>/previews.json`` for other processes;
 4. pause freezes every preview (connections kept, no data); close (the task
    stops) ends them all and removes the file.
@@ -158,7 +158,10 @@ class Previews:
 
     def list(self) -> list[PreviewInfo]:
         """The open previews, by guest port."""
-        return [PreviewInfo(port, s.host_port, s.url) for port, s in sorted(self._servers.items())]
+        return [
+            PreviewInfo(port, s.host_port, s.url, s.address)
+            for port, s in sorted(self._servers.items())
+        ]
 
     def server(self, port: int) -> PreviewServer | None:
         return self._servers.get(port)
@@ -216,6 +219,7 @@ class Previews:
                 "state": "opened",
                 "by": answer.by,
                 "hostPort": server.host_port,
+                "address": server.address,
                 **({"rule": answer.rule} if answer.rule else {}),
             }
         )

@@ -85,8 +85,11 @@ def question_for(port: int, ctx: TaskContext) -> PreviewQuestion:
         task_id=ctx.task_id,
         port=port,
         question=(
-            f"The agent serves something on port {port} in the VM. "
-            "Open it in your browser (a preview on this computer only)?"
+            f"The agent serves something on port {port} in the VM. Open it as a preview? "
+            "The page runs in your browser, with your browser's network: it can reach any "
+            "site your browser can and send it what the agent put in the page, which the "
+            "VM's network rules do not see. It gets a loopback address of its own, which "
+            "your other local apps and dev servers do not trust."
         ),
         rules={
             PreviewChoice.TASK: _rule(port, Verdict.ALLOW, task_scope, note),

@@ -1,5 +1,22 @@
 """One open preview: a loopback listener whose connections become host-opened netmux streams.
 
+Where it listens (review 2, findings 6 and 14): on an address of its own,
+``127.a.b.c`` (a, b, c random; Linux routes all of 127.0.0.0/8 to ``lo``), on
+a port the kernel picks. The URL names that address, so
+
+* the page's origin ``http://127.a.b.c:<port>`` is one no local allowlist
+  trusts: not ``localhost``, ``*.localhost``, ``127.0.0.1`` or ``[::1]`` (Vite's
+  default CORS origin, and what other dev tools take for "local"), and its
+  cookies are its own (browsers keep cookies per host, not per port);
+* a browser connects to exactly that IPv4 address: no name is resolved, so no
+  ``::1`` is tried first that another local user could have bound.
+
+Where only 127.0.0.1 can be bound (macOS has no other loopback address by
+default) the preview falls back to the name ``<task>-<port>.localhost``, which
+browsers resolve to both loopbacks: it is opened only when the same port is
+bound on 127.0.0.1 *and* ::1 (or the system has no ::1 at all), never on one
+family silently; otherwise the preview is refused with the reason.
+
 Each accepted connection's first request head is checked (``gate``) before a
 byte reaches the guest; then the connection is a byte pipe into the guest
 port (WebSockets, long polls and keep-alive all work), bounded by the
@@ -12,7 +29,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -26,6 +45,20 @@ MAX_WAITING = 64
 BACKLOG = 64
 """The listen backlog; asyncio also accepts up to this many at once before the
 ones over ``MAX_WAITING`` are closed, so it bounds the transient descriptors too."""
+
+
+BIND_TRIES = 16
+"""Addresses (or ports, in the fallback) tried before a preview is refused."""
+
+
+class PreviewUnavailable(OSError):
+    """No loopback listener could be made that answers for this user only."""
+
+
+def pick_address() -> str:
+    """A random loopback address away from the ones in common use (127.0.0.1, 127.0.1.1)."""
+    a, b, c = 100 + secrets.randbelow(155), 1 + secrets.randbelow(254), 1 + secrets.randbelow(254)
+    return f"127.{a}.{b}.{c}"
 
 
 class Mux(Protocol):
@@ -66,8 +99,9 @@ class PreviewServer:
         self.stats = PreviewStats()
         self.host_port = 0
         self.host = ""
-        self._server: asyncio.Server | None = None
-        self._server6: asyncio.Server | None = None
+        self.address: str | None = None
+        """The preview's own loopback address; None in the ``.localhost`` fallback."""
+        self._servers: list[asyncio.Server] = []
         self._conns: set[asyncio.Task[None]] = set()
         self._streams: set[asyncio.Event] = set()
         self._waiting = 0
@@ -80,25 +114,61 @@ class PreviewServer:
     def open_connections(self) -> int:
         return len(self._conns)
 
-    async def start(self) -> None:
+    async def _listen(self, host: str, port: int) -> asyncio.Server:
         # Loopback only; limit bounds the first head (readuntil) and the reader's buffer.
-        self._server = await asyncio.start_server(
-            self._accept, "127.0.0.1", 0, limit=gate.MAX_HEAD, backlog=BACKLOG
+        return await asyncio.start_server(
+            self._accept, host, port, limit=gate.MAX_HEAD, backlog=BACKLOG
         )
-        self.host_port = int(self._server.sockets[0].getsockname()[1])
-        self.host = gate.preview_host(self.task_id, self.guest_port, self.host_port)
-        # Browsers resolve *.localhost to ::1 as well as 127.0.0.1 and may try ::1
-        # first: listen there too when the port is free on it (loopback still).
-        with contextlib.suppress(OSError):
-            self._server6 = await asyncio.start_server(
-                self._accept, "::1", self.host_port, limit=gate.MAX_HEAD, backlog=BACKLOG
-            )
+
+    async def start(self) -> None:
+        """Listen on an address of the preview's own; raises :class:`PreviewUnavailable`."""
+        for _ in range(BIND_TRIES):
+            address = pick_address()
+            try:
+                server = await self._listen(address, 0)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue  # another process has it: another address
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    await self._start_named()  # only 127.0.0.1 exists here
+                    return
+                raise
+            self._servers = [server]
+            self.address = address
+            self.host_port = int(server.sockets[0].getsockname()[1])
+            self.host = gate.address_host(address, self.host_port)
+            return
+        raise PreviewUnavailable(f"no free loopback address after {BIND_TRIES} tries")
+
+    async def _start_named(self) -> None:
+        """The ``.localhost`` fallback: the same port on 127.0.0.1 and ::1, or nothing.
+
+        Browsers resolve the name to both and may try ::1 first: a port taken there by
+        another local user would answer the person's URL, so another port is tried.
+        """
+        for _ in range(BIND_TRIES):
+            v4 = await self._listen("127.0.0.1", 0)
+            port = int(v4.sockets[0].getsockname()[1])
+            try:
+                v6: asyncio.Server | None = await self._listen("::1", port)
+            except OSError as exc:
+                if exc.errno not in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT):
+                    v4.close()  # ::1 is there and this port is taken on it
+                    continue
+                v6 = None  # no ::1 on this system: no one can answer there either
+            self._servers = [v4, *([v6] if v6 is not None else [])]
+            self.host_port = port
+            self.host = gate.preview_host(self.task_id, self.guest_port, port)
+            return
+        raise PreviewUnavailable(
+            f"no loopback port free on both 127.0.0.1 and ::1 after {BIND_TRIES} tries "
+            "(another program holds them on ::1)"
+        )
 
     async def close(self) -> None:
         """Stop listening and end every connection (the task stopped)."""
-        for server in (self._server, self._server6):
-            if server is not None:
-                server.close()
+        for server in self._servers:
+            server.close()
         for done in list(self._streams):
             with contextlib.suppress(Exception):
                 await self.mux.close_inbound(done)
@@ -106,10 +176,9 @@ class PreviewServer:
             task.cancel()
         if self._conns:
             await asyncio.gather(*self._conns, return_exceptions=True)
-        for server in (self._server, self._server6):
-            if server is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(server.wait_closed(), 5)
+        for server in self._servers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 5)
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1

@@ -3,15 +3,17 @@
 ``<task dir>/previews.json``, written atomically (0600) by the process that
 runs the task whenever a preview opens, removed when the task stops. A
 reader trusts nothing in it: the writer must still be alive (same pid, same
-start time), every field is checked, and the URL is rebuilt from the task id
-and the two ports rather than taken from the file, so ``piwork preview
---open`` can only ever open a ``http://<task>-<port>.localhost:<port>/``
+start time), every field is checked, and the URL is rebuilt from the task id,
+the two ports and the preview's loopback address rather than taken from the
+file, so ``piwork preview --open`` can only ever open a
+``http://127.a.b.c:<port>/`` (or ``http://<task>-<port>.localhost:<port>/``)
 address.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from typing import Any
 import orjson
 
 from piwork.fsutil import atomic_write_bytes
-from piwork.preview.gate import preview_host
+from piwork.preview.gate import address_host, preview_host
 
 FILE_NAME = "previews.json"
 FORMAT = 1
@@ -35,13 +37,39 @@ class PreviewInfo:
     port: int
     host_port: int
     url: str
+    address: str | None = None
+    """The preview's own loopback address (None: the ``.localhost`` fallback)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"port": self.port, "hostPort": self.host_port, "url": self.url}
+        return {
+            "port": self.port,
+            "hostPort": self.host_port,
+            "url": self.url,
+            "address": self.address,
+        }
 
 
-def url_for(task_id: str, port: int, host_port: int) -> str:
-    return f"http://{preview_host(task_id, port, host_port)}/"
+def url_for(task_id: str, port: int, host_port: int, address: str | None = None) -> str:
+    host = (
+        address_host(address, host_port)
+        if address is not None
+        else preview_host(task_id, port, host_port)
+    )
+    return f"http://{host}/"
+
+
+LOOPBACK = ipaddress.IPv4Network("127.0.0.0/8")
+
+
+def loopback_address(value: Any) -> str | None:
+    """A loopback IPv4 address written as piwork writes one, else None."""
+    if not isinstance(value, str) or len(value) > 15:
+        return None
+    try:
+        addr = ipaddress.IPv4Address(value)
+    except ValueError:
+        return None
+    return str(addr) if addr in LOOPBACK and str(addr) == value else None
 
 
 def write(task_dir: Path, task_id: str, previews: list[PreviewInfo]) -> None:
@@ -118,5 +146,10 @@ def read(task_dir: Path, task_id: str) -> list[PreviewInfo]:
         port, host_port = _port(item.get("port")), _port(item.get("hostPort"))
         if port is None or host_port is None:
             continue
-        out.append(PreviewInfo(port, host_port, url_for(task_id, port, host_port)))
+        address = loopback_address(item.get("address"))
+        if item.get("address") is not None and address is None:
+            continue  # not one piwork writes: never turned into a URL
+        out.append(
+            PreviewInfo(port, host_port, url_for(task_id, port, host_port, address), address)
+        )
     return out

@@ -52,6 +52,7 @@ from functools import cache
 
 from publicsuffixlist import PublicSuffixList
 
+from piwork.env.registries import registry_domains
 from piwork.errors import UsageError
 from piwork.net.addresses import is_public
 from piwork.net.upstream import NONE as NO_UPSTREAM
@@ -65,6 +66,7 @@ from piwork.proxy.http1 import (
     client_hello_sni,
     parse_head,
 )
+from piwork.proxy.registry_tls import RunCA, TlsServerStream
 from piwork.vm.command import EGRESS_GUEST_ADDR, GATEWAY_GUEST_ADDR
 
 log = logging.getLogger(__name__)
@@ -111,6 +113,7 @@ _REQUEST_DROP = frozenset(
 )
 
 
+DOWNLOAD_ONLY = frozenset(registry_domains())
 _FRAMING_HEADERS = frozenset({"host", "content-length", "transfer-encoding"})
 """Set by the proxy from what it parsed, never copied from the guest."""
 
@@ -329,6 +332,9 @@ class EgressProxy:
         on_decision: Callable[[EgressDecision], None] | None = None,
         token: str | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        download_only: frozenset[str] = DOWNLOAD_ONLY,
+        registry_ca: RunCA | None = None,
+        registry_trust: ssl.SSLContext | None = None,
         private_policy: PrivatePolicy | None = None,
         upstream: Upstream = NO_UPSTREAM,
         proxy_ssl: ssl.SSLContext | None = None,
@@ -338,6 +344,14 @@ class EgressProxy:
         self._upstream = upstream
         self._proxy_ssl = proxy_ssl
         self._max_connections = max_connections
+        self._download_only = download_only
+        self._registry_ca = registry_ca
+        """With a run CA, TLS to ``download_only`` hosts ends here so their requests
+        can be read (``piwork.proxy.registry_tls``); ``registry_trust`` verifies the
+        real registry on the way on (the system store when None)."""
+        self._registry_trust = registry_trust
+        """Hosts (the package registries) that take only GET and HEAD, where the proxy
+        can read the method: plain HTTP (apt's Debian). Inside TLS it cannot."""
         self.refused_connections = 0
         self._policy = domain_policy
         self._token = token
@@ -630,11 +644,24 @@ class EgressProxy:
             framing = body_framing(head)
         except (ValueError, BadRequest) as exc:
             raise _Refusal(400, "Bad Request", f"piwork egress proxy: {exc}\n") from exc
+        self._downloads_only(host, port, method, framing)
         up_reader, up_writer, via = await self._open(host, port, method)
         await self._forward_one(
             head, authority, path, framing, b"", reader, writer, up_reader, up_writer,
             via=(host, port, via) if via is not None else None,
         )  # fmt: skip
+
+    def _downloads_only(self, host: str, port: int, method: str, framing: Framing) -> None:
+        """A package registry takes downloads only: no ``npm publish``/upload (review 2,
+        finding 8), refused before anything is connected."""
+        if host in self._download_only and (method not in ("GET", "HEAD") or framing[0] != "none"):
+            self._record(host, port, method, False, "policy", "downloads only")
+            raise _Refusal(
+                403,
+                f"Forbidden by piwork: {host} allows downloads only",
+                f"piwork: {host} is a package registry; the sandbox may download from it "
+                f"(GET), not {method} to it (publishing and uploads are refused).\n",
+            )
 
     async def _forward_one(
         self,
@@ -738,6 +765,10 @@ class EgressProxy:
                     self._record(host, port, "CONNECT", False, "sni")
                     log.warning("egress tunnel to %s:%s closed: %s", host, port, wrong)
                     return
+                if self._registry_ca is not None and host in self._download_only:
+                    await self._registry_request(host, port, hello.raw, c_reader, c_writer,
+                                                 u_reader, u_writer)  # fmt: skip
+                    return
                 u_writer.write(hello.raw)
                 await self._pipe_both(c_reader, c_writer, u_reader, u_writer)
                 return
@@ -750,6 +781,61 @@ class EgressProxy:
             u_writer.close()
             with contextlib.suppress(Exception):
                 await u_writer.wait_closed()
+
+    async def _registry_request(
+        self,
+        host: str,
+        port: int,
+        hello: bytes,
+        c_reader: asyncio.StreamReader,
+        c_writer: asyncio.StreamWriter,
+        u_reader: asyncio.StreamReader,
+        u_writer: asyncio.StreamWriter,
+    ) -> None:
+        """TLS to a package registry ends here: one request, a download only, its
+        ``Host`` the tunnel's, sent on over the proxy's own TLS to the real registry."""
+        assert self._registry_ca is not None
+        guest = TlsServerStream(
+            self._registry_ca.server_context(host), c_reader, c_writer, hello,
+            self._header_timeout,
+        )  # fmt: skip
+        await guest.handshake()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            if len(data) > _HEADER_LIMIT:
+                raise BadRequest("the request head is too large")
+            more = await asyncio.wait_for(guest.read(), self._header_timeout)
+            if not more:
+                return
+            data += more
+        end = data.index(b"\r\n\r\n") + 4
+        try:
+            head = parse_head(data[:end])
+            framing = body_framing(head)
+            hosts = head.get_all("host")
+            if not head.target.startswith("/"):
+                raise BadRequest("a request in a tunnel is origin-form (/path)")
+            if len(hosts) != 1 or _split_host_port(hosts[0], 443)[0] != host:
+                raise BadRequest(f"the request's Host must be {host}, the tunnel's host")
+            self._downloads_only(host, port, head.method, framing)
+        except (BadRequest, ValueError, _Refusal) as exc:
+            refusal = exc if isinstance(exc, _Refusal) else _Refusal(
+                400, "Bad Request", f"piwork: {exc}\n"
+            )  # fmt: skip
+            await self._refuse(guest, refusal)  # type: ignore[arg-type]
+            await guest.close()
+            return
+        trust = self._registry_trust or ssl.create_default_context()
+        await u_writer.start_tls(trust, server_hostname=host)
+        shown = host if port == 443 else f"{host}:{port}"
+        out = [f"{head.method} {head.target} {head.version}", f"Host: {shown}"]
+        dropped = _REQUEST_DROP | _FRAMING_HEADERS
+        out += [f"{n}: {v}" for n, v in head.headers if n.lower() not in dropped]
+        out.append("Connection: close")
+        u_writer.write(("\r\n".join(out) + "\r\n\r\n").encode("latin-1"))
+        await u_writer.drain()
+        await self._pipe_response_closing(u_reader, guest)  # type: ignore[arg-type]
+        await guest.close()
 
     async def _client_hello(self, data: bytes, src: asyncio.StreamReader) -> _Hello:
         while (hello := client_hello_sni(data)) is None:
@@ -789,6 +875,11 @@ class EgressProxy:
         except (BadRequest, ValueError) as exc:
             self._record(host, port, head_method(data), False, "host")
             await self._refuse(c_writer, _Refusal(400, "Bad Request", f"piwork: {exc}\n"))
+            return
+        try:
+            self._downloads_only(host, port, head.method, framing)
+        except _Refusal as refusal:
+            await self._refuse(c_writer, refusal)
             return
         await self._forward_one(
             head, authority, head.target, framing, data[end:], c_reader, c_writer, u_reader,

@@ -44,6 +44,7 @@ from piwork.rpc.models import (
     AbortCommand,
     AbortRetryCommand,
     AgentEnd,
+    AgentSettled,
     AgentStart,
     AutoRetryEnd,
     AutoRetryStart,
@@ -154,7 +155,15 @@ COMMAND_TIMEOUTS: Final[Mapping[str, float | None]] = {
 _RESPONSE_HEAD = re.compile(rb'^\{(?:"id":"([^"\\]*)",)?"type":"response","command":"([^"\\]*)"')
 _EVENT_HEAD = re.compile(rb'^\{"type":"([A-Za-z_]+)"')
 
-_LIFECYCLE = (AgentStart, AgentEnd, AutoRetryStart, AutoRetryEnd, CompactionStart, CompactionEnd)
+_LIFECYCLE = (
+    AgentStart,
+    AgentEnd,
+    AgentSettled,
+    AutoRetryStart,
+    AutoRetryEnd,
+    CompactionStart,
+    CompactionEnd,
+)
 
 
 class _End:
@@ -743,8 +752,9 @@ class RpcClient:
     ) -> SessionState:
         """Wait until pi has finished everything started so far; returns its state.
 
-        ``agent_end`` is not the end: with auto-retry each failed attempt ends
-        with ``agent_end`` and then ``auto_retry_start``, and during the back-off
+        ``agent_end`` is not the end (pi 1.x says so with ``agent_settled``): with
+        auto-retry each failed attempt ends with ``agent_end`` and then
+        ``auto_retry_start``, and during the back-off
         ``get_state`` already reports ``isStreaming: false``. pi also flips
         ``isStreaming`` off before it has written the run's last events. So this
         resolves only when the events say no run, compaction or self-started
@@ -842,7 +852,10 @@ class RpcClient:
         if pending is None or pending.future.done():
             self._deliver(UnmatchedResponse(response, reason))
             return
-        if pending.command == "prompt" and not response.success:
+        if pending.command == "prompt" and (
+            not response.success or _data_field(response, "disposition") == "handled"
+        ):
+            # Rejected, or handled without a run (an extension command): no events follow.
             self._activity.prompt_outstanding = False
         pending.future.set_result(response)
 
@@ -931,6 +944,12 @@ class RpcClient:
         elif isinstance(event, AgentEnd):
             act.run_active = False
             act.prompt_outstanding = False
+            if event.will_retry:
+                act.restart_deadline = loop.time() + self.restart_grace
+        elif isinstance(event, AgentSettled):
+            # pi says it will not continue by itself: no retry or recovery is pending.
+            act.run_active = act.prompt_outstanding = False
+            act.restart_deadline = None
         elif isinstance(event, AutoRetryStart):
             act.restart_deadline = loop.time() + event.delay_ms / 1000 + self.restart_grace
         elif isinstance(event, AutoRetryEnd):

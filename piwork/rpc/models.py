@@ -1,16 +1,16 @@
 """pi's RPC vocabulary as pydantic models, and helpers the front ends need.
 
-Facts come from pi 0.73.1's ``dist/modes/rpc/rpc-types.d.ts``,
-``rpc-mode.js`` and ``core/agent-session.d.ts``. pi evolves, so every model
+Facts come from pi 1.6's ``docs/rpc.md``, ``rpc-commands.md``, ``json.md`` and
+``rpc-extension-ui.md``, and its ``dist/modes/rpc/rpc-types.d.ts`` (the pi the
+host speaks: :mod:`piwork.rpc.version`). pi evolves, so every model
 that describes something pi *sends* ignores nothing and rejects nothing:
 unknown fields are kept (``model_extra``), unknown event types become
 :class:`UnknownEvent`, unknown UI methods :class:`UnknownUiRequest`, and a known
 event whose fields no longer validate degrades to :class:`UnknownEvent` with
 ``parse_error`` set instead of raising.
 
-Large, frequent events (``message_update`` repeats the whole partial message
-on each delta) keep nested payloads as plain dicts so parsing a line costs one
-``orjson.loads`` and a shallow validation; typed views such as
+Large, frequent events keep nested payloads as plain dicts so parsing a line
+costs one ``orjson.loads`` and a shallow validation; typed views such as
 :class:`AssistantMessage` are built only when a helper asks.
 
 Field names are snake_case in Python and camelCase on the wire.
@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh"]
+ThinkingLevel = Literal["off", "minimal", "low", "medium", "high", "xhigh", "max"]
 QueueMode = Literal["all", "one-at-a-time"]
 StopReason = Literal["stop", "length", "toolUse", "error", "aborted"]
 
@@ -160,6 +160,7 @@ class AbortRetryCommand(Command):
 class BashCommand(Command):
     type: Literal["bash"] = "bash"
     command: str
+    exclude_from_context: bool | None = None
 
 
 class AbortBashCommand(Command):
@@ -196,6 +197,23 @@ class SetSessionNameCommand(Command):
 
 class GetCommandsCommand(Command):
     type: Literal["get_commands"] = "get_commands"
+
+
+class ClearQueueCommand(Command):
+    """Remove queued steering and follow-up messages; pi returns their text."""
+
+    type: Literal["clear_queue"] = "clear_queue"
+
+
+class GetAvailableThinkingLevelsCommand(Command):
+    type: Literal["get_available_thinking_levels"] = "get_available_thinking_levels"
+
+
+class GetEntriesCommand(Command):
+    """Session entries in append order; ``since`` (an entry id) returns only later ones."""
+
+    type: Literal["get_entries"] = "get_entries"
+    since: str | None = None
 
 
 def command_to_wire(command: Command | Mapping[str, Any]) -> dict[str, Any]:
@@ -339,10 +357,19 @@ class AgentStart(PiEvent):
 
 
 class AgentEnd(PiEvent):
-    """One *attempt* ended. With auto-retry on, another may follow."""
+    """One low-level run ended. A retry, compaction recovery or queued message may follow
+    (``will_retry`` says a retry will); :class:`AgentSettled` says pi is done."""
 
     type: Literal["agent_end"] = "agent_end"
     messages: list[dict[str, Any]] = Field(default_factory=list)
+    will_retry: bool = False
+
+
+class AgentSettled(PiEvent):
+    """pi will not continue by itself (no retry, compaction recovery or queued message)."""
+
+    type: Literal["agent_settled"] = "agent_settled"
+    aborted: bool = False
 
 
 class TurnStart(PiEvent):
@@ -361,11 +388,12 @@ class MessageStart(PiEvent):
 
 
 class MessageUpdate(PiEvent):
-    """Streaming delta. ``message`` is the whole partial message, kept raw."""
+    """Streaming delta (delta-only on the wire since pi 1.x: no partial message); ``usage``
+    is the latest cumulative usage the provider reported."""
 
     type: Literal["message_update"] = "message_update"
-    message: dict[str, Any] = Field(default_factory=dict)
     assistant_message_event: dict[str, Any] = Field(default_factory=dict)
+    usage: dict[str, Any] = Field(default_factory=dict)
 
 
 class MessageEnd(PiEvent):
@@ -374,12 +402,16 @@ class MessageEnd(PiEvent):
 
 
 class ToolExecutionStart(PiEvent):
-    """Emitted before an extension's ``tool_call`` hook, so before any permission prompt."""
+    """Emitted before an extension's ``tool_call`` hook, so before any permission prompt.
+
+    A call another tool made (a codemode script's ``tools.X()``) carries the calling
+    tool's id as ``parent_tool_call_id``; pi numbers it ``<parent id>/<n>``."""
 
     type: Literal["tool_execution_start"] = "tool_execution_start"
     tool_call_id: str = ""
     tool_name: str = ""
     args: dict[str, Any] = Field(default_factory=dict)
+    parent_tool_call_id: str | None = None
 
 
 class ToolExecutionUpdate(PiEvent):
@@ -390,6 +422,7 @@ class ToolExecutionUpdate(PiEvent):
     tool_name: str = ""
     args: dict[str, Any] = Field(default_factory=dict)
     partial_result: Any = None
+    parent_tool_call_id: str | None = None
 
 
 class ToolExecutionEnd(PiEvent):
@@ -398,6 +431,9 @@ class ToolExecutionEnd(PiEvent):
     tool_name: str = ""
     result: Any = None
     is_error: bool = False
+    parent_tool_call_id: str | None = None
+    duration_ms: float | None = None
+    """How long the tool's ``execute()`` took; absent when it did not run (blocked)."""
 
 
 class QueueUpdate(PiEvent):
@@ -467,6 +503,7 @@ EVENT_TYPES: dict[str, type[PiEvent]] = {
     for cls in (
         AgentStart,
         AgentEnd,
+        AgentSettled,
         TurnStart,
         TurnEnd,
         MessageStart,

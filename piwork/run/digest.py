@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from piwork.pisettings import REPORT_KEY, project_report_text
 from piwork.rpc import models as m
 from piwork.rpc.client import ClientItem
 from piwork.rpc.framing import MalformedLine, OversizedLine
@@ -126,6 +127,11 @@ def digest(item: PiItem, *, replay: bool = False) -> list[Digested]:
         out.append(_notice(f"extension error: {item.error}"))
     elif isinstance(item, m.NotifyRequest):
         out.append(_notice(f"agent: {item.message}"))
+    elif isinstance(item, m.SetStatusRequest) and item.status_key == REPORT_KEY:
+        # What pi loaded from the folder, as the guest's project extension says.
+        text = project_report_text(item.status_text or "")
+        if text is not None:
+            out.append(_notice(text))
     elif isinstance(item, (MalformedLine, OversizedLine)):
         out.append(_notice(f"unreadable line from pi: {item}"))
     return out

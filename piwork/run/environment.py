@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -48,8 +49,9 @@ from piwork.models.scripted import ScriptedModelServer
 from piwork.net.guest import GUEST_DIR, GuestNetwork
 from piwork.net.host import host_network
 from piwork.net.upstream import gateway_connector
-from piwork.pack import ensure_pack, load_manifest
+from piwork.pack import ensure_pack, load_manifest, picatalog
 from piwork.pack.manifest import Manifest
+from piwork.pisettings import PiSettings, load_pi_settings, write_agent_dir
 from piwork.proxy.egress import (
     DomainPolicy,
     EgressDecision,
@@ -59,6 +61,7 @@ from piwork.proxy.egress import (
     proxy_url_with_token,
 )
 from piwork.proxy.gateway import ModelGateway, ServerToolAsker, UsageRecord
+from piwork.proxy.registry_tls import RunCA
 from piwork.proxy.settings import load_gateway_settings
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
@@ -144,6 +147,7 @@ class Environment:
     manifest: Manifest
     accel: AccelChoice
     timings: dict[str, float]
+    pi_settings: PiSettings
     network: GuestNetwork = field(default_factory=GuestNetwork)
     """What the guest gets of the network settings (CAs, mirrors: piwork.net.guest)."""
 
@@ -180,6 +184,7 @@ class Environment:
             provider=self.provider.name,
             model=self.model_id,
             extensions=list(TASK_EXTENSIONS),
+            trust_project=self.pi_settings.trust_project,
             extra_env={
                 "PIWORK_READONLY_DIRS": "/mnt/uploads:/opt/piwork",
                 **self.network.env(),
@@ -268,12 +273,13 @@ async def prepare(
     # Only this task's provider and model are reachable: the guest can never
     # spend another of the person's keys, nor pick a pricier model.
     provider = only_model(provider, model_id)
+    routed, model_entry = await _model_route(provider, model_id, hooks)
     # The person's network: the upstream proxy and the extra CAs, for the gateway
     # and the egress proxy; the CAs and mirrors for the guest (piwork.net).
     folder = Path(task.record.working_folder) if task.record.working_folder else None
     net = await asyncio.to_thread(host_network, paths, folder)
     gateway = ModelGateway(
-        {provider.name: provider},
+        {p.name: p for p in (provider, routed)},
         KeyStore(paths=paths),
         task_id=task.id,
         on_usage=hooks.on_usage,
@@ -293,6 +299,11 @@ async def prepare(
     # Only the VM may use the egress proxy: it gets this run's token in its
     # proxy URL when pi starts (never on disk, the command line or a template).
     egress_token = secrets.token_urlsafe(24)
+    # TLS to the package registries ends at the proxy, so it can refuse uploads there
+    # (review 2, finding 8): a CA made for this run, which only this run's guest trusts.
+    registry_ca = RunCA()
+    stack.callback(registry_ca.close)
+    guest_net = dataclasses.replace(net.guest, cas=(*net.guest.cas, registry_ca.cacert()))
     egress = EgressProxy(
         hooks.domain_policy,
         on_decision=hooks.on_egress_decision,
@@ -301,14 +312,29 @@ async def prepare(
         private_policy=hooks.private_policy,
         upstream=net.upstream,
         proxy_ssl=net.proxy_ssl,
+        registry_ca=registry_ca,
+        registry_trust=net.tls,
     )
     await stack.enter_async_context(egress)
-    if net.guest.write(task.state_dir):
+    if guest_net.write(task.state_dir):
         hooks.emit(EventKind.NOTICE, message=f"replaced a link the guest made at {GUEST_DIR}/")
     models_json: Any = render_guest_models_json([provider], placeholder=token)
+    if model_entry is not None:
+        # The model speaks another of the provider's APIs: pi gets it whole, with the
+        # gateway's route for that API as its own baseUrl.
+        models_json["providers"][provider.name]["models"] = [model_entry]
     write_state_file(
         task, "agent/models.json", orjson.dumps(models_json, option=orjson.OPT_INDENT_2), hooks.emit
     )
+    # pi's settings.json and mcp.json: project trust and the person's MCP servers.
+    pi_settings = load_pi_settings(paths.settings_file)
+    moved = write_agent_dir(task.state_dir, pi_settings)
+    if moved:
+        hooks.emit(
+            EventKind.NOTICE,
+            message="moved aside what an earlier run left for pi to load from its agent dir: "
+            + ", ".join(moved),
+        )
     # The pack and the accelerator.
     t = time.monotonic()
     pack_dir = await asyncio.to_thread(
@@ -324,8 +350,32 @@ async def prepare(
     )
     return Environment(
         provider, model_id, gateway, egress, egress_token, pack_dir, manifest, chosen, timings,
-        net.guest,
+        pi_settings, guest_net,
     )  # fmt: skip
+
+
+async def _model_route(
+    provider: Provider, model_id: str, hooks: EnvironmentHooks
+) -> tuple[Provider, dict[str, Any] | None]:
+    """The gateway's provider for the task's model, and pi's models.json entry for it when
+    it speaks another API than its provider's (pi 1.x: OpenRouter's Claude models are
+    anthropic-messages); the pack's copy of pi's catalog says which API a model speaks."""
+    if not provider.alt_apis:
+        return provider, None
+    pack_dir = await asyncio.to_thread(
+        ensure_pack, log=lambda msg: hooks.emit(EventKind.NOTICE, message=msg)
+    )
+    catalog = picatalog.load(pack_dir)
+    entry = catalog.find(provider.name, model_id) if catalog is not None else None
+    if entry is None or entry.api == provider.api:
+        return provider, None
+    routed = provider.route(entry.api)
+    if routed is None:
+        raise ModelNotFound(
+            f"{provider.name}/{model_id} speaks pi's {entry.api} API, which piwork's gateway "
+            f"does not carry for {provider.name}; choose another model (`piwork models`)"
+        )
+    return routed, {**entry.pi_entry(), "baseUrl": routed.gateway_base_url()}
 
 
 __all__ = [

@@ -19,14 +19,22 @@ import contextlib
 import dataclasses
 import functools
 import secrets
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 from piwork.config import Paths
 from piwork.env.registries import registry_offer
 from piwork.net.addresses import describe_address
-from piwork.policy import GATE_CHOICES, AuditLog, Choice, DecidedBy, Decider, PolicyStore
+from piwork.policy import (
+    GATE_CHOICES,
+    AuditLog,
+    Choice,
+    DecidedBy,
+    Decider,
+    PolicyError,
+    PolicyStore,
+)
 from piwork.policy.request import (
     PermissionPayloadError,
     PermissionRequest,
@@ -151,6 +159,9 @@ class PermissionBridge:
         self.assume_yes = assume_yes
         self.allow_net = allow_net
         self.context = TaskContext()
+        self.on_unusable_policy: Callable[[str], None] | None = None
+        """Called with the message when the policy cannot be read mid-run (the session
+        ends the run): what was asked is denied, nothing is decided on a guess."""
         self.mirror_hosts: tuple[str, ...] = ()
         """The task's package mirrors' hosts: "Allow the package registries" covers them."""
 
@@ -179,7 +190,12 @@ class PermissionBridge:
         allows and anything else denies what the policy leaves open."""
         if policy_file is not None and not policy_file.is_file():
             raise RunError(f"policy file {policy_file} does not exist (see `piwork policy list`)")
-        decider = Decider(PolicyStore(policy_file or paths.policy_file), AuditLog(paths.audit_log))
+        store = (
+            PolicyStore(paths.policy_file)
+            if policy_file is None
+            else PolicyStore(policy_file, keep_copies=False)
+        )
+        decider = Decider(store, AuditLog(paths.audit_log))
         asker = asker or (AllowAsker() if assume_yes else DenyAsker())
         return cls(host, decider, asker, assume_yes=assume_yes)
 
@@ -214,9 +230,16 @@ class PermissionBridge:
             assume_yes = False
         perm = validate_request(perm, ctx)  # the guest's request is untrusted input
         # The policy read and the audit fsync happen off the event loop.
-        decision = await asyncio.to_thread(self.decider.decide, perm, ctx)
+        try:
+            decision = await asyncio.to_thread(self.decider.decide, perm, ctx)
+        except PolicyError as exc:
+            return self._policy_unusable(perm, exc)
         base = dict(
-            action=perm.action.value, tool=perm.tool, target=perm.summary, question=perm.question
+            action=perm.action.value,
+            tool=perm.tool,
+            target=perm.summary,
+            question=perm.question,
+            call=perm.tool_call_id,  # the step it is about: the app marks a denied step
         )
         if decision.verdict is not Verdict.ASK:
             choice = decision.reply_choice
@@ -231,7 +254,11 @@ class PermissionBridge:
             return choice
         # Front ends show exactly the rules each "Always" would store (host-derived),
         # and the package registries' rules when that one answer covers the request.
-        shown = dataclasses.replace(perm, proposals=await asyncio.to_thread(self._proposals, perm))
+        try:
+            proposals = await asyncio.to_thread(self._proposals, perm)
+        except PolicyError as exc:
+            return self._policy_unusable(perm, exc)
+        shown = dataclasses.replace(perm, proposals=proposals)
 
         await self.host.set_status(TaskStatus.WAITING_PERMISSION)
         self.host.emit(EventKind.PERMISSION, **base, decision="ask", by=None)
@@ -261,11 +288,14 @@ class PermissionBridge:
                 )
         # An "Allow once" here allows this tool call only; the egress proxy asks its
         # own question for every host the call then reaches (see the module docstring).
-        recorded = await asyncio.to_thread(
-            functools.partial(
-                self.decider.record_answer, shown, answer, ctx, decided_by=by, rules=bundle
+        try:
+            recorded = await asyncio.to_thread(
+                functools.partial(
+                    self.decider.record_answer, shown, answer, ctx, decided_by=by, rules=bundle
+                )
             )
-        )
+        except PolicyError as exc:  # damaged while the person was asked
+            return self._policy_unusable(perm, exc)
         self.host.emit(
             EventKind.PERMISSION,
             **base,
@@ -275,6 +305,21 @@ class PermissionBridge:
         )
         self.host.note("permission", {**base, "decision": answer.value, "by": by})
         return answer
+
+    def _policy_unusable(self, perm: PermissionRequest, exc: PolicyError) -> Choice:
+        """The policy cannot be read: deny (a damaged policy is never a looser one), say
+        why, and let the session end the run."""
+        base = dict(action=perm.action.value, tool=perm.tool, target=perm.summary)
+        by = DecidedBy.UNUSABLE_POLICY
+        self.host.emit(EventKind.ERROR, message=str(exc))
+        self.host.emit(EventKind.PERMISSION, **base, question=perm.question,
+                       decision=Choice.DENY.value, by=by)  # fmt: skip
+        self.host.note("permission", {**base, "decision": Choice.DENY.value, "by": by})
+        with contextlib.suppress(OSError):  # the audit log is another file: say it if we can
+            self.decider.record_unusable_policy(perm, self.context)
+        if self.on_unusable_policy is not None:
+            self.on_unusable_policy(str(exc))
+        return Choice.DENY
 
     def _proposals(self, perm: PermissionRequest) -> dict[Choice, tuple[Rule, ...]]:
         proposals = self.decider.proposals(perm, self.context)

@@ -94,6 +94,7 @@ class TaskSession:
         self.permissions = PermissionBridge.for_run(
             self, self.paths, asker, policy_file=policy_file, assume_yes=req.assume_yes
         )
+        self.permissions.on_unusable_policy = lambda msg: self._end_run(StopReason.ERROR, msg)
         self.usage: UsageMeter | None = None
         self.gateway: ModelGateway | None = None
         self.timings: dict[str, float] = {}
@@ -237,6 +238,10 @@ class TaskSession:
 
     async def start(self) -> None:
         self.permissions.allow_net = allowed_domains(self.req.allow_net)
+        # A policy the host cannot read is never a looser one: nothing starts on it.
+        damage = await asyncio.to_thread(self.permissions.decider.store.check)
+        if damage is not None:
+            raise damage
         # Store work that may wait on another process's lock runs off the event loop.
         task = await asyncio.to_thread(self.open_task)
         self.task = task

@@ -7,10 +7,10 @@
 // waits. The host can save the VM in that state (a template) and restore it
 // for any task: nothing task-specific is loaded yet. On {"op":"go", argv,
 // env, cwd} it applies the task's environment and working directory and runs
-// pi's own `main(argv)` exactly as pi's cli.js does.
+// pi's own `main(argv)` exactly as pi's cli.js (its setupCli) does.
 //
 // Fast path (made by the pack builder, runtime-pack/pack-tools/compile.mjs):
-// pi, undici and their dependencies pre-linked into one bundle
+// pi and its dependencies pre-linked into one bundle
 // (dist/core/piwork-bundle/entry.js), and each TypeScript extension
 // precompiled next to its source (X.ts -> X.mjs). A precompiled extension is
 // imported here and handed to pi as an extension factory (pi's
@@ -46,10 +46,10 @@ import vm from "node:vm";
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 
+// pi's package in the pack (piwork/pack/node.py PI_PACKAGE, checked by a test).
 const PI_DIR =
-  process.env.PIWORK_PI_DIR || "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent";
+  process.env.PIWORK_PI_DIR || "/opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent";
 const t0 = performance.now();
-const require = createRequire(`${PI_DIR}/package.json`);
 
 // The control channel: fd 3 both ways (a socket pair, when the supervisor
 // spawns this process), or fd 3 in and fd 4 out (two FIFOs, when /init started
@@ -81,18 +81,27 @@ function useCodeCache() {
 }
 const codeCache = useCodeCache();
 
-const BUNDLE = `${PI_DIR}/dist/core/piwork-bundle/entry.js`;
+const BUNDLE_DIR = `${PI_DIR}/dist/core/piwork-bundle`;
+const BUNDLE = `${BUNDLE_DIR}/entry.js`;
 // Started from the pack's V8 startup snapshot (snapshot-shim.cjs), pi is loaded already.
 const SNAPSHOT = globalThis.__piworkSnapshot;
 delete globalThis.__piworkSnapshot;
-const [{ main }, { EnvHttpProxyAgent, setGlobalDispatcher }] = SNAPSHOT
+const [{ main }, { configureHttpDispatcher }] = SNAPSHOT
   ? [SNAPSHOT, SNAPSHOT]
   : fs.existsSync(BUNDLE)
   ? await import(pathToFileURL(BUNDLE).href).then((m) => [m, m])
   : await Promise.all([
       import(pathToFileURL(`${PI_DIR}/dist/main.js`).href),
-      import(pathToFileURL(require.resolve("undici")).href),
+      import(pathToFileURL(`${PI_DIR}/dist/core/http-dispatcher.js`).href),
     ]);
+if (SNAPSHOT) {
+  // The snapshot's CommonJS copy of the bundle has no import.meta.resolve: pi's
+  // (extension loader's) calls go to one from the ES bundle's directory (compile.mjs).
+  const resolver = `${BUNDLE_DIR}/resolve.mjs`;
+  if (fs.existsSync(resolver)) {
+    globalThis.__piworkImportMetaResolve = (await import(pathToFileURL(resolver).href)).default;
+  }
+}
 
 /** X.ts -> X.mjs beside it, if the pack builder made one. */
 function compiledPath(p) {
@@ -157,7 +166,8 @@ async function warmExtensions(paths) {
   // time (see getAliases in pi's dist/core/extensions/loader.js), resolved the
   // same way, so the files jiti compiles here are the ones pi compiles later.
   const loader = `${PI_DIR}/dist/core/extensions/loader.js`;
-  const alias = { "@mariozechner/pi-coding-agent": `${PI_DIR}/dist/index.js` };
+  const alias = { "@earendil-works/pi-coding-agent": `${PI_DIR}/dist/index.js` };
+  alias["@mariozechner/pi-coding-agent"] = alias["@earendil-works/pi-coding-agent"];
   try {
     const r = createRequire(loader);
     for (const [name, spec] of [
@@ -197,10 +207,6 @@ function applyEnv(env) {
   for (const [k, v] of Object.entries(env)) process.env[k] = String(v);
 }
 
-/** pi's HTTP goes through the proxy the environment names (the task's, once bound). */
-function useProxyFromEnv() {
-  setGlobalDispatcher(new EnvHttpProxyAgent({ bodyTimeout: 0, headersTimeout: 0 }));
-}
 
 /** Apply a task's (or the prime's) environment and working directory, then run pi's main. */
 function runMain(msg, factoryFor = (_p, f) => f) {
@@ -209,11 +215,12 @@ function runMain(msg, factoryFor = (_p, f) => f) {
     fs.mkdirSync(msg.cwd, { recursive: true });
     process.chdir(msg.cwd);
   }
-  // What pi's cli.js does before main().
+  // What pi's cli.js does before main() (its setupCli); main() configures its
+  // HTTP dispatcher (the proxy the environment names) itself.
   process.title = "pi";
   process.env.PI_CODING_AGENT = "true";
+  process.env.AI_AGENT = "pi";
   process.emitWarning = () => {};
-  useProxyFromEnv();
   const { argv, picked } = takeExtensions((msg.argv || []).map(String), factories);
   const extensionFactories = picked.map(([p, f]) => factoryFor(p, f));
   main(argv, extensionFactories.length ? { extensionFactories } : undefined);
@@ -262,7 +269,9 @@ function bind(msg) {
   for (const [p] of picked) active.add(p);
   applyEnv(msg.env || {});
   process.env.PI_CODING_AGENT = "true";
-  useProxyFromEnv();
+  process.env.AI_AGENT = "pi";
+  // pi's HTTP goes through the proxy the task's environment names, as main() set it up.
+  configureHttpDispatcher();
 }
 
 /**

@@ -12,12 +12,16 @@
 // at load into a snapshot, so while the bundle loads:
 //
 // * node:http, node:https and node:http2 are stand-ins (their native
-//   bindings cannot be serialized). Each forwards every use to the real
+//   bindings cannot be serialized), and so is node:worker_threads (loaded
+//   into a snapshot, it makes every Worker the restored process starts abort). Each forwards every use to the real
 //   module once the snapshot runs; while it loads, reading a plain-data
 //   member (http.STATUS_CODES, http2.constants) gives the real value, which
 //   the builder read from the same node beforehand; anything else is a
 //   deferred reference that forwards later (nothing in pi calls one at load:
-//   the builder fails if anything does).
+//   the builder fails if anything does), except the calls in REPLAYED:
+//   functions called only for their effect on an object (undici marks its
+//   CacheStorage uncloneable at load), which are recorded while pi loads and
+//   made on the real module, with the same arguments, once it is live.
 // * process.stdin/stdout/stderr are stand-ins (their handles cannot be
 //   serialized); the console must not have bound them (the builder checks).
 // * Intl.Segmenter and FinalizationRegistry instances made at load are
@@ -37,6 +41,8 @@ var __piworkAtLoad = []; // what the bundle did with a stand-in while loading
 var __piworkLazyData = /*@PIWORK_LAZY_DATA@*/ {};
 var __piworkRealModules = new Map();
 var __piworkProtos = [];
+var __piworkReplayed = new Set(["markAsUncloneable", "markAsUntransferable"]);
+var __piworkReplays = []; // [id, path, args] of the calls to make once live
 
 function __piworkReal(id) {
   let m = __piworkRealModules.get(id);
@@ -67,6 +73,11 @@ function __piworkDeferred(id, path) {
     },
     apply(t, self, args) {
       if (__piworkLive) return Reflect.apply(__piworkResolve(id, path), self, args);
+      if (path.length === 1 && __piworkReplayed.has(path[0])) {
+        __piworkAtLoad.push(`replay ${name}()`);
+        __piworkReplays.push([id, path, args]);
+        return undefined;
+      }
       throw new Error(`piwork snapshot: ${name}() called while pi loads`);
     },
     construct(t, args, newTarget) {
@@ -332,6 +343,8 @@ __piworkBuiltinRequire("node:v8").startupSnapshot.setDeserializeMainFunction(() 
   for (let i = argv.indexOf("--snapshot-blob"); i !== -1; i = argv.indexOf("--snapshot-blob")) {
     argv.splice(i, 2);
   }
+  for (const [id, path, args] of __piworkReplays) Reflect.apply(__piworkResolve(id, path), __piworkReal(id), args);
+  __piworkReplays.length = 0;
   for (const [proto, id, path] of __piworkProtos) {
     const real = __piworkResolve(id, path);
     if (typeof real === "function" && real.prototype) Object.setPrototypeOf(proto, real.prototype);

@@ -34,6 +34,8 @@ for (const p of sorted(extensionsDir, (n) => n.endsWith(".mjs"))) {
   factories.push((await load(p)).default);
 }
 const entry = await load(path.join(bundleDir, "entry.js"));
+// What the launcher imports beside the bundle when pi comes from the snapshot.
+if (fs.existsSync(path.join(bundleDir, "resolve.mjs"))) await load(path.join(bundleDir, "resolve.mjs"));
 for (const p of sorted(bundleDir, (n) => n.startsWith("chunk-") && n.endsWith(".js"))) {
   try {
     await load(p); // pi's lazy imports (provider SDKs): compiled now, cached for the first prompt

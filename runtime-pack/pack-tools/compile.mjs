@@ -1,32 +1,34 @@
 // piwork pack build step (runs on the build host, never in the guest):
 // turn pi and the TypeScript extensions into a few pre-linked JavaScript files,
 // so the guest spends its (emulated, slow) start-up running code instead of
-// resolving ~1,400 module files and transpiling TypeScript through jiti.
+// resolving ~1,500 module files and transpiling TypeScript through jiti.
 //
 //   node compile.mjs <job.json>
 //
 // job.json: {
-//   "piDir":      ".../node_modules/@mariozechner/pi-coding-agent",  (pruned tree)
+//   "piDir":      ".../node_modules/@earendil-works/pi-coding-agent",  (pruned tree)
 //   "bundleDir":  "<piDir>/dist/core/piwork-bundle",  (output: entry.js + chunks)
-//   "external":   ["@mistralai/*", ...],  (dropped packages: left as run-time imports)
+//   "stageRoot":  the build's copy of the guest's "/" (piDir is under it),
+//   "external":   ["@aws-sdk/client-bedrock-runtime", ...],  (left as run-time imports)
 //   "extensions": [{"src": ".../permission-gate.ts", "out": ".../permission-gate.mjs"}, ...]
 // }
 //
-// The bundle entry exports pi's `main` and the two undici functions pi's cli.js
-// calls before it, so one copy of undici serves both. It lives two levels below
-// pi's package root (like dist/core/extensions/loader.js), so pi's own
-// path arithmetic (package.json lookup, jiti aliases) finds the same files.
-// pi's extension loader imports "jiti/static", which evaluates jiti's whole
-// babel build at import (~25 % of pi's import natively, seconds under TCG)
-// although nothing needs it unless an extension is loaded from a .ts path.
-// In the bundle that import is a small module with the same createJiti that
-// loads jiti's own lazy entry from node_modules on first use (babel only on
-// the first transform), exactly as jiti does outside Bun binaries.
-// Likewise highlight.js, which cli-highlight imports for pi's interactive
-// theme: its index registers ~190 languages at import (~14 % of the bundle's
-// import natively, `--cpu-prof`), and RPC mode never highlights. In the
+// The bundle entry exports pi's `main`, pi's `configureHttpDispatcher` (the
+// launcher applies a bound task's proxy with it) and undici's `install` (the
+// snapshot's web globals), one copy of undici for all. It lives two levels
+// below pi's package root, like pi's own dist/core/extensions/loader.js.
+// Every bundled module whose code reads `import.meta.url` gets its own file's
+// URL in the guest instead (a literal): pi finds files next to its modules
+// that way (the extension loader's aliases for jiti, the codemode and image
+// resize workers, the QuickJS WebAssembly), and they are where they were, in
+// the pack's tree. pi's extension loader imports "jiti" lazily, the first time
+// an extension is loaded from a .ts path; in the bundle that import is a small
+// module with the same createJiti that loads jiti from node_modules then
+// (babel only on the first transform), exactly as jiti does unbundled.
+// Likewise highlight.js, which pi's interactive theme imports: its index
+// registers ~190 languages at import, and RPC mode never highlights. In the
 // bundle it is a module with the same functions, each loading the real
-// highlight.js (the one cli-highlight resolves, from node_modules) on first call.
+// highlight.js (the one pi resolves, from node_modules) on first call.
 // Each extension becomes one self-contained ES module (its gate/*.js helpers
 // and typebox inlined) whose default export is the extension factory, which
 // the launcher hands to pi's main() (options.extensionFactories).
@@ -64,7 +66,7 @@ export function createJiti(id, opts) {
 const lazyJiti = {
   name: "piwork-lazy-jiti",
   setup(build) {
-    build.onResolve({ filter: /^jiti\/static$/ }, () => ({ path: "jiti-lazy", namespace: "piwork" }));
+    build.onResolve({ filter: /^jiti(\/static)?$/ }, () => ({ path: "jiti-lazy", namespace: "piwork" }));
     build.onLoad({ filter: /.*/, namespace: "piwork" }, () => ({ contents: LAZY_JITI, loader: "js" }));
   },
 };
@@ -98,6 +100,31 @@ const lazyPackages = {
   },
 };
 
+// A module's own URL in the guest, for the modules that ask (see the header).
+const guestUrl = (file) => `file:///${path.relative(job.stageRoot, file).split(path.sep).join("/")}`;
+const guestImportMeta = {
+  name: "piwork-guest-import-meta",
+  setup(build) {
+    build.onLoad({ filter: /\.[cm]?js$/ }, (args) => {
+      if (path.relative(job.stageRoot, args.path).startsWith("..")) return undefined;
+      const text = fs.readFileSync(args.path, "utf8");
+      if (!text.includes("import.meta.url")) return undefined;
+      return {
+        contents: text.replaceAll("import.meta.url", JSON.stringify(guestUrl(args.path))),
+        loader: "js",
+        resolveDir: path.dirname(args.path),
+      };
+    });
+  },
+};
+
+// import.meta.resolve() in the CommonJS file (the snapshot's), which has no
+// import.meta: the launcher sets the function once pi runs, from a module in
+// the bundle's directory (RESOLVE_MODULE), so bare names resolve from there as
+// in the ES bundle. pi calls it only when it loads an extension from a path.
+const RESOLVE_MODULE = "resolve.mjs";
+const RESOLVE_SOURCE = "export default (specifier) => import.meta.resolve(specifier);\n";
+
 function report(err) {
   const msgs = (err.errors || []).slice(0, 10).map((e) => {
     const loc = e.location ? `${e.location.file}:${e.location.line}: ` : "";
@@ -123,9 +150,12 @@ async function snapshotBundle(entry) {
     outfile: job.snapshotBundle,
     supported: { "dynamic-import": false },
     // Where the ES bundle's entry is in the guest (the build host stages it elsewhere).
-    define: { "import.meta.url": JSON.stringify(job.snapshotImportMetaUrl) },
+    define: {
+      "import.meta.url": JSON.stringify(job.snapshotImportMetaUrl),
+      "import.meta.resolve": "globalThis.__piworkImportMetaResolve",
+    },
     external: job.external,
-    plugins: [lazyJiti, lazyPackages],
+    plugins: [lazyJiti, lazyPackages, guestImportMeta],
     metafile: true,
   });
   return { bytes: fs.statSync(job.snapshotBundle).size, inputs: Object.keys(r.metafile.inputs).length };
@@ -136,7 +166,8 @@ async function main() {
   fs.rmSync(job.bundleDir, { recursive: true, force: true });
   const entry = [
     `export { main } from ${JSON.stringify(path.join(job.piDir, "dist", "main.js"))};`,
-    'export { EnvHttpProxyAgent, setGlobalDispatcher, install } from "undici";',
+    `export { configureHttpDispatcher } from ${JSON.stringify(path.join(job.piDir, "dist", "core", "http-dispatcher.js"))};`,
+    'export { install } from "undici";',
   ].join("\n");
   const r = await esbuild.build({
     ...common,
@@ -146,9 +177,10 @@ async function main() {
     entryNames: "entry",
     chunkNames: "chunk-[hash]",
     external: job.external,
-    plugins: [lazyJiti, lazyPackages],
+    plugins: [lazyJiti, lazyPackages, guestImportMeta],
     metafile: true,
   });
+  fs.writeFileSync(path.join(job.bundleDir, RESOLVE_MODULE), RESOLVE_SOURCE);
   const outputs = Object.entries(r.metafile.outputs);
   out.bundle = {
     files: outputs.length,
@@ -161,8 +193,8 @@ async function main() {
       ...common,
       entryPoints: [ext.src],
       outfile: ext.out,
-      // Resolve what the extension imports (typebox) from pi's tree, as jiti did.
-      nodePaths: [path.resolve(job.piDir, "..", "..")],
+      // Resolve what the extension imports (typebox) from pi's tree, as pi's loader does.
+      nodePaths: [path.join(job.piDir, "node_modules"), path.resolve(job.piDir, "..", "..")],
     });
     out.extensions.push({ src: ext.src, out: ext.out, bytes: fs.statSync(ext.out).size });
   }

@@ -24,9 +24,10 @@ const { EventEmitter } = require("node:events");
 const { Duplex } = require("node:stream");
 const { spawn, spawnSync } = require("node:child_process");
 
+// pi's package in the pack (piwork/pack/node.py PI_PACKAGE, checked by a test).
 const PI_CLI =
   process.env.PIWORK_PI_CLI ||
-  "/opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js";
+  "/opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent/dist/cli.js";
 const NODE = process.env.PIWORK_NODE || process.execPath;
 const LAUNCHER = process.env.PIWORK_LAUNCHER || "/opt/piwork/launcher/launch.mjs";
 const SNAPSHOT_BLOB = process.env.PIWORK_SNAPSHOT_BLOB || "/opt/piwork/launcher/pi.blob";

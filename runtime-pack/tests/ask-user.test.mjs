@@ -6,10 +6,9 @@ import assert from "node:assert/strict";
 import path from "node:path";
 import { createRequire } from "node:module";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { PI_DIR as PI_PACKAGE, PI_MODULES } from "./fixtures/pi.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const PI_MODULES = path.join(here, "..", "pi", "node_modules");
-const PI_PACKAGE = path.join(PI_MODULES, "@mariozechner", "pi-coding-agent");
 const EXTENSION = path.join(here, "..", "extensions", "ask-user.ts");
 const GATE = path.join(here, "..", "extensions", "permission-gate.ts");
 const { createJiti } = await import(pathToFileURL(path.join(PI_MODULES, "jiti", "lib", "jiti.mjs")).href);

@@ -145,6 +145,19 @@ describe("pi tools", () => {
       assert.equal(o.needsDecision, true, name);
     }
   });
+  test("codemode and tool_search are not asked: each tool a script calls is (pi 1.x)", () => {
+    for (const [name, input] of [["codemode", { code: "await tools.bash({command: 'rm -rf x'})" }], ["tool_search", { query: "jira" }]]) {
+      const r = tool(name, input);
+      assert.equal(r.needsDecision, false, name);
+      assert.deepEqual(r.effects, [], name);
+    }
+    // The calls a script makes reach the gate under their own names (a nested bash is a bash),
+    // and an MCP tool is a connector like any other extension tool.
+    assert.equal(tool("bash", { command: "rm -rf x" }).needsDecision, true);
+    const mcp = tool("mcp__docs__search", { query: "x" });
+    assert.equal(mcp.action, "connector");
+    assert.equal(mcp.needsDecision, true);
+  });
 });
 
 describe("shell: reads", () => {

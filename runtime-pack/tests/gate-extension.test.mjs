@@ -7,9 +7,9 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
+import { PI_MODULES } from "./fixtures/pi.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
-const PI_MODULES = path.join(here, "..", "pi", "node_modules");
 const EXTENSION = path.join(here, "..", "extensions", "permission-gate.ts");
 const { createJiti } = await import(pathToFileURL(path.join(PI_MODULES, "jiti", "lib", "jiti.mjs")).href);
 const C = await import(pathToFileURL(path.join(here, "..", "extensions", "gate", "classify.js")).href);

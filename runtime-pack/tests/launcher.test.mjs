@@ -9,10 +9,10 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { PI_DIR } from "./fixtures/pi.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const LAUNCHER = path.join(here, "..", "launcher", "launch.mjs");
-const PI_DIR = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
 
 function lines(stream, onLine) {
   let buf = "";

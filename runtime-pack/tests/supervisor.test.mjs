@@ -11,13 +11,13 @@ import { createRequire } from "node:module";
 import fs from "node:fs";
 import os from "node:os";
 import crypto from "node:crypto";
+import { PI_DIR } from "./fixtures/pi.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const SUPERVISOR = path.join(here, "..", "supervisor", "supervisor.js");
 const FAKE_PI = path.join(here, "fixtures", "fake-pi.js");
 // The real launcher, pi and extensions, for the tests that load pi.
 const LAUNCHER = path.join(here, "..", "launcher", "launch.mjs");
-const PI_DIR = path.join(here, "..", "pi", "node_modules", "@mariozechner", "pi-coding-agent");
 const EXTENSIONS = path.join(here, "..", "extensions");
 // pi in RPC mode with nothing of its own to load.
 const BARE_RPC = ["--mode", "rpc", "--offline", "--no-session", "--no-extensions"];

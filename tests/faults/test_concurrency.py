@@ -123,7 +123,7 @@ def test_cli_runner_and_app_on_one_data_dir_never_corrupt_it(tmp_path: Path) -> 
             _records, problems = read_records(t.transcript_path)
             assert [p for p in problems if p.reason != "incomplete last line"] == []
         PolicyStore(home / "policy.json").load()
-        assert PolicyStore(home / "policy.json").notice is None
+        assert PolicyStore(home / "policy.json").check() is None
         lines = (home / "audit.jsonl").read_bytes().splitlines()
         bad = [x for x in lines[:-1] if x and not _parses(x)]
         assert bad == [], bad[:3]

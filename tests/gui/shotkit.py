@@ -4,12 +4,17 @@ Each script (``screenshots.py``, ``screenshot_preview.py``, ``screenshot_envs.py
 drives a real run in its own ``shoot(app, home, out)`` and is started the same way:
 
     xvfb-run -a -s "-screen 0 1440x900x24" .venv/bin/python tests/gui/<script>.py OUT
+
+Under a real X server the kit starts openbox (scripts/apt-packages.txt) as the window
+manager, so windows are placed, decorated and activated as on a desktop (a bare Xvfb
+activates nothing); one already running is left alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +40,7 @@ def run_shots(shoot: Shoot) -> None:
     from piwork.gui.app import make_app
     from piwork.gui.loop import new_loop
 
+    wm = window_manager()
     app = make_app(["piwork"])
     loop = new_loop(app)
     asyncio.set_event_loop(loop)
@@ -43,6 +49,21 @@ def run_shots(shoot: Shoot) -> None:
         loop.run_until_complete(shoot(app, home, out))
     finally:
         loop.close()
+        if wm is not None:
+            wm.terminate()
+
+
+def window_manager() -> subprocess.Popen[bytes] | None:
+    """openbox on the X display, if there is one and openbox is installed (it exits at
+    once, harmlessly, where another window manager runs)."""
+    import shutil
+
+    exe = shutil.which("openbox")
+    if not os.environ.get("DISPLAY") or os.environ.get("QT_QPA_PLATFORM") or exe is None:
+        return None
+    wm = subprocess.Popen([exe], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)  # managing the screen before the first window maps
+    return wm
 
 
 async def until(cond: Callable[[], Any], timeout: float, what: str) -> None:

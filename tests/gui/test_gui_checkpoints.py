@@ -280,3 +280,63 @@ def test_a_running_turn_is_listed_only_once_the_task_stops(
         1: ["a.txt"],
         2: ["b.txt"],
     }
+
+
+def test_a_follow_up_that_changes_the_file_again_shows_its_new_diff(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    """Issue 33 item 10: the diff pane does not stay on an older turn once a newer turn
+    changed files (here the same file, which stays selected in the new turn)."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "notes.md").write_text("one\n")
+    recorded = Recorded(qloop, gui_paths, folder, "follow-ups")
+    recorded.turn()
+    (folder / "notes.md").write_text("one\ntwo\n")
+    recorded.turn()  # turn 1 closed: it added "two"
+    panel = ContextPanel(gui_paths)
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_task(recorded.task.id, folder, None, running=True)
+    settle(qloop, panel)
+    panel.tabs.setCurrentIndex(1)
+    panel.turns.setCurrentItem(item(panel, 1, "notes.md"))
+    assert "+two" in panel.diff_view.toPlainText()
+    # The follow-up's turn changes the same file; the runner says so when it ends.
+    (folder / "notes.md").write_text("one\ntwo\nthree\n")
+    recorded.end()
+    panel.set_running(False)
+    settle(qloop, panel)
+    assert panel.selected_turn() == 2
+    assert "+three" in panel.diff_view.toPlainText() and "+two" not in panel.diff_view.toPlainText()
+    assert panel.preview_title.text() == "Diff — turn 2, notes.md"
+
+
+def test_files_changed_lists_the_folder_as_it_is_and_follows_an_undo(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    """Issue 33 item 5: a file the agent only passed through its outputs is not listed,
+    a click on a listed file previews it, and an undo takes the file off the list."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    recorded = Recorded(qloop, gui_paths, folder, "files changed")
+    recorded.turn()
+    (folder / "REPORT.md").write_text("# the report\n")
+    recorded.end()
+    panel = ContextPanel(gui_paths)
+    qtbot.addWidget(panel)
+    panel.show()
+    panel.show_task(recorded.task.id, folder, gui_paths.tasks / recorded.task.id / "outputs")
+    # What the watcher saw while it ran: the draft made in the outputs, then moved out.
+    panel.note_change("outputs/REPORT.md", "added")
+    panel.note_change("outputs/REPORT.md", "deleted")
+    settle(qloop, panel)
+    shown = [panel.files.item(i).text() for i in range(panel.files.count())]
+    assert shown == ["A  REPORT.md"]
+    panel.files.setCurrentRow(0)
+    run(qloop, until(lambda: "the report" in panel.preview_text.toPlainText(), 10, "preview"))
+    panel.tabs.setCurrentIndex(1)
+    panel.undo_btn.click()
+    settle(qloop, panel)
+    assert not (folder / "REPORT.md").exists()
+    assert panel.files.count() == 0 and panel.changed == {}

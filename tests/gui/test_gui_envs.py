@@ -29,22 +29,27 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _two_tasks(paths: Paths, folder: Path) -> str:
-    """Task t1 on ``folder`` writes 3 MB to its disk; t2 then starts from it (t1's disk
-    is frozen into a layer). Returns the layer's id."""
+def _two_tasks(paths: Paths, folder: Path) -> tuple[str, str, str]:
+    """Task "install numpy" on ``folder`` writes 3 MB to its disk; "run the tests" then
+    starts from it (the first's disk is frozen into a layer). Returns the layer's id and
+    the two tasks' ids."""
+    from piwork.tasks import TaskStore
+
+    tasks = TaskStore(paths.tasks)
+    t1 = tasks.create("install numpy", folder).id
+    t2 = tasks.create("run the tests", folder).id
+    tasks.close()
     store = store_for(paths)
-    (paths.tasks / "t1").mkdir(parents=True)
-    store.prepare(paths.tasks / "t1", folder)
+    store.prepare(paths.tasks / t1, folder)
     # What an install in the VM does to the disk, done by QEMU's own tool (host-made disk).
     subprocess.run(
-        ["qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 3M", str(paths.tasks / "t1" / ENV_DISK)],
+        ["qemu-io", "-f", "qcow2", "-c", "write -P 0x5a 0 3M", str(paths.tasks / t1 / ENV_DISK)],
         check=True,
         capture_output=True,
     )
-    (paths.tasks / "t2").mkdir(parents=True)
-    env = store.prepare(paths.tasks / "t2", folder)
+    env = store.prepare(paths.tasks / t2, folder)
     assert env.base is not None
-    return env.base
+    return env.base, t1, t2
 
 
 def _rows(dlg: Any) -> list[list[str]]:
@@ -69,11 +74,11 @@ def test_environments_lists_each_folder_its_layers_and_sizes_and_resets_after_as
 
     folder = tmp_path / "proj"
     folder.mkdir()
-    layer = _two_tasks(gui_paths, folder)
+    layer, _t1, t2 = _two_tasks(gui_paths, folder)
     store = store_for(gui_paths)
     layer_bytes = allocated_bytes(store.layers_dir / f"{layer}.qcow2")
     assert layer_bytes > 3_000_000  # the 3 MB t1 wrote is in the frozen layer
-    t2_bytes = allocated_bytes(gui_paths.tasks / "t2" / ENV_DISK)
+    t2_bytes = allocated_bytes(gui_paths.tasks / t2 / ENV_DISK)
 
     dlg = SettingsDialog(gui_paths, Prefs())
     qtbot.addWidget(dlg)
@@ -81,11 +86,13 @@ def test_environments_lists_each_folder_its_layers_and_sizes_and_resets_after_as
     assert rows[0] == [
         str(folder),
         mb(layer_bytes + t2_bytes),
-        "the next task starts from what task t2 left (over 1 saved layer)",
+        # Tasks by their titles, no ids, no "layers" (issue 33 item 13).
+        "the next task starts with what “run the tests” left (and what 1 earlier task installed)",
     ]
-    assert rows[1][:2] == ["task t2's disk", mb(t2_bytes)]
-    assert rows[2][:2] == [f"layer {layer}", mb(layer_bytes)]
-    assert "from task t1" in rows[2][2] and "used by 2 tasks" in rows[2][2]
+    assert rows[1][:2] == ["what “run the tests” installed", mb(t2_bytes)]
+    assert rows[2][:2] == ["saved earlier", mb(layer_bytes)]
+    assert "from “install numpy”" in rows[2][2] and "used by 2 tasks" in rows[2][2]
+    assert layer not in " ".join(" ".join(r) for r in rows)
 
     # Nothing selected: nothing to reset. A layer's row selects its folder.
     assert not dlg.env_reset_btn.isEnabled()
@@ -136,12 +143,14 @@ def test_the_context_panel_shows_the_tasks_environment_size(
 
     folder = tmp_path / "proj"
     folder.mkdir()
-    _two_tasks(gui_paths, folder)
+    _layer, _t1, t2 = _two_tasks(gui_paths, folder)
     panel = ContextPanel(gui_paths)
     qtbot.addWidget(panel)
-    panel.show_task("t2", folder, None)
-    t2 = allocated_bytes(gui_paths.tasks / "t2" / ENV_DISK)
-    assert panel.env_label.text() == f"Environment: {mb(t2)} of 16 GiB, on a saved layer"
+    panel.show_task(t2, folder, None)
+    size = allocated_bytes(gui_paths.tasks / t2 / ENV_DISK)
+    assert panel.env_label.text() == (
+        f"Environment: {mb(size)} of 16 GiB, started with what earlier tasks installed"
+    )
     panel.show_task("t-none", folder, None)  # a task that never ran: no line
     assert panel.env_label.text() == "" and panel.env_label.isHidden()
 
@@ -220,4 +229,5 @@ def test_start_clean_says_what_the_new_task_would_otherwise_start_from(
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", lambda *a, **k: str(folder))
     win.folder_btn.click()
     tip = win.clean_env.toolTip()
-    assert "starts from what task t2 left" in tip and " MB)" in tip and CLEAN_ENV_TIP in tip
+    assert "starts with what “run the tests” left" in tip and " MB)" in tip
+    assert CLEAN_ENV_TIP in tip

@@ -126,12 +126,15 @@ def test_an_unreadable_hosts_file_leaves_this_computer_and_says_what_to_fix(
     win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
     qtbot.addWidget(win)
     assert win.host_pick.count() == 1 and win.host_pick.itemText(0) == "This computer"
-    assert "fix or remove the file" in win.host_pick.toolTip()
+    assert (
+        "is damaged" in win.host_pick.toolTip()
+        and "fix the file by hand" in win.host_pick.toolTip()
+    )
     dlg = SettingsDialog(gui_paths, Prefs())
     qtbot.addWidget(dlg)
     assert dlg.hosts.count() == 0
     note = dlg.findChild(QLabel, "hostsNote")
-    assert note is not None and "fix or remove the file" in note.text()
+    assert note is not None and "fix the file by hand" in note.text()
     assert "piwork hosts add NAME user@box" in note.text()
 
 
@@ -148,3 +151,19 @@ def test_settings_lists_the_hosts_read_only_with_the_command_to_add_one(
     assert items == ["box  pi@box.example", "gpu  me@10.0.0.7:2222"]
     note = dlg.findChild(QLabel, "hostsNote")
     assert note is not None and "piwork hosts add NAME user@box" in note.text()
+
+
+def test_remote_hosts_are_read_again_when_the_tab_is_shown(
+    qtbot: QtBot, gui_paths: Paths, hosts: Path
+) -> None:
+    """Issue 33 item 15: a host added with `piwork hosts add` while Settings is open."""
+    from piwork.gui.settings import SettingsDialog
+
+    dlg = SettingsDialog(gui_paths, Prefs())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    store.save({**store.load(), "lab": store.parse_target("lab", "me@lab.example")})
+    page = dlg.hosts.parentWidget()
+    dlg.tabs.setCurrentIndex(dlg.tabs.indexOf(page))
+    items = [dlg.hosts.item(i).text() for i in range(dlg.hosts.count())]
+    assert "lab  me@lab.example" in items

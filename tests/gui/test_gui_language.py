@@ -96,7 +96,7 @@ def test_boot_stages_fold_into_one_row_and_a_stop_is_no_model_error(
     )
     texts = [r.text() for r in conv.findChildren(NoticeRow)]
     assert not any("aborted" in t or "error" in t for t in texts), texts
-    assert texts[-1] == "— Stopped by you · 10 tokens, 0 turns —"
+    assert texts[-1] == "— Stopped by you · 10 tokens, 0 steps —"
 
 
 def test_the_setup_screen_keeps_cpu_flags_in_a_tooltip(qtbot: QtBot, gui_paths: Paths) -> None:
@@ -134,6 +134,12 @@ def test_a_reopened_task_says_its_decisions_and_stops_in_the_same_words(tmp_path
         def notice(self, text: str, kind: str = "notice") -> None:
             self.lines.append(text)
 
+        def deny(self, call_id: str) -> None:
+            pass
+
+        def interrupt(self) -> None:
+            pass
+
     sink = Notices()
     load_history(path, sink)  # type: ignore[arg-type]
-    assert sink.lines == ["You allowed: change notes.txt", "— Stopped by you —"]
+    assert sink.lines == ["You allowed: change notes.txt", "— Stopped by you · 0 tokens, 0 steps —"]

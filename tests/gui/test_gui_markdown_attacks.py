@@ -38,15 +38,23 @@ RENDER = textwrap.dedent(
     view.show()
     app.processEvents()
     print("height", int(view.body.document().size().height()), flush=True)
-    # The same text as a .md file in the context panel's preview.
+    # The same text as a .md file the agent wrote, previewed in the context panel.
+    import asyncio, tempfile
     from pathlib import Path
+    from piwork.gui.loop import new_loop
+    loop = new_loop(app)
+    asyncio.set_event_loop(loop)
+    folder = Path(tempfile.mkdtemp())
+    (folder / "notes.md").write_text(sys.argv[1])
     panel = ContextPanel()
-    panel._show_preview("notes.md", "markdown", sys.argv[1].encode())
+    panel.show_task("t1", folder, None)
+    loop.run_until_complete(panel.preview_file("notes.md"))
     panel.resize(400, 600)
     panel.show()
     app.processEvents()
     print("preview", int(panel.preview_text.document().size().height()), flush=True)
     print("text", view.body.document().toPlainText().replace("\\n", " "), flush=True)
+    os._exit(0)
     """
 )
 
@@ -162,3 +170,166 @@ def test_guest_text_in_a_permission_sheet_is_not_rich_text(qtbot: QtBot, tmp_pat
     sheet = PermissionSheet(f"<img src='{tmp_path}/x.png'> rm -rf", "<b>q</b>", None, [], [])
     qtbot.addWidget(sheet)
     assert sheet.what.text().startswith("<img") and sheet.what.textFormat().name == "PlainText"
+
+
+# --------------------------------------------------------------------------- guest paths
+# SECURITY-REVIEW-2.md finding 5: a label guesses rich text from a tag anywhere in its
+# first line, and rich text loads <img src>. The guest names its folders "<img src=" and
+# "dev" and a file 'zero">': the path relative to the folder is then <img src="/dev/zero">.
+# The window shows that path in "Files changed", the preview's title, the Turns tree and
+# diff title, the checkpoints line and the undo-conflict question; each is driven here in
+# the real window, in a subprocess where a load would hurt.
+GUEST_PATHS = textwrap.dedent(
+    """
+    import asyncio, json, os, resource, sys
+    from pathlib import Path
+    os.environ["QT_QPA_PLATFORM"] = "offscreen"
+    resource.setrlimit(resource.RLIMIT_AS, (2_500_000_000, 2_500_000_000))
+    from piwork.gui.app import make_app
+    from piwork.gui.loop import new_loop
+    app = make_app(["piwork"])
+    loop = new_loop(app)
+    asyncio.set_event_loop(loop)
+    from PySide6.QtWidgets import QApplication, QLabel, QMessageBox
+    from piwork.checkpoints import RunRecorder, repo_for
+    from piwork.config import get_paths
+    from piwork.gui.window import MainWindow
+    from piwork.tasks import TaskStore
+
+    src, folder = sys.argv[1], Path(sys.argv[2])
+    rel = '<img src="' + src + '">'
+    target = folder / rel
+    paths = get_paths()
+    store = TaskStore(paths.tasks)
+    task = store.create("guest paths", folder)
+    store.close()
+
+    async def main() -> dict:
+        rec = RunRecorder(repo_for(task), lambda e: None, turn_start_wait=0.01)
+        await rec.start()
+        rec.turn_started()
+        await rec.before_model_call()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("the agent wrote this\\n")
+        await rec.end()
+        target.write_text("the person changed it since\\n")  # so the undo conflicts
+        win = MainWindow(paths=paths, tray=False)
+        win.show()
+        panel = win.context
+        for _ in range(300):
+            if panel.turn_changes and not panel.loading:
+                break
+            await asyncio.sleep(0.1)
+        seen = {}
+        # "Files changed": click the file; its preview title names it.
+        files = panel.files
+        [row] = [i for i in range(files.count()) if rel in files.item(i).text()]
+        files.setCurrentRow(row)
+        await asyncio.sleep(0.5)
+        seen["files"] = files.item(row).text()
+        seen["preview title"] = panel.preview_title.text()
+        # Turns: the file's row, its diff and the diff's title.
+        panel.tabs.setCurrentIndex(1)
+        top = panel.turns.topLevelItem(0)
+        panel.turns.setCurrentItem(top.child(0))
+        await asyncio.sleep(0.3)
+        seen["diff title"] = panel.preview_title.text()
+        # Undo: the person's later edit conflicts, the question names the file.
+        panel.undo_btn.click()
+        for _ in range(300):
+            if panel.conflict_box is not None:
+                break
+            await asyncio.sleep(0.1)
+        box = panel.conflict_box
+        seen["conflict"] = box.informativeText() if box is not None else None
+        seen["checkpoints"] = panel.checkpoints.text()
+        app.processEvents()
+        labels = []
+        for w in QApplication.allWidgets():
+            if isinstance(w, QLabel) and "<img" in w.text():
+                hint = w.sizeHint()
+                labels.append([w.objectName(), w.textFormat().name, hint.width(), hint.height()])
+        if box is not None:
+            box.reject()
+        await win.quit_cleanly(exit_app=False)
+        return {"seen": seen, "labels": labels}
+
+    print(json.dumps(loop.run_until_complete(main())), flush=True)
+    os._exit(0)  # the results are out; Qt's and qasync's teardown order is not the test
+    """
+)
+
+
+def guest_paths(src: str, tmp_path: Path) -> dict[str, Any]:
+    import json
+
+    folder = tmp_path / "work"
+    folder.mkdir()
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", PIWORK_HOME=str(tmp_path / "home"))
+    proc = subprocess.run(
+        [sys.executable, "-c", GUEST_PATHS, src, str(folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,  # a FIFO read would block: the test fails instead of hanging
+    )
+    assert proc.returncode == 0, f"the window died (rc {proc.returncode}): {proc.stderr[-3000:]}"
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def assert_plain(out: dict[str, Any], src: str) -> None:
+    seen = out["seen"]
+    shown = f'<img src="{src}">'
+    assert shown in seen["files"] and shown in seen["preview title"], seen
+    assert shown in seen["diff title"] and shown in (seen["conflict"] or ""), seen
+    # Every label that carries the path shows it as text: a loaded picture (or a 1 GB
+    # one from /dev/zero) would make it hundreds of pixels tall, if the process lived.
+    assert len(out["labels"]) >= 2, out["labels"]
+    for name, fmt, _w, h in out["labels"]:
+        assert fmt == "PlainText" and h < 200, (name, fmt, h)
+
+
+def test_a_guest_path_naming_dev_zero_is_shown_as_text(tmp_path: Path) -> None:
+    assert_plain(guest_paths("/dev/zero", tmp_path), "/dev/zero")
+
+
+def test_a_guest_path_naming_a_fifo_is_shown_as_text(tmp_path: Path, fifo: Path) -> None:
+    assert_plain(guest_paths(str(fifo), tmp_path), str(fifo))
+
+
+def test_a_guest_path_naming_a_host_picture_is_shown_as_text(tmp_path: Path) -> None:
+    from PySide6.QtGui import QImage
+
+    img = QImage(400, 300, QImage.Format.Format_RGB32)
+    img.fill(0xFF0000)
+    host = tmp_path / "holiday.png"
+    assert img.save(str(host))
+    assert_plain(guest_paths(str(host), tmp_path), str(host))
+
+
+def test_every_label_of_the_window_is_plain_text_unless_it_escapes(
+    qtbot: QtBot, qloop: Any, tmp_path: Path
+) -> None:
+    """The audit as a rule: a QLabel that guesses (AutoText) is a finding waiting for a
+    guest string. Only the task header is rich text, and it escapes the title."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QLabel
+
+    from piwork.config import Paths
+    from piwork.gui.settings import SettingsDialog
+    from piwork.gui.window import MainWindow
+
+    home = tmp_path / "home"
+    paths = Paths(data=home / "d", cache=home / "c", state=home / "s", config=home / "cfg")
+    win = MainWindow(paths=paths, tray=False)
+    qtbot.addWidget(win)
+    dlg = SettingsDialog(paths, win.prefs, win)
+    qtbot.addWidget(dlg)
+    guessing = [
+        (w.objectName() or type(w.parent()).__name__, w.text()[:40])
+        for w in win.findChildren(QLabel) + dlg.findChildren(QLabel)
+        if w.textFormat() is Qt.TextFormat.AutoText and w.objectName() != "qt_msgboxex_icon_label"
+    ]
+    assert guessing == [], "\n".join(map(str, guessing))
+    assert win.header.textFormat() is Qt.TextFormat.RichText

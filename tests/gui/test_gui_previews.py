@@ -117,6 +117,9 @@ def test_a_url_that_is_not_piworks_loopback_http_is_never_offered(
         "http://t1-8000.localhost.evil.example:41001/",
         "javascript:alert(1)",
         "http://t1-8000.localhost:99999999/",
+        "http://10.0.0.1:41001/",
+        "http://127.1.2.3.evil.example:41001/",
+        "http://0x7f.1.2.3:41001/",
     ]
     for port, url in enumerate(bad, start=7000):
         ctl.on_run_event(preview_event("t1", port, "opened", url))

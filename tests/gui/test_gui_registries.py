@@ -171,7 +171,7 @@ def test_always_shows_the_path_relative_to_the_persons_folder(qtbot: QtBot, tmp_
     text = sheet.rule_label.text()
     assert "/mnt/" not in text
     assert "allow deleting docs/old.txt (and everything inside it)" in text
-    assert f"allow delete docs/old.txt (folder:{folder})" in text
+    assert f"allow delete docs/old.txt (folder:{folder})" in sheet.rule_label.toolTip()
     decider.record_answer(req, Choice.ALWAYS_FOLDER, ctx)
     [saved] = PolicyStore(policy).load()
     assert saved.pattern == "/mnt/work/docs/old.txt"

@@ -81,7 +81,8 @@ def test_a_second_launch_raises_the_first_window_and_touches_no_task(
         store.close()
 
 
-CRASHING_APP = textwrap.dedent(
+# The app as `piwork app` starts it, in a child process that dies on purpose.
+APP = textwrap.dedent(
     """
     import asyncio, os, signal, sys
     from pathlib import Path
@@ -90,11 +91,17 @@ CRASHING_APP = textwrap.dedent(
     from piwork.gui.loop import new_loop
     from piwork.gui.prefs import Prefs
     from piwork.gui.window import MainWindow
-    from piwork.tasks import TaskStore
 
     app = make_app(["piwork"])
     loop = new_loop(app)
     asyncio.set_event_loop(loop)
+    """
+)
+
+CRASHING_APP = APP + textwrap.dedent(
+    """
+    from piwork.tasks import TaskStore
+
     paths = get_paths()
     store = TaskStore(paths.tasks)
     task = store.create("a task that was running")
@@ -210,3 +217,68 @@ def test_hidden_in_the_tray_the_app_quits_by_itself_once_nothing_runs(
 
     qloop.run_until_complete(scenario())
     assert quits == [True]
+
+
+KILLED_APP = APP + textwrap.dedent(
+    """
+    from tests.helpers.gui import FakeRun, say
+
+    async def work(run, prompt):
+        if "long" in prompt:
+            await run.release.wait()  # still working when the app is killed
+
+    async def main() -> None:
+        win = MainWindow(paths=get_paths(), prefs=Prefs(keep_warm_seconds=600), tray=False)
+        win.model.session_factory = FakeRun.factory(work)
+        win.show()
+        say(win, "a short task that finishes")
+        done = win.current()
+        while done.label != "done":
+            await asyncio.sleep(0.05)
+        assert done.state.warm  # finished, its VM kept on for a follow-up
+        win.new_task()
+        say(win, "a long task still working")
+        while win.current().session is None:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.0)
+        print("killing", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    loop.run_until_complete(main())
+    """
+)
+
+
+def test_after_a_kill_the_banner_names_only_the_task_that_was_working(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, tmp_path: Path
+) -> None:
+    """Issue 33 item 3: kill -9 of the app while one task is done (its VM kept warm) and
+    another works: the next start names the working one as interrupted, not the done one."""
+    import subprocess
+
+    from piwork.gui.window import MainWindow
+
+    home = tmp_path / "home"
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_APP],
+        env=_env(home),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=repo,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    win = MainWindow(paths=_home_paths(home), prefs=Prefs(), tray=False)
+    qtbot.addWidget(win)
+    assert win.crash_banner is not None
+    text = win.crash_banner.text.text()
+    assert "closed unexpectedly" in text
+    assert "a long task still working" in text and "a short task" not in text, text
+    labels = {t.title: t.label for t in win.tasks}
+    assert labels == {
+        "a long task still working": "interrupted",
+        "a short task that finishes": "done",
+    }
+    assert win.current().title == "a long task still working"
+    qloop.run_until_complete(win.quit_cleanly(exit_app=False))

@@ -4,6 +4,7 @@ can be added (item 6)."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtWidgets import QDialog
@@ -72,3 +73,88 @@ def test_no_unused_packs_means_no_question(
     dlg.tabs.setCurrentIndex(dlg.tabs.indexOf(dlg.packs.parentWidget()))
     button(dlg, "Remove unused…").click()  # would block on a modal question if it asked
     assert dlg.pack_status.text() == "No unused packs: only the current one is here."
+
+
+def test_add_rule_opens_on_ask_enter_stores_nothing_and_the_rule_is_not_cut(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    """Issue 33 item 6: not "allow any command everywhere" with OK as the default."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    from piwork.gui.settings import SettingsDialog
+
+    dlg = SettingsDialog(gui_paths, Prefs())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    dlg.tabs.setCurrentIndex(1)
+    button(dlg, "Add rule…").click()
+    add = dlg.add_rule_dialog
+    assert add.verdict.currentText() == "Ask"
+    assert "asking" in add.preview.text() or "ask" in add.preview.text()
+    QTest.keyClick(add, Qt.Key.Key_Return)  # Enter: Cancel, never a stored rule
+    assert not add.isVisible() and PolicyStore(gui_paths.policy_file).load() == []
+    button(dlg, "Add rule…").click()
+    add = dlg.add_rule_dialog
+    add.verdict.setCurrentIndex(add.verdict.findText("Allow"))
+    assert add.warning.isVisible() and "EVERY task" in add.warning.text()
+    add.pattern.setText("make test")
+    assert not add.warning.isVisible()
+    qtbot.waitUntil(lambda: add.preview.height() >= add.preview.heightForWidth(add.preview.width()))
+    button(add, "Add the rule").click()
+    [rule] = PolicyStore(gui_paths.policy_file).load()
+    assert rule.pattern == "make test"
+
+
+def test_rules_and_the_audit_log_speak_the_persons_words(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths, tmp_path: Path
+) -> None:
+    """Issue 33 item 7: the person's paths, task titles, no "cancelled (cancelled)"."""
+    from piwork.gui.settings import SettingsDialog
+    from piwork.policy import AuditEntry, AuditLog, Rule, Scope
+    from piwork.tasks import TaskStore
+
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    store = TaskStore(gui_paths.tasks)
+    task = store.create("Tidy the docs", folder)
+    store.close()
+    PolicyStore(gui_paths.policy_file).add(
+        Rule(Action.WRITE, Verdict.ALLOW, Scope.folder(folder), pattern="/mnt/work/docs/**")
+    )
+    log = AuditLog(gui_paths.audit_log)
+    for decision, by in (("cancelled", "cancelled"), ("deny", "person")):
+        log.append(
+            AuditEntry(
+                task=task.id, action="delete", target="/mnt/work/docs/old.md",
+                decision=decision, decided_by=by, tool="bash",
+            )
+        )  # fmt: skip
+    dlg = SettingsDialog(gui_paths, Prefs())
+    qtbot.addWidget(dlg)
+    row = [dlg.rules.item(0, j).text() for j in range(dlg.rules.columnCount())]
+    assert not any("/mnt/" in cell for cell in row), row
+    assert "docs/**" in row[0] and str(folder) in row[2], row
+    audit = dlg.audit.toPlainText()
+    assert "“Tidy the docs”" in audit and task.id not in audit, audit
+    assert "/mnt/" not in audit and "(cancelled)" not in audit, audit
+    assert "Question withdrawn" in audit and "You denied: docs/old.md" in audit, audit
+
+
+def test_the_model_picker_marks_models_whose_provider_has_no_key(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    """Issue 33 item 13: not raw model ids that fail only once the task starts."""
+    from piwork.gui.window import MainWindow
+    from piwork.models.custom import add_provider
+
+    providers = gui_paths.config / "providers.json"
+    add_provider("acme", "https://api.acme.example/v1", ["big"], key_required=True, path=providers)
+    add_provider("local", "http://localhost:11434/v1", ["qwen"], path=providers)
+    win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
+    qtbot.addWidget(win)
+    pick = win.model_pick
+    shown = {pick.itemData(i): pick.itemText(i) for i in range(pick.count())}
+    assert shown["acme/big"] == "acme/big  · no key yet"
+    assert shown["local/qwen"] == "local/qwen"
+    assert "not a real model" in shown["demo"]

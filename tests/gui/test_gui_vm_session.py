@@ -26,6 +26,7 @@ from pytestqt.qtbot import QtBot
 
 from piwork.config import Paths
 from piwork.gui.prefs import Prefs
+from piwork.gui.widgets import NoticeRow
 from piwork.models.demo import DEMO_FILE
 from piwork.policy import Choice
 from piwork.runner import EventKind, RunEvent
@@ -36,6 +37,11 @@ pytestmark = pytest.mark.vm
 
 BOOT = 360.0  # one TCG boot on a shared, loaded 2-core machine
 STEP = 180.0
+
+
+def rail_text(win: Any) -> str:
+    """The selected task's row in the rail."""
+    return str(win.rail.item(win.tasks.index(win.current())).text())
 
 
 def header(win: Any) -> str:
@@ -94,7 +100,8 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             # Pause while the question is open, then answer it: still paused, VM frozen.
             win.pause_btn.click()
             await until(lambda: ctl.paused, 60, "the VM pauses")
-            assert ctl.label == "paused" and "paused" in header(win)
+            await until(lambda: "paused" in header(win), 5, "the header says so")
+            assert ctl.label == "paused" and "paused" in rail_text(win)
             assert win.pause_btn.text() == "Continue"
             assert win.sheet is not None
             win.sheet.buttons[Choice.ALLOW_ONCE].click()
@@ -113,6 +120,9 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             agent_text = " ".join(m.text for m in win.conversation(ctl).messages())
             assert "did not write" not in agent_text and "Done." in agent_text
             await until(lambda: DEMO_FILE in win.context.changed, 30, "Files changed")
+            # Only the person's folder: the draft the demo moved out of its outputs is
+            # not listed (issue 33 item 5).
+            assert not [f for f in win.context.changed if f.startswith("outputs/")]
             assert ctl.warm and win.end_btn.isEnabled()
             assert win.composer.placeholderText().startswith("Enter continues")
             tokens = ctl.tokens
@@ -135,18 +145,35 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             assert win.context.undo_btn.isEnabled()
             win.context.undo_btn.click()
             await until(lambda: not (folder / DEMO_FILE).exists(), STEP, "the undo")
+            await until(lambda: DEMO_FILE not in win.context.changed, 30, "the list follows")
+            live = {
+                r.call_id: r.duration
+                for r in win.conversation(ctl).tool_rows()
+                if r.duration is not None
+            }
             assert not ctl.live and not win.end_btn.isEnabled()
             statuses = [e.data for e in events if e.kind in (EventKind.STATUS, EventKind.DONE)]
             assert ctl.label == "done", (ctl.status, ctl.reason, statuses)
         finally:
             await win.quit_cleanly(exit_app=False)
 
-        # A new window (a restart): "Files changed" comes from the checkpoints.
+        # A new window (a restart): the turns and the undo come from the checkpoints,
+        # the history from the transcript, as it was watched (issue 33 item 8).
         win2 = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
         qtbot.addWidget(win2)
         again = next(c for c in win2.tasks if c.task_id == ctl.task_id)
         win2.select(again)
-        await until(lambda: DEMO_FILE in win2.context.changed, 30, "Files changed after restart")
+        await until(lambda: win2.context.turn_changes, 30, "the turns after restart")
+        assert win2.context.redo_btn.isEnabled() and DEMO_FILE not in win2.context.changed
+        rows = {r.call_id: r for r in win2.conversation(again).tool_rows()}
+        assert live and set(live) <= set(rows), (live, list(rows))
+        for call, took in live.items():
+            replayed = rows[call].duration
+            assert replayed is not None and abs(replayed - took) < 1.5, (call, took, replayed)
+            assert "…" not in rows[call].head.text()
+        notices = [n.text() for n in win2.conversation(again).findChildren(NoticeRow)]
+        done = [n for n in notices if n.startswith("— Done · ")]
+        assert done and not done[0].startswith("— Done · 0 tokens"), notices
         assert win2.crash_banner is None  # a clean quit is not a crash
         await win2.quit_cleanly(exit_app=False)
 

@@ -126,7 +126,10 @@ def task_dir(env: dict[str, str], task_id: str) -> Path:
     return Path(env["PIWORK_HOME"], "data", "tasks", task_id)
 
 
-async def piwork(home: Path, *args: str) -> tuple[int, str, str]:
+async def piwork(home: Path, *args: str, timeout: float = 400) -> tuple[int, str, str]:
+    """``piwork`` with no terminal (stdin /dev/null, pipes) and a private ``PIWORK_HOME``,
+    without blocking the loop that serves the scripted model; killed after ``timeout``
+    (a run boots a VM under TCG on a busy machine)."""
     proc = await asyncio.create_subprocess_exec(
         *PIWORK,
         *args,
@@ -135,7 +138,12 @@ async def piwork(home: Path, *args: str) -> tuple[int, str, str]:
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PIWORK_HOME": str(home)},
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 

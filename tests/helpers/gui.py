@@ -6,7 +6,6 @@ runner's double for tests of the window's own logic."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -206,32 +205,28 @@ class FakeRun:
         from piwork.runner import EventKind
         from piwork.tasks import TaskStore
 
-        store = TaskStore(self.paths.tasks)
-        try:
-            if self.task_id is None:
-                task = store.create(self.req.prompt.splitlines()[0][:80], self.req.folder)
-                self.task_id = task.id
-            rec = store.get(self.task_id).record
-        finally:
-            store.close()
+        # The task's record is claimed for the run, as the runner claims it: its status
+        # is real (a crash leaves it "running" for the next start to find).
+        self.store = TaskStore(self.paths.tasks)
+        if self.task_id is None:
+            task = self.store.create(self.req.prompt.splitlines()[0][:80], self.req.folder)
+            self.task_id = task.id
+        self.lease = self.store.claim(self.task_id)
+        rec = self.store.get(self.task_id).record
         folder = str(rec.working_folder) if rec.working_folder else None
         self.emit(EventKind.TASK, id=self.task_id, title=rec.title, folder=folder, model="fake")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        return None
+        self.lease.release()
+        self.store.close()
 
     def _status(self, status: str, reason: str | None = None) -> None:
         from piwork.runner import EventKind
-        from piwork.tasks import StopReason, TaskStore
+        from piwork.tasks import StopReason
 
-        store = TaskStore(self.paths.tasks)
-        try:
-            with contextlib.suppress(Exception):  # the record is a witness, not the subject
-                why = StopReason(reason) if reason else None
-                store.transition(self.task_id or "", status, reason=why)
-        finally:
-            store.close()
+        why = StopReason(reason) if reason else None
+        self.store.transition(self.task_id or "", status, reason=why)
         self.emit(EventKind.STATUS, status=status, reason=reason)
 
     async def run_prompt(self, prompt: str) -> None:
@@ -263,9 +258,11 @@ class FakeRun:
 
     async def pause_vm(self) -> None:
         self.paused = True
+        self._status("paused")  # as the runner says it
 
     async def resume_vm(self) -> None:
         self.paused = False
+        self._status("running")
 
 
 def rail_menu(win: Any, row: int, action: str) -> None:

@@ -109,6 +109,8 @@ def running_sshd(d: Path) -> Iterator[Sshd]:
         # (session.c: channel_permit_all is keyed on AllowTcpForwarding).
         "AllowTcpForwarding local\n"
         "X11Forwarding no\n"
+        # A remote that takes what it is offered: finding 9's test sends PIWORK_* vars.
+        "AcceptEnv PIWORK_*\n"
         "Subsystem sftp internal-sftp\n"
         "LogLevel VERBOSE\n"
     )

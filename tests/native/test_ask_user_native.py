@@ -24,7 +24,9 @@ from .pi_native import (
     NativePi,
     node_binary,
     pi_cli,
+    piwork_args,
     running_native_pi,
+    write_agent_settings,
 )
 
 
@@ -32,19 +34,15 @@ from .pi_native import (
 async def running_pi(
     tmp_path: Path, model: ScriptedModelServer, answer: Answer
 ) -> AsyncIterator[NativePi]:
-    """pi as piwork starts it in the guest (piwork.agent.pi_argv): both
-    extensions with -e, discovery off, the same tool allowlist."""
+    """pi as piwork starts it in the guest (piwork.agent.pi_argv, the agent dir's
+    settings.json): its extensions with -e, pi's default tools."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     models = {"providers": {"scripted": model.pi_provider()}}
-    args = [
-        "--no-session", "--provider", "scripted", "--model", model.model_id,
-        "--no-extensions", "--no-skills", "--no-prompt-templates", "--no-themes",
-        "--tools", "read,bash,edit,write,ask_user",
-        "-e", str(EXTENSIONS / "permission-gate.ts"),
-        "-e", str(EXTENSIONS / "ask-user.ts"),
-    ]  # fmt: skip
-    env = {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": "", "PIWORK_TASK_ID": "t-ask"}
+    write_agent_settings(tmp_path)
+    flags, env = piwork_args()
+    args = ["--no-session", "--provider", "scripted", "--model", model.model_id, *flags]
+    env |= {"PIWORK_SCOPE_DIRS": str(work), "PIWORK_READONLY_DIRS": "", "PIWORK_TASK_ID": "t-ask"}
     async with running_native_pi(tmp_path, models, args, cwd=work, env=env, answer=answer) as pi:
         yield pi
 

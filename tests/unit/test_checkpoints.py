@@ -25,6 +25,7 @@ from piwork.checkpoints import (
 )
 from piwork.cli.main import main
 from piwork.config import get_paths
+from piwork.settings import settings_file
 from piwork.tasks.store import TaskStore
 from tests.helpers.checkpoints import Run, changes
 
@@ -329,7 +330,7 @@ def test_size_cap_skips_with_note(make_run: Any) -> None:
         assert result.skipped == ["grows.txt"] and result.restored == []
         assert (f / "grows.txt").read_bytes() == b"y" * 5000
     finally:
-        settings.unlink()
+        settings_file(settings).remove()  # and its last good copy: no settings at all
 
 
 def test_nested_git_repository_skipped_with_note(make_run: Any) -> None:

@@ -25,6 +25,7 @@ from piwork.checkpoints.api import describe, turn_range
 from piwork.checkpoints.shadow import PATH_MAX, ShadowRepo, refused_prefix
 from piwork.cli.main import main
 from piwork.config import get_paths
+from piwork.settings import settings_file
 from tests.helpers.checkpoints import Run, changes
 
 POISON = [".GIT/x", "git~1/x", ".git./x", ".git /x", "sub/.Git/config", "GIT~1/y", ".gIt::$DATA/z"]
@@ -38,7 +39,7 @@ def file_cap(n: int) -> Iterator[None]:
     try:
         yield
     finally:
-        settings.unlink()
+        settings_file(settings).remove()  # and its last good copy: no settings at all
 
 
 def recorded(run: Run) -> set[str]:

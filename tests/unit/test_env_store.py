@@ -392,7 +392,8 @@ def test_a_layer_naming_an_external_data_file_is_never_merged(world: World, tmp_
     assert env.note is not None and "external data file" in env.note
     assert not any(la.merged for la in store.chain(env.base))
     after = sorted(p.name for p in store.layers_dir.iterdir())
-    assert len(after) == len(before) + 2  # the frozen layer (disk + record), no merge
+    # The frozen layer (disk, record and the record's last good copy), no merge.
+    assert len(after) == len(before) + 3
     with pytest.raises(EnvError, match="not a qcow2"):
         check_layer_header(secret)
 
@@ -434,3 +435,52 @@ def test_a_merge_that_fails_leaves_the_chain_as_it_was_and_says_so(world: World)
     assert len(store.chain(env.base)) == MAX_CHAIN_LAYERS + 1
     assert not any(la.merged for la in store.chain(env.base))
     assert not list(store.layers_dir.glob(".*"))
+
+
+def test_a_damaged_folder_record_starts_nothing_and_collects_nothing(world: World) -> None:
+    """Read as "no environment", a damaged record used to start the folder clean and let
+    gc delete every layer its tasks sit on; now nothing runs or goes until it is restored."""
+    from piwork.env.store import EnvDamaged, folder_key, record_file
+
+    store, tasks, folder = world
+    store.prepare(task_dir(tasks, "t1"), folder, size=SIZE)
+    t2 = store.prepare(task_dir(tasks, "t2"), folder, size=SIZE)
+    layers = sorted(p.name for p in store.layers_dir.glob("*.qcow2"))
+    assert layers and t2.base is not None
+    record = store.folders_dir / f"{folder_key(folder)}.json"
+    record.write_bytes(record.read_bytes()[:10])
+    shutil.rmtree(tasks / "t2")  # the task that pinned the layer goes (piwork tasks rm)
+    with pytest.raises(EnvDamaged) as caught:
+        store.prepare(task_dir(tasks, "t3"), folder, size=SIZE)
+    assert str(record) in str(caught.value) and "piwork restore" in str(caught.value)
+    assert "piwork env reset" in str(caught.value) or "last good" in str(caught.value)
+    assert not (tasks / "t3" / ENV_DISK).exists()
+    with pytest.raises(EnvDamaged):
+        store.gc()
+    assert sorted(p.name for p in store.layers_dir.glob("*.qcow2")) == layers
+    # A task on another folder still starts (it needs nothing of that record), and the
+    # collector it runs keeps everything while the record is damaged.
+    other = folder.parent / "other"
+    other.mkdir()
+    store.prepare(task_dir(tasks, "o1"), other, size=SIZE)
+    assert sorted(p.name for p in store.layers_dir.glob("*.qcow2")) == layers
+    # Restored, the folder's next task starts from its environment again.
+    record_file(record).restore()
+    t3 = store.prepare(tasks / "t3", folder, size=SIZE)
+    assert t3.base is not None and t3.base in {la.id for la in store.chain(t3.base)}
+
+
+def test_a_damaged_task_record_is_refused_on_resume_and_keeps_its_layers(world: World) -> None:
+    from piwork.env.store import EnvDamaged
+
+    store, tasks, folder = world
+    store.prepare(task_dir(tasks, "t1"), folder, size=SIZE)
+    t2 = store.prepare(task_dir(tasks, "t2"), folder, size=SIZE)
+    store.reset(folder)  # only t2's own record still pins its base layer
+    (tasks / "t2" / "env.json").write_bytes(b"{")
+    with pytest.raises(EnvDamaged, match=r"env\.json is damaged"):
+        store.prepare(tasks / "t2", folder, size=SIZE)  # a resume: never a fresh disk
+    assert backing(t2.disk) is not None, "the task's own disk is untouched"
+    with pytest.raises(EnvDamaged):
+        store.gc()
+    assert t2.base is not None and store.layer(t2.base) is not None

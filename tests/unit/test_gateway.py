@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +23,7 @@ from piwork.models.providers import (
     Provider,
     render_guest_models_json,
 )
+from piwork.pack.node import pi_node
 from piwork.proxy.gateway import ModelGateway
 from tests.helpers.gateway import (
     ANTHROPIC_KEY,
@@ -499,7 +499,7 @@ console.log(JSON.stringify(out));
 
 
 def _require_pi() -> None:
-    if shutil.which("node") is None or not PI_AI.exists():
+    if not PI_AI.exists():
         pytest.fail("these tests need node and runtime-pack/pi/node_modules: run scripts/setup.sh")
 
 
@@ -531,7 +531,7 @@ async def run_pi_sdks(gateway: ModelGateway, providers: list[Provider], tmp_path
     probe = tmp_path / "probe.mjs"
     probe.write_text(PROBE)
     proc = await asyncio.create_subprocess_exec(
-        "node",
+        pi_node(repo_root()),  # the node pi needs (pi 1.x: >= 22.19), the pinned one here
         str(probe),
         PI_AI.as_uri(),
         json.dumps(specs),

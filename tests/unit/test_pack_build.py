@@ -11,13 +11,14 @@ fails here too (a fresh build would not reproduce the cached pack).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import stat
 import subprocess
 from pathlib import Path
 
 from piwork.config import get_paths, repo_root
-from piwork.pack import build, cache, load_manifest, workbench
+from piwork.pack import build, cache, load_manifest, node, workbench
 from piwork.pack.cpio import CpioMember, read_newc
 from piwork.pack.ingredients import has_pvh_entry, load_pins
 
@@ -52,8 +53,17 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     )
     pins = load_pins(repo_root() / "vm-image" / "pins.toml")
     assert m.versions["kernel"] == pins.kernel_release
-    assert m.versions["node"] == "22.23.3" and m.versions["pi"] == "0.73.1"
-    assert {f.path for f in m.files} == {"vmlinux", "initrd.cpio", "root.erofs", "workbench.erofs"}
+    pinned = json.loads((repo_root() / node.PI_SOURCE / "package.json").read_text())
+    pinned = pinned["dependencies"]
+    assert m.versions["node"] == pinned[node.NODE_PACKAGE]
+    assert m.versions["pi"] == pinned[node.PI_PACKAGE]
+    assert {f.path for f in m.files} == {
+        "vmlinux",
+        "initrd.cpio",
+        "root.erofs",
+        "workbench.erofs",
+        "pi-models.json",
+    }
     assert m.kernel == "vmlinux" and m.rootfs == "root.erofs"
     # The workbench: every pinned Debian package at its pin, the whole resolved set recorded.
     assert m.workbench == "workbench.erofs"
@@ -90,7 +100,7 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     subprocess.run(
         ["fsck.erofs", f"--extract={disk}", str(result.pack_dir / "root.erofs")], check=True
     )
-    pi = "pi/node_modules/@mariozechner/pi-coding-agent"
+    pi = f"pi/node_modules/{node.PI_PACKAGE}"
     for rel in (
         "node/bin/node",
         "supervisor/supervisor.js",

@@ -19,7 +19,7 @@ from piwork.pack import codecache, ensure_pack, load_manifest
 from tests.helpers.pack import EXTENSIONS, launch
 
 BUNDLE_URL = (
-    "file:///opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/"
+    "file:///opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent/"
     "dist/core/piwork-bundle/entry.js"
 )
 

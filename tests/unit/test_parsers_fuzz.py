@@ -32,6 +32,7 @@ from piwork.proxy.egress import EgressProxy
 from piwork.proxy.http1 import BadRequest, ChunkedBody, body_framing, client_hello_sni, parse_head
 from piwork.proxy.schema import Refused, loads_strict
 from tests.helpers.egress import client_hello
+from tests.helpers.figures import report
 
 FUZZ = repo_root() / "tests/fuzz/fuzz_parsers.py"
 RUNS = {"head": 200_000, "chunked": 30_000, "hello": 60_000, "body": 40_000}
@@ -49,7 +50,7 @@ def test_coverage_guided_fuzzing_finds_nothing(target: str, tmp_path: Path) -> N
     done = re.search(r"Done (\d+) runs in (\d+) second", proc.stderr)
     final = re.search(r"DONE\s+cov: (\d+) ft: (\d+) corp: (\d+)", proc.stderr)
     assert proc.returncode == 0 and done is not None and final is not None, proc.stderr[-4000:]
-    print(
+    report(
         f"fuzz {target}: {done.group(1)} cases in {done.group(2)} s, "
         f"coverage {final.group(1)} edges / {final.group(2)} features, corpus {final.group(3)}"
     )
@@ -102,7 +103,7 @@ def test_a_head_is_parsed_one_way_or_refused() -> None:
         assert parse_head(again) == parsed and body_framing(parse_head(again)) == framing
 
     prop()
-    print(f"a_head_is_parsed_one_way_or_refused: {cases} cases")
+    report(f"property request heads: {cases} cases")
 
 
 def test_a_chunked_body_comes_out_whole_however_it_is_cut() -> None:
@@ -138,7 +139,7 @@ def test_a_chunked_body_comes_out_whole_however_it_is_cut() -> None:
         assert bytes(payload) == b"".join(chunks)
 
     prop()
-    print(f"a_chunked_body_comes_out_whole_however_it_is_cut: {cases} cases")
+    report(f"property chunked bodies: {cases} cases")
 
 
 def test_the_name_in_a_real_client_hello_is_read_and_mangled_ones_refused() -> None:
@@ -166,7 +167,7 @@ def test_the_name_in_a_real_client_hello_is_read_and_mangled_ones_refused() -> N
             client_hello_sni(mangled)
 
     prop()
-    print(f"the_name_in_a_real_client_hello_is_read_and_mangled_ones_refused: {cases} cases")
+    report(f"property client hello names: {cases} cases")
 
 
 _JSON = st.recursive(
@@ -208,7 +209,7 @@ def test_a_body_is_checked_one_way_or_refused() -> None:
         assert check_body(api, again).body == again  # type: ignore[arg-type]
 
     prop()
-    print(f"a_body_is_checked_one_way_or_refused: {cases} cases")
+    report(f"property gateway bodies: {cases} cases")
 
 
 @st.composite
@@ -297,6 +298,6 @@ def test_a_live_proxy_sends_one_vetted_request_per_connection() -> None:
         for data, got in zip(examples, results, strict=True):
             assert len(got) <= 1, (data, got)
             assert all(host == f"localhost:{port}" for host, _ in got), (data, got)
-        print(f"live proxy: {len(examples)} generated streams, {len(seen)} requests went through")
+        report(f"property live proxy: {len(examples)} streams, {len(seen)} requests went through")
 
     asyncio.run(main())

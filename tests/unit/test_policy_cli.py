@@ -61,15 +61,29 @@ def test_bad_action_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None
         main(["policy", "allow", "teleport"])
 
 
-def test_corrupt_file_warning_names_both_paths(
+def test_a_damaged_file_fails_list_and_restore_brings_the_rules_back(
     capsys: pytest.CaptureFixture[str], home: Path
 ) -> None:
     policy = home.resolve() / "data" / "policy.json"
-    policy.parent.mkdir(parents=True)
-    policy.write_text("{oops")
-    code, _, err = run(capsys, "list")
-    assert code == 0
-    assert str(policy) in err and "policy.json.corrupt-" in err
+    code, out, _ = run(capsys, "deny", "write", "secret/**", "--folder", str(home), "--json")
+    rule_id = json.loads(out)["id"]
+    policy.write_bytes(policy.read_bytes()[:25])  # truncated
+    code, out, err = run(capsys, "list")
+    assert code == 1 and out == ""
+    [line] = err.splitlines()
+    assert line.startswith("piwork: the policy file ") and str(policy) in line
+    assert "policy.json.damaged-" in line and "`piwork policy restore`" in line
+    code, _, err = run(capsys, "list", "--json")
+    assert code == 1 and "damaged" in err
+    code, _, err = run(capsys, "allow", "write", "x")
+    assert code == 1 and "damaged" in err
+    code, out, err = run(capsys, "restore")
+    assert code == 0, err
+    assert "1 rule(s)" in out and "policy.json.damaged-" in out
+    code, out, _ = run(capsys, "list", "--json")
+    assert code == 0 and [r["id"] for r in json.loads(out)["rules"]] == [rule_id]
+    code, _, err = run(capsys, "restore")
+    assert code == 1 and "not damaged" in err
 
 
 def test_log(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import ipaddress
 import os
+import re
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,7 @@ from piwork.preview import (
     state,
 )
 from piwork.preview.manager import MAX_PORTS, MAX_REPORTED
+from piwork.preview.server import PreviewServer
 from piwork.vm.netmux import MAX_STREAMS
 from tests.helpers.mux_guest import MuxGuest, mux_with_guest
 
@@ -47,7 +52,9 @@ def head(host: str, *extra: str, target: str = "/") -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
-def test_the_url_names_the_task_and_both_ports() -> None:
+def test_the_url_names_the_previews_own_address_or_the_task_and_both_ports() -> None:
+    assert gate.address_host("127.123.4.5", 41234) == "127.123.4.5:41234"
+    assert state.url_for(TASK, 8000, 41234, "127.123.4.5") == "http://127.123.4.5:41234/"
     assert gate.preview_host(TASK, 8000, 41234) == "01234567-8000.localhost:41234"
     assert state.url_for(TASK, 8000, 41234) == "http://01234567-8000.localhost:41234/"
 
@@ -217,8 +224,15 @@ async def previews_for(
         await runner.cleanup()
 
 
-async def raw_request(port: int, data: bytes, timeout: float = 10) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+def endpoint(ev: dict[str, Any]) -> tuple[str, int, str]:
+    """(the preview's own address, its port, the Host a browser sends) of an opened event."""
+    address, port = ev["address"], ev["hostPort"]
+    assert ev["url"] == f"http://{address}:{port}/"
+    return address, port, f"{address}:{port}"
+
+
+async def raw_request(where: tuple[str, int], data: bytes, timeout: float = 10) -> bytes:
+    reader, writer = await asyncio.open_connection(*where)
     try:
         writer.write(data)
         await writer.drain()
@@ -236,11 +250,10 @@ async def test_an_allowed_port_serves_pages_a_websocket_and_big_bodies(tmp_path:
     async with previews_for(tmp_path, asker) as (s, _seen):
         s.previews.on_supervisor_message({"ev": "ports", "ports": [8000]})
         ev = await s.rec.wait(8000, "opened")
-        assert ev["by"] == "person" and ev["url"].startswith("http://01234567-8000.localhost:")
+        address, host_port, host = endpoint(ev)
+        assert ev["by"] == "person" and address.startswith("127.") and address != "127.0.0.1"
         assert len(asker.asked) == 1 and asker.asked[0].port == 8000
-        host_port = ev["hostPort"]
-        host = f"01234567-8000.localhost:{host_port}"
-        base = f"http://127.0.0.1:{host_port}"
+        base = f"http://{host}"
         async with aiohttp.ClientSession(headers={"Host": host}) as http:
             for _ in range(3):  # keep-alive: later requests on the same connection
                 async with http.get(base + "/") as resp:
@@ -252,11 +265,6 @@ async def test_an_allowed_port_serves_pages_a_websocket_and_big_bodies(tmp_path:
                 for i in range(20):
                     await ws.send_str(f"m{i}")
                     assert await ws.receive_str() == f"echo: m{i}"
-            # Browsers may try ::1 first for *.localhost: the same preview answers there.
-            r6, w6 = await asyncio.open_connection("::1", host_port)
-            w6.write(head(host, "Connection: close"))
-            assert (await asyncio.wait_for(r6.read(), 10)).startswith(b"HTTP/1.1 200")
-            w6.close()
         assert s.guest.connects and set(s.guest.connects) == {8000}
         # Another process finds it: the state file, checked.
         assert read_previews(s.previews.task_dir, TASK) == s.previews.list()
@@ -270,9 +278,8 @@ async def test_an_allowed_port_serves_pages_a_websocket_and_big_bodies(tmp_path:
     # Closed with the task: the event says so, the file is gone, connections refused.
     ev = await s.rec.wait(8000, "closed")
     assert not (s.previews.task_dir / state.FILE_NAME).exists()
-    for addr in ("127.0.0.1", "::1"):
-        with pytest.raises(OSError):
-            await asyncio.open_connection(addr, host_port)
+    with pytest.raises(OSError):
+        await asyncio.open_connection(address, host_port)
 
 
 async def test_other_hosts_and_origins_are_refused_before_reaching_the_guest(
@@ -280,12 +287,15 @@ async def test_other_hosts_and_origins_are_refused_before_reaching_the_guest(
 ) -> None:
     async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, seen):
         s.previews.on_supervisor_message({"ev": "ports", "ports": [8000]})
-        port = (await s.rec.wait(8000, "opened"))["hostPort"]
-        me = f"01234567-8000.localhost:{port}"
+        address, port, me = endpoint(await s.rec.wait(8000, "opened"))
         for data, status in [
             (head(f"attacker.example:{port}"), b"421"),  # DNS rebinding
             (head(f"localhost:{port}"), b"421"),
             (head(f"127.0.0.1:{port}"), b"421"),
+            (head(f"01234567-8000.localhost:{port}"), b"421"),
+            (head(address), b"421"),
+            (head(me, f"Origin: http://localhost:{port}"), b"403"),
+            (head(me, f"Origin: http://127.0.0.1:{port}"), b"403"),
             (head(me, "Origin: http://evil.example"), b"403"),
             (head(me, target="http://evil.example/"), b"400"),
             (b"x" * (gate.MAX_HEAD + 10), b"431"),
@@ -296,20 +306,20 @@ async def test_other_hosts_and_origins_are_refused_before_reaching_the_guest(
                 b"403",
             ),
         ]:
-            answer = await raw_request(port, data)
+            answer = await raw_request((address, port), data)
             assert answer.startswith(b"HTTP/1.1 " + status), (data[:60], answer[:80])
         assert s.guest.connects == [] and seen["requests"] == 0  # nothing reached the guest
         assert s.mux.stats.inbound_opened == 0
         # The right Host passes (the same listener, the same guest).
-        answer = await raw_request(port, head(me, "Connection: close"))
+        answer = await raw_request((address, port), head(me, "Connection: close"))
         assert answer.startswith(b"HTTP/1.1 200") and s.guest.connects == [8000]
 
 
 async def test_a_port_nothing_listens_on_answers_502(tmp_path: Path) -> None:
     async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, _seen):
         s.previews.on_supervisor_message({"ev": "ports", "ports": [8001]})  # the server is gone
-        port = (await s.rec.wait(8001, "opened"))["hostPort"]
-        answer = await raw_request(port, head(f"01234567-8001.localhost:{port}"))
+        address, port, me = endpoint(await s.rec.wait(8001, "opened"))
+        answer = await raw_request((address, port), head(me))
         assert answer.startswith(b"HTTP/1.1 502 Bad Gateway") and b"port 8001" in answer
         assert s.guest.connects == [8001]
 
@@ -318,8 +328,8 @@ async def test_a_slow_head_is_cut_off(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(gate, "HEAD_TIMEOUT", 0.3)
     async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, _seen):
         s.previews.on_supervisor_message({"ev": "ports", "ports": [8000]})
-        port = (await s.rec.wait(8000, "opened"))["hostPort"]
-        answer = await raw_request(port, b"GET / HTTP/1.1\r\nHost: x")  # never finishes
+        address, port, _me = endpoint(await s.rec.wait(8000, "opened"))
+        answer = await raw_request((address, port), b"GET / HTTP/1.1\r\nHost: x")  # never ends
         assert answer.startswith(b"HTTP/1.1 408") and s.guest.connects == []
 
 
@@ -328,12 +338,11 @@ async def test_200_connections_stay_within_the_stream_cap_and_leave_nothing_behi
 ) -> None:
     async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, _seen):
         s.previews.on_supervisor_message({"ev": "ports", "ports": [8000]})
-        port = (await s.rec.wait(8000, "opened"))["hostPort"]
-        me = f"01234567-8000.localhost:{port}"
+        address, port, me = endpoint(await s.rec.wait(8000, "opened"))
         fds_before = len(os.listdir("/proc/self/fd"))
         conns = []
         for _ in range(200):
-            r, w = await asyncio.open_connection("127.0.0.1", port)
+            r, w = await asyncio.open_connection(address, port)
             w.write(head(me, target="/hold"))  # a long poll: each holds its stream
             conns.append((r, w))
         await asyncio.sleep(1.0)
@@ -363,10 +372,9 @@ async def test_200_connections_stay_within_the_stream_cap_and_leave_nothing_behi
 async def test_paused_previews_keep_connections_and_carry_nothing(tmp_path: Path) -> None:
     async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, _seen):
         s.previews.on_supervisor_message({"ev": "ports", "ports": [8000]})
-        port = (await s.rec.wait(8000, "opened"))["hostPort"]
-        me = f"01234567-8000.localhost:{port}"
+        address, port, me = endpoint(await s.rec.wait(8000, "opened"))
         s.previews.pause()
-        r, w = await asyncio.open_connection("127.0.0.1", port)
+        r, w = await asyncio.open_connection(address, port)
         w.write(head(me, "Connection: close"))
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(r.read(1), 0.5)
@@ -470,6 +478,13 @@ def test_the_state_file_is_checked_and_the_url_rebuilt(tmp_path: Path) -> None:
     ]
     (tmp_path / state.FILE_NAME).write_bytes(orjson.dumps(doc))
     assert state.read(tmp_path, TASK) == [info]  # the URL is rebuilt, junk dropped
+    own = state.PreviewInfo(8001, 41235, "http://127.9.8.7:41235/", "127.9.8.7")
+    doc["previews"] = [own.to_json()] + [
+        {"port": 8002, "hostPort": 41236, "address": bad}
+        for bad in ("10.0.0.1", "127.1.2.3.evil.example", "127.001.2.3", "::1", 127, "")
+    ]
+    (tmp_path / state.FILE_NAME).write_bytes(orjson.dumps(doc))
+    assert state.read(tmp_path, TASK) == [own]  # only a loopback address becomes a URL
     doc["started"] += 1  # the same pid, another process (the pid was reused)
     (tmp_path / state.FILE_NAME).write_bytes(orjson.dumps(doc))
     assert state.read(tmp_path, TASK) == []
@@ -516,3 +531,110 @@ def test_piwork_preview_prints_the_running_tasks_url(
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["preview", task.id, "http://evil"])  # not a port
+
+
+# --------------------------------------------------------------------------- the origin
+
+
+# Vite's default `server.cors.origin` (Vite docs, server.cors): what a dev server the person
+# runs for another project answers CORS reads from. The review's finding 6.
+VITE_DEFAULT_CORS = re.compile(
+    r"^https?://(?:(?:[^:]+\.)?localhost|127\.0\.0\.1|\[::1\])(?::\d+)?$"
+)
+
+
+async def test_each_preview_has_an_origin_local_dev_servers_do_not_trust(tmp_path: Path) -> None:
+    """A page at ``*.localhost`` could read the person's Vite dev servers; a preview now
+    runs at an address of its own, and answers only there."""
+    asker = Asker(PreviewChoice.TASK)
+    async with previews_for(tmp_path, asker) as (s, _seen):
+        s.previews.on_supervisor_message({"ev": "ports", "ports": [8000, 8001]})
+        one = endpoint(await s.rec.wait(8000, "opened"))
+        two = endpoint(await s.rec.wait(8001, "opened"))
+        assert one[0] != two[0], "each preview its own address: its own cookies, its own origin"
+        for address, port, host in (one, two):
+            assert VITE_DEFAULT_CORS.match(f"http://{host}") is None
+            assert ipaddress.IPv4Address(address) in ipaddress.IPv4Network("127.0.0.0/8")
+            # Nothing of the preview's on the addresses local tools trust.
+            for other in ("127.0.0.1", "::1"):
+                with pytest.raises(OSError):
+                    await asyncio.open_connection(other, port)
+        # The fallback name would be trusted: the reason it is only a fallback.
+        assert VITE_DEFAULT_CORS.match(f"http://{gate.preview_host(TASK, 8000, one[1])}")
+        # The person's browser sends the right Host; a page elsewhere cannot name it.
+        answer = await raw_request(one[:2], head(one[2], "Connection: close"))
+        assert answer.startswith(b"HTTP/1.1 200")
+        answer = await raw_request(one[:2], head(two[2], "Connection: close"))
+        assert answer.startswith(b"HTTP/1.1 421")
+        assert read_previews(s.previews.task_dir, TASK) == s.previews.list()
+        assert {p.address for p in s.previews.list()} == {one[0], two[0]}
+
+
+def _only_127_0_0_1(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Make this machine look like macOS: no loopback address but 127.0.0.1 (and ::1)."""
+    real = PreviewServer._listen
+    calls: list[tuple[str, int]] = []
+
+    async def listen(self: PreviewServer, host: str, port: int) -> asyncio.Server:
+        calls.append((host, port))
+        if host not in ("127.0.0.1", "::1"):
+            raise OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address")
+        return await real(self, host, port)
+
+    monkeypatch.setattr(PreviewServer, "_listen", listen)
+    return calls
+
+
+async def test_the_localhost_fallback_is_bound_on_both_families_or_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Finding 14: another local user holding ``[::1]:<port>`` would answer the URL (browsers
+    try ::1 first for ``*.localhost``); the preview now moves to a port it holds on both."""
+    calls = _only_127_0_0_1(monkeypatch)
+    real = PreviewServer._listen
+    squatted: list[socket.socket] = []
+
+    async def squat_first(self: PreviewServer, host: str, port: int) -> asyncio.Server:
+        if host == "::1" and not squatted:  # someone else is already on [::1]:<port>
+            other = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            other.bind(("::1", port))
+            other.listen()
+            squatted.append(other)
+        return await real(self, host, port)
+
+    monkeypatch.setattr(PreviewServer, "_listen", squat_first)
+    try:
+        async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, _seen):
+            s.previews.on_supervisor_message({"ev": "ports", "ports": [8000]})
+            ev = await s.rec.wait(8000, "opened")
+            port = ev["hostPort"]
+            host = f"01234567-8000.localhost:{port}"
+            assert ev["address"] is None and ev["url"] == f"http://{host}/"
+            taken = squatted[0].getsockname()[1]
+            assert port != taken, "the squatted port was never published"
+            assert ("::1", taken) in calls and ("::1", port) in calls
+            for family in ("127.0.0.1", "::1"):  # the same preview on both families
+                answer = await raw_request((family, port), head(host, "Connection: close"))
+                assert answer.startswith(b"HTTP/1.1 200"), family
+    finally:
+        for sock in squatted:
+            sock.close()
+
+
+async def test_no_url_when_no_port_is_free_on_both_families(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _only_127_0_0_1(monkeypatch)
+    real = PreviewServer._listen
+
+    async def v6_always_taken(self: PreviewServer, host: str, port: int) -> asyncio.Server:
+        if host == "::1":
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        return await real(self, host, port)
+
+    monkeypatch.setattr(PreviewServer, "_listen", v6_always_taken)
+    async with previews_for(tmp_path, Asker(PreviewChoice.TASK)) as (s, _seen):
+        s.previews.on_supervisor_message({"ev": "ports", "ports": [8000]})
+        ev = await s.rec.wait(8000, "refused")
+        assert ev["url"] is None and "::1" in ev["reason"]
+        assert s.previews.list() == [] and s.guest.connects == []

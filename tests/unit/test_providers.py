@@ -144,7 +144,7 @@ def test_parse_model_ref() -> None:
     provider, model = parse_model_ref("openrouter/anthropic/claude-sonnet-4.5", catalog)
     assert (provider.name, model) == ("openrouter", "anthropic/claude-sonnet-4.5")
     provider, model = parse_model_ref("anthropic", catalog)
-    assert (provider.name, model) == ("anthropic", "claude-sonnet-4-5")
+    assert (provider.name, model) == ("anthropic", "claude-opus-5-5")  # pi 1.6's default
     with pytest.raises(ValueError, match=r"unknown provider 'nope'.*piwork models"):
         parse_model_ref("nope/x", catalog)
 
@@ -180,3 +180,27 @@ def test_models_cli_lists_providers_and_key_status(
     assert rows["anthropic"]["hasKey"] is True and rows["anthropic"]["key"] == "stored (file)"
     assert rows["openai"]["key"] == "missing: piwork auth set openai"
     assert rows["ollama"]["key"] == "not needed" and rows["ollama"]["models"] == ["llama3.1:8b"]
+
+
+def test_with_pis_catalog_the_builtins_list_all_its_models_piworks_picks_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import piwork.models.providers as providers
+
+    listed = {"anthropic": ["a-old", "claude-opus-5-5", "claude-sonnet-5-5", "z-new"]}
+    monkeypatch.setattr(providers, "pi_catalog_models", lambda: listed)
+    catalog = load_providers(tmp_path / "none.json", pi_models=True)
+    assert catalog["anthropic"].model_ids() == (
+        "claude-opus-5-5",
+        "claude-sonnet-5-5",
+        "a-old",
+        "z-new",
+    )
+    # A provider pi's catalog does not list keeps piwork's own picks.
+    assert catalog["google"].model_ids() == BUILTIN_BY_NAME["google"].known_models
+    monkeypatch.setattr(providers, "pi_catalog_models", lambda: None)
+    plain = load_providers(tmp_path / "none.json", pi_models=True)
+    assert plain["anthropic"].model_ids() == BUILTIN_BY_NAME["anthropic"].known_models
+
+
+BUILTIN_BY_NAME = {p.name: p for p in BUILTIN_PROVIDERS}

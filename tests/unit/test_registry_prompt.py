@@ -74,6 +74,7 @@ async def test_r_saves_every_registry_rule_it_showed(
     err = capsys.readouterr().err
     assert "connect to pypi.org" in err
     assert "[r] the package registries" in err
+    assert "no `npm publish`, no uploads" in err  # what the answer allows, said plainly
     saved = PolicyStore(paths.policy_file).load()
     assert {r.pattern for r in saved} == set(registry_domains())
     assert all(r.scope == Scope.folder(folder) for r in saved)

@@ -1,7 +1,7 @@
-"""RpcClient against a fake pi that behaves like pi 0.73.1's rpc-mode.js:
+"""RpcClient against a fake pi that behaves like pi's rpc mode (1.x, docs/rpc.md):
 concurrent command handling (so replies out of order), id-less replies for parse
-errors and unknown commands, dialogs that block until answered, and auto-retry
-that ends each failed attempt with agent_end."""
+errors and unknown commands, dialogs that block until answered, auto-retry that
+ends each failed attempt with agent_end, and agent_settled once pi is done."""
 
 from __future__ import annotations
 
@@ -589,6 +589,35 @@ async def test_wait_idle_returns_for_a_prompt_that_started_no_run() -> None:
     final = await pi.client.wait_idle(timeout=2, settle=0.05)
 
     assert final.is_streaming is False
+
+
+async def test_wait_idle_sees_a_retry_agent_end_announces_and_ends_at_agent_settled() -> None:
+    """pi 1.x: agent_end says willRetry before auto_retry_start is written; agent_settled
+    says nothing more will start by itself."""
+    pi = FakePi(restart_grace=5)
+    await start_run(pi)
+    waiting = asyncio.create_task(pi.client.wait_idle(timeout=5))
+    pi.state = state(streaming=False)
+    pi.emit({"type": "agent_end", "messages": [ERROR_500], "willRetry": True})
+    await asyncio.sleep(0.2)
+    assert not waiting.done(), "resolved although pi said it will retry"
+
+    pi.emit({"type": "agent_settled", "aborted": False})
+    assert (await asyncio.wait_for(waiting, 2)).is_streaming is False
+
+
+async def test_a_prompt_pi_handled_without_a_run_needs_no_settle_wait() -> None:
+    """disposition "handled" (an extension command consumed it): no run events follow."""
+    pi = FakePi()
+    prompt = asyncio.create_task(pi.client.prompt("/name x"))
+    pi.reply(await pi.next_command(), {"disposition": "handled"})
+    await prompt
+    pi.state = state(streaming=False)
+
+    final = await pi.client.wait_idle(timeout=2, settle=1.5)
+
+    assert final.is_streaming is False
+    assert [c["type"] for c in pi.sent] == ["prompt", "get_state"]  # no second look
 
 
 async def test_wait_idle_treats_an_announced_but_never_started_retry_as_dropped() -> None:

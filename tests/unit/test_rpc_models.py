@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from piwork.rpc.models import (
     DIALOG_METHODS,
     AgentEnd,
+    AgentSettled,
     AutoRetryStart,
     CompactionEnd,
     ConfirmRequest,
@@ -184,6 +185,42 @@ def test_known_events_parse_to_their_models() -> None:
     )
     assert isinstance(c, CompactionEnd)
     assert c.will_retry is True
+
+
+def test_pi_1x_events_parse_settled_retry_and_nested_tool_calls() -> None:
+    """What pi 1.x adds (docs/json.md): agent_settled, agent_end's willRetry, and the
+    parent of a tool call another tool made (a codemode script's tools.X())."""
+    settled = parse_incoming({"type": "agent_settled", "aborted": True})
+    assert isinstance(settled, AgentSettled) and settled.aborted is True
+    end = parse_incoming({"type": "agent_end", "messages": [], "willRetry": True})
+    assert isinstance(end, AgentEnd) and end.will_retry is True
+    start = parse_incoming(
+        {
+            "type": "tool_execution_start",
+            "toolCallId": "call_1/2",
+            "toolName": "bash",
+            "args": {"command": "rm a"},
+            "parentToolCallId": "call_1",
+        }
+    )
+    assert isinstance(start, ToolExecutionStart)
+    assert (start.tool_call_id, start.parent_tool_call_id) == ("call_1/2", "call_1")
+    done = parse_incoming(
+        {
+            "type": "tool_execution_end",
+            "toolCallId": "call_1",
+            "toolName": "codemode",
+            "result": {"content": []},
+            "isError": False,
+            "durationMs": 12.5,
+        }
+    )
+    assert isinstance(done, ToolExecutionEnd)
+    assert (done.parent_tool_call_id, done.duration_ms) == (None, 12.5)
+    upd = parse_incoming(
+        {"type": "message_update", "usage": {"input": 3}, "assistantMessageEvent": {"type": "x"}}
+    )
+    assert isinstance(upd, MessageUpdate) and upd.usage == {"input": 3}
 
 
 def test_unknown_event_types_become_unknown_events_with_their_fields() -> None:

@@ -59,11 +59,19 @@ class Rows:
     def tool_start(self, call_id: str, name: str, arg: str) -> None:
         self.rows.append(("start", call_id, name, arg))
 
-    def tool_end(self, call_id: str, name: str, ok: bool, text: str) -> None:
+    def tool_end(
+        self, call_id: str, name: str, ok: bool, text: str, seconds: float | None = None
+    ) -> None:
         self.rows.append(("end", call_id, name, ok, text))
 
+    def deny(self, call_id: str) -> None:
+        pass
+
+    def interrupt(self) -> None:
+        pass
+
     def live(self, ev: RunEvent) -> None:
-        """As piwork/gui/window.py's _on_event turns a RunEvent into a row."""
+        """As piwork/gui/conversation.py's ConversationPane turns a RunEvent into a row."""
         d = ev.data
         if ev.kind is EventKind.TOOL_START:
             self.tool_start(str(d.get("id")), str(d.get("name")), str(d.get("arg") or ""))
@@ -101,3 +109,25 @@ async def test_tool_rows_are_the_same_live_and_after_reopening(tmp_path: Path) -
     assert live.rows[0] == ("start", "c1", "bash", "ls -la")
     assert live.rows[2] == ("start", "c2", "grep", "TODO")
     assert live.rows[3] == ("end", "c2", "grep", False, "no such dir")
+
+
+def test_what_pi_loaded_from_the_project_is_a_notice_and_other_statuses_are_not() -> None:
+    from piwork.run.digest import digest
+
+    report = m.parse_incoming(
+        {
+            "type": "extension_ui_request",
+            "id": "u1",
+            "method": "setStatus",
+            "statusKey": "piwork-project",
+            "statusText": '{"v":1,"trusted":true,"contextFiles":["AGENTS.md"]}',
+        }
+    )
+    (out,) = digest(report)
+    assert out.kind is EventKind.NOTICE
+    assert out.data == {"message": "pi loaded from the project: context: AGENTS.md"}
+    other = m.parse_incoming(
+        {"type": "extension_ui_request", "id": "u2", "method": "setStatus",
+         "statusKey": "someone-else", "statusText": '{"v":1,"trusted":true}'}
+    )  # fmt: skip
+    assert digest(other) == []

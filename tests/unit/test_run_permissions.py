@@ -154,6 +154,34 @@ class _NoAgent:
         type(self).listener = listener
 
 
+async def test_a_policy_damaged_mid_run_denies_and_ends_the_run(session: TaskSession) -> None:
+    """The file is truncated while the task runs: the next question is a deny, not the
+    built-in defaults' answer, and the run ends saying which file and how to restore it."""
+    from piwork.policy import Rule, Scope, Verdict
+    from piwork.run.digest import EventKind, RunEvent
+
+    events: list[RunEvent] = []
+    session.sink = events.append
+    store = session.permissions.decider.store
+    store.add(Rule(Action.NETWORK, Verdict.ALLOW, Scope.global_(), pattern="pypi.org"))
+    store.path.write_bytes(b'{"version": 1, "ru')
+    assert await session.permissions.answer_permission(_gate_network_request("pypi.org")) is (
+        Choice.DENY
+    )
+    assert not await session.permissions.domain_policy("pypi.org", 443)
+    assert _asker(session).asked == [], "nobody is asked on a guess either"
+    from piwork.policy import AuditLog
+
+    audited = [e["decidedBy"] for e in AuditLog(session.paths.audit_log).read()]
+    assert audited == ["unusable-policy", "unusable-policy"]
+    assert session.stop_requested
+    reason = session.stop_reason
+    assert reason is not None and "policy restore" in (reason[1] or "")
+    errors = [e.data["message"] for e in events if e.kind is EventKind.ERROR]
+    assert errors and str(store.path) in errors[0]
+    session.store.close()
+
+
 async def test_a_provider_side_tool_is_asked_like_a_network_destination(
     session: TaskSession,
 ) -> None:

@@ -110,3 +110,20 @@ async def test_controls_before_start_or_after_close_name_the_state(home: Path) -
     await session.close()
     with pytest.raises(RunError, match="cannot run a prompt: the task's VM is closed"):
         await session.run_prompt("x")
+
+
+async def test_a_damaged_policy_starts_nothing(home: Path) -> None:
+    """A policy the host cannot read is never a looser one: no task, no VM, one line."""
+    from piwork.policy import Action, PolicyDamaged, PolicyStore, Rule, Scope, Verdict
+
+    store = PolicyStore()
+    store.add(Rule(Action.WRITE, Verdict.DENY, Scope.folder(home), pattern="secret/**"))
+    store.path.write_bytes(store.path.read_bytes()[:40])
+    events: list[RunEvent] = []
+    agents: list[FakeAgent] = []
+    with pytest.raises(PolicyDamaged) as caught:
+        async with _session(events, agents):
+            pass
+    assert agents == [], "no VM was asked for"
+    assert not get_paths().tasks.exists() or not any(get_paths().tasks.iterdir())
+    assert "\n" not in str(caught.value) and "piwork policy restore" in str(caught.value)

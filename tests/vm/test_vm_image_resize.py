@@ -48,7 +48,7 @@ SHOWN = (2000, 83)  # pi's limit is 2000 px a side; 100 * 2000 / 2400 rounds to 
 
 def assert_resized(server: ScriptedModelServer) -> None:
     """The model's last request carries pi's note and the resized picture, once."""
-    # What pi 0.73.1 writes (utils/image-resize.js formatDimensionNote).
+    # What pi writes (dist/utils/image-resize.js formatDimensionNote).
     note = f"[Image: original {WIDTH}x{HEIGHT}, displayed at {SHOWN[0]}x{SHOWN[1]}."
     requests = server.chat_requests
     assert len(requests) == 2, f"{len(requests)} model requests"

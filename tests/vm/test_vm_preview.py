@@ -5,9 +5,9 @@ providers.json points at the scripted model server in this process), a real
 VM, the real pi; the agent's bash tool starts tests/vm/preview_server.js (Node's
 http module) in the guest. The test reads the preview URL from ``--json``.
 
-Browsers resolve ``*.localhost`` to loopback themselves; Python's resolver
-does not, so the test connects to 127.0.0.1 and sends the URL's host as
-``Host`` - exactly what a browser sends.
+The URL names the preview's own loopback address (``127.a.b.c``, review 2
+finding 6): the test connects there and sends the URL's host as ``Host`` -
+exactly what a browser sends.
 """
 
 from __future__ import annotations
@@ -102,8 +102,8 @@ async def piwork(env: dict[str, str], *args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def raw(port: int, data: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+async def raw(where: tuple[str, int], data: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection(*where)
     try:
         writer.write(data)
         async with asyncio.timeout(30):
@@ -128,13 +128,15 @@ async def test_the_agents_page_and_websocket_open_through_the_preview_url(
         assert ev["port"] == 8000 and ev["by"] == "assume-yes"
         url = ev["url"]
         host = urlsplit(url).netloc
-        host_port = int(host.rsplit(":", 1)[1])
-        assert url == f"http://{task_id[:8]}-8000.localhost:{host_port}/"
+        address, host_port = ev["address"], int(host.rsplit(":", 1)[1])
+        assert url == f"http://{address}:{host_port}/"
+        assert address.startswith("127.") and address != "127.0.0.1"
+        where = (address, host_port)
         # `piwork preview TASK PORT` finds it from another process.
         code, out, err = await piwork(env, "preview", task_id[:6], "8000")
         assert code == 0 and out.strip() == url, err
-        base = f"http://127.0.0.1:{host_port}"
-        async with aiohttp.ClientSession(headers={"Host": host}) as http:
+        base = f"http://{host}"
+        async with aiohttp.ClientSession() as http:
             for _ in range(100):  # the server may still be starting when the port opens
                 async with http.get(base + "/") as resp:
                     if resp.status == 200:
@@ -153,7 +155,7 @@ async def test_the_agents_page_and_websocket_open_through_the_preview_url(
             async def stats() -> dict[str, int]:
                 """One new connection each time (so the guest counts exactly one)."""
                 req = f"GET /stats HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-                answer = await raw(host_port, req.encode())
+                answer = await raw(where, req.encode())
                 assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
                 data: dict[str, int] = json.loads(answer.split(b"\r\n\r\n", 1)[1])
                 return data
@@ -164,9 +166,18 @@ async def test_the_agents_page_and_websocket_open_through_the_preview_url(
             for head, status in [
                 (f"GET / HTTP/1.1\r\nHost: attacker.example:{host_port}\r\n\r\n", b"421"),
                 (f"GET / HTTP/1.1\r\nHost: localhost:{host_port}\r\n\r\n", b"421"),
+                (f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{host_port}\r\n\r\n", b"421"),
+                (
+                    f"GET / HTTP/1.1\r\nHost: {task_id[:8]}-8000.localhost:{host_port}\r\n\r\n",
+                    b"421",
+                ),
+                (
+                    f"GET / HTTP/1.1\r\nHost: {host}\r\nOrigin: http://localhost:5173\r\n\r\n",
+                    b"403",
+                ),
                 (f"GET / HTTP/1.1\r\nHost: {host}\r\nOrigin: http://evil.example\r\n\r\n", b"403"),
             ]:
-                assert (await raw(host_port, head.encode())).startswith(b"HTTP/1.1 " + status)
+                assert (await raw(where, head.encode())).startswith(b"HTTP/1.1 " + status)
             after = await stats()
             assert after["total"] == before["total"] + 1  # only the second /stats arrived
 
@@ -177,7 +188,7 @@ async def test_the_agents_page_and_websocket_open_through_the_preview_url(
             conns = []
             peak_fds = fd0
             for _ in range(200):
-                r, w = await asyncio.open_connection("127.0.0.1", host_port)
+                r, w = await asyncio.open_connection(*where)
                 w.write(f"GET /hold HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
                 conns.append((r, w))
                 peak_fds = max(peak_fds, fds(pid))
@@ -243,7 +254,7 @@ async def test_the_agents_page_and_websocket_open_through_the_preview_url(
     assert [e["port"] for e in closed] == [8000]
     # The task stopped: the preview is gone, connecting is refused.
     with pytest.raises(OSError):
-        await asyncio.open_connection("127.0.0.1", host_port)
+        await asyncio.open_connection(*where)
     code, _out, err = await piwork(env, "preview", task_id)
     assert code == 1 and "no open preview" in err
 
@@ -356,8 +367,8 @@ async def test_a_paused_task_keeps_its_preview_connections_and_they_work_again_a
             assert session.previews is not None
             assert [p.url for p in session.previews.list()] == [ev["url"]]  # what the app lists
             host = urlsplit(ev["url"]).netloc
-            base = f"http://127.0.0.1:{ev['hostPort']}"
-            async with aiohttp.ClientSession(headers={"Host": host}) as http:
+            base = f"http://{host}"
+            async with aiohttp.ClientSession() as http:
                 for _ in range(100):
                     with contextlib.suppress(aiohttp.ClientError):
                         async with http.get(base + "/") as resp:

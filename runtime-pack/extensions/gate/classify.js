@@ -2331,9 +2331,12 @@ const READ_TOOLS = new Set(["read", "ls", "grep", "find"]);
 const WRITE_TOOLS = new Set(["write", "edit"]);
 // Tools with no effect outside the conversation: `ask_user` (../ask-user.ts)
 // only asks the person a question, so asking permission first would be a
-// second dialog for nothing. Exact names only; other extension tools stay
-// `connector`.
-const NO_EFFECT_TOOLS = new Set(["ask_user"]);
+// second dialog for nothing. pi's `codemode` acts only through the tools its
+// script calls, and each of those calls comes through this gate itself
+// (tool_call fires for nested calls: tests/vm/test_vm_codemode.py);
+// `tool_search` only declares tools. Exact names only; other extension tools
+// stay `connector`.
+const NO_EFFECT_TOOLS = new Set(["ask_user", "codemode", "tool_search"]);
 
 /**
  * Classify one pi tool call.

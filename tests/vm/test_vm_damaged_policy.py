@@ -47,7 +47,7 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
     home = tmp_path / "home"
     folder = tmp_path / "project"
     (folder / "secret").mkdir(parents=True)
-    write_providers(home, model_server)
+    write_providers(home / "config", model_server)
     paths = private_paths(home.resolve())
     secret = folder / "secret" / "plan.txt"
 

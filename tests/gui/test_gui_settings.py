@@ -231,3 +231,26 @@ def test_a_policy_damaged_while_the_tab_is_open_shows_the_banner_instead_of_rais
     add.done(QDialog.DialogCode.Accepted)  # the store refuses; the tab says why
     assert tab.banner.isVisible() and "`piwork policy restore`" in tab.banner_text.text()
     assert gui_paths.policy_file.read_bytes() == b"{"
+
+
+def test_add_rule_offers_a_private_network_address(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    """A name on the company network (it resolves to a private address) is asked on its
+    own (piwork.net); a person can allow one here, as `piwork network allow-private` does."""
+    dlg, tab = permissions_tab(qtbot, gui_paths)
+    dlg.add_rule()
+    add = dlg.add_rule_dialog
+    i = add.action.findData(Action.PRIVATE_NETWORK)
+    assert i >= 0 and "private address" in add.action.itemText(i)
+    add.action.setCurrentIndex(i)
+    add.verdict.setCurrentIndex(add.verdict.findData(Verdict.ALLOW))
+    add.pattern.setText("repo.corp")
+    add.done(QDialog.DialogCode.Accepted)
+    [rule] = PolicyStore(gui_paths.policy_file).load()
+    assert (rule.action, rule.verdict, rule.pattern) == (
+        Action.PRIVATE_NETWORK,
+        Verdict.ALLOW,
+        "repo.corp",
+    )
+    assert any("repo.corp" in t for t in tab.rule_texts())

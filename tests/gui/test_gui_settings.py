@@ -254,3 +254,40 @@ def test_add_rule_offers_a_private_network_address(
         "repo.corp",
     )
     assert any("repo.corp" in t for t in tab.rule_texts())
+
+
+def test_removing_unused_packs_asks_without_blocking_and_keeps_the_current_one(
+    qtbot: QtBot,
+    qloop: asyncio.AbstractEventLoop,
+    gui_paths: Paths,
+    monkeypatch: Any,
+    tmp_path: Path,
+) -> None:
+    """The question is a sheet like the window's others (no nested event loop: the
+    app's tasks keep running while it is open); Cancel is the default; Remove removes
+    only the packs not built from these sources."""
+    import piwork.pack
+    from piwork.gui.settings import SettingsDialog
+    from piwork.pack.cache import PackInfo
+
+    packs = tmp_path / "packs"
+
+    def pack(name: str) -> PackInfo:
+        (packs / name).mkdir(parents=True)
+        return PackInfo(name, packs / name, "", {}, 1, True)
+
+    infos = [pack("current"), pack("old-1"), pack("old-2")]
+    monkeypatch.setattr(piwork.pack, "find_pack", lambda: packs / "current")
+    monkeypatch.setattr(piwork.pack, "list_packs", lambda: [i for i in infos if i.path.exists()])
+    dlg = SettingsDialog(gui_paths, Prefs())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    dlg.tabs.setCurrentWidget(dlg.packs_tab)
+    button(dlg, "Remove unused…").click()  # returns at once: the box is open, not exec'd
+    box = dlg.packs_tab.remove_box
+    assert box is not None and box.isVisible() and "2 packs" in box.text()
+    assert box.defaultButton().text() == "Cancel"
+    [remove] = [b for b in box.buttons() if b.text() == "Remove"]
+    remove.click()
+    assert sorted(p.name for p in packs.iterdir()) == ["current"]
+    assert dlg.pack_status.text() == "Removed 2 unused packs."

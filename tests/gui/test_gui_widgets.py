@@ -561,3 +561,20 @@ def test_the_sheets_rules_box_is_as_tall_as_its_lines_and_long_ones_scroll(
     box = long.findChild(FitScroll)
     assert box is not None and box.height() == 130
     assert box.verticalScrollBar().maximum() > 0  # the rest scrolls into view
+
+
+def test_a_long_model_name_does_not_widen_the_window(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    """The model picker was as wide as its longest name (the window at least ~1160 px,
+    more with a long custom one); it is sized for ~24 characters, the list shows all."""
+    from piwork.gui.window import MainWindow
+
+    win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
+    qtbot.addWidget(win)
+    name = "a-provider/" + "very-long-model-name-" * 5
+    win.model_pick.addItem(name, "x/y")
+    win.show()
+    qtbot.waitExposed(win)
+    pick = win.model_pick
+    assert pick.minimumSizeHint().width() < pick.fontMetrics().horizontalAdvance(name) / 2

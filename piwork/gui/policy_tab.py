@@ -246,6 +246,7 @@ class AddRuleDialog(QDialog):
         (Action.DELETE, "delete files"),
         (Action.MOVE, "move or rename files"),
         (Action.NETWORK, "reach a web address"),
+        (Action.PRIVATE_NETWORK, "reach a private address (a company network, this computer)"),
         (Action.OUTSIDE_SCOPE, "touch files outside the task's folders"),
         (Action.READ, "read files"),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -21,9 +22,18 @@ from PySide6.QtWidgets import (
 )
 
 from piwork.config import Paths
+from piwork.gui.asking import ask
 from piwork.gui.controller import spawn
 from piwork.gui.text import sanitize
-from piwork.gui.widgets import plain_label
+from piwork.gui.widgets import plain_label, plain_tip
+
+
+def _row(cells: list[str]) -> QTreeWidgetItem:
+    """A tree row whose cells are whole in their tooltips (a long one ends in "…")."""
+    item = QTreeWidgetItem(cells)
+    for col, text in enumerate(cells):
+        item.setToolTip(col, plain_tip(text))
+    return item
 
 
 class EnvsTab(QWidget):
@@ -78,13 +88,13 @@ class EnvsTab(QWidget):
             self.env_status.setText(f"cannot read the environments: {sanitize(exc, limit=400)}")
         self._env_folders: list[Path] = []
         for info in infos:
-            top = QTreeWidgetItem(
+            top = _row(
                 [sanitize(str(info.folder), limit=400), mb(info.bytes), info.next_start(titles)]
             )
             top.setData(0, Qt.ItemDataRole.UserRole, str(info.folder))
             if info.last_task:
                 top.addChild(
-                    QTreeWidgetItem(
+                    _row(
                         [
                             f"what {task_words(info.last_task, titles)} installed",
                             mb(info.last_task_bytes),
@@ -93,12 +103,15 @@ class EnvsTab(QWidget):
                     )
                 )
             for la in info.layers:
-                top.addChild(QTreeWidgetItem(["saved earlier", mb(la.bytes), la.line(titles)]))
+                top.addChild(_row(["saved earlier", mb(la.bytes), la.line(titles)]))
             self.envs.addTopLevelItem(top)
             top.setExpanded(True)
             self._env_folders.append(info.folder)
-        for col in range(3):
+        # Sizes and names fit; the details column takes the rest of the width and a long
+        # line ends in "…", whole in its tooltip (no sideways scrolling to read a row).
+        for col in (0, 1):
             self.envs.resizeColumnToContents(col)
+        self.envs.setColumnWidth(0, min(self.envs.columnWidth(0), 360))
         if not infos and not self.env_status.text():
             self.env_status.setText(
                 "No saved environments yet: a task on a folder saves what it installs."
@@ -199,6 +212,7 @@ class PacksTab(QWidget):
         self.pack_status = plain_label()
         self.pack_status.setWordWrap(True)
         lay.addWidget(self.pack_status)
+        self.remove_box: QMessageBox | None = None
         self._fill_packs()
 
     def _fill_packs(self) -> None:
@@ -254,19 +268,21 @@ class PacksTab(QWidget):
             self.pack_status.setText("No unused packs: only the current one is here.")
             return
         n = len(unused)
-        ans = QMessageBox.question(
+        # Asked without a nested event loop (QMessageBox.question blocked the app's
+        # asyncio tasks while it was open); Cancel is the default.
+        self.remove_box = ask(
             self,
             "Remove unused packs?",
             f"Remove {'the 1 pack' if n == 1 else f'{n} packs'} not built from this "
             "piwork's sources? Another piwork install sharing this cache rebuilds its "
             "pack when it next runs.",
+            "Remove",
+            lambda: self._remove(unused),
         )
-        if ans != QMessageBox.StandardButton.Yes:
-            return
+
+    def _remove(self, unused: list[Any]) -> None:
         gone = 0
-        for p in self._pack_infos:
-            if self._current_pack is not None and p.path == self._current_pack:
-                continue
+        for p in unused:
             shutil.rmtree(p.path, ignore_errors=True)
             gone += 1
         self.pack_status.setText(f"Removed {gone} unused pack{'' if gone == 1 else 's'}.")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -37,12 +36,11 @@ from piwork.models.scripted import (
 from piwork.pack.manifest import Manifest
 from piwork.policy import Action, AuditLog, Choice, PermissionRequest
 from piwork.runner import AllowAsker, Asker, EventKind, Outcome, RunEvent, RunRequest, TaskSession
-from tests.helpers.cli import make_home, run_cli
+from tests.helpers.cli import piwork, write_providers
 from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 pytestmark = pytest.mark.vm
 
-PIWORK = [sys.executable, "-m", "piwork.cli.main"]
 GUEST_WORK = "/mnt/work"
 LN_TRICK = "ln -s .. ../../up && echo pwned > ../../up/state/pwned.txt"
 
@@ -395,20 +393,13 @@ async def test_headless_run_without_a_terminal_denies_and_says_so(
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "headless.txt").write_text("keep\n")
-    env = make_home(tmp_path, model_server)
+    write_providers(home / "config", model_server)
     model_server.script = per_prompt(
         ToolCalls([bash("rm headless.txt", id="call_headless")]),
         Text("I could not delete it."),
     )
-    code, out, err = await run_cli(
-        env,
-        "run",
-        "delete headless.txt",
-        "--folder",
-        str(folder),
-        "--model",
-        "scripted/scripted",
-        timeout=400,
+    code, out, err = await piwork(
+        home, "run", "delete headless.txt", "--folder", str(folder), "--model", "scripted/scripted"
     )
     assert code == 0, err[-3000:]
     # Nobody to ask: the delete is not made in the folder, the run says it waits.
@@ -421,9 +412,9 @@ async def test_headless_run_without_a_terminal_denies_and_says_so(
     [entry] = [e for e in audit if e["target"].endswith("/headless.txt")]
     assert entry["decision"] == "deny" and entry["decidedBy"] == "no-terminal"
     # `piwork apply` applies it later.
-    task = json.loads((await run_cli(env, "tasks", "list", "--json"))[1])
+    task = json.loads((await piwork(home, "tasks", "list", "--json"))[1])
     task_id = task[0]["id"] if isinstance(task, list) else task["tasks"][0]["id"]
-    code, out, err = await run_cli(env, "apply", task_id, "--yes")
+    code, out, err = await piwork(home, "apply", task_id, "--yes")
     assert code == 0, err
     assert not (folder / "headless.txt").exists()
 
@@ -436,7 +427,7 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
     folder.mkdir()
     for name in ("allowed.txt", "denied.txt"):
         (folder / name).write_text("x\n")
-    env = make_home(tmp_path, model_server)
+    write_providers(home / "config", model_server)
     policy = tmp_path / "ci-policy.json"
     rule = {
         "id": "r-ci-delete",
@@ -453,9 +444,9 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
         ToolCalls([bash("rm denied.txt", id="call_policy_denied")]),
         Text("done"),
     )
-    code, out, err = await run_cli(
-        env, "run", "clean up", "--folder", str(folder), "--model", "scripted/scripted",
-        "--policy", str(policy), "--json", timeout=400,
+    code, out, err = await piwork(
+        home, "run", "clean up", "--folder", str(folder), "--model", "scripted/scripted",
+        "--policy", str(policy), "--json",
     )  # fmt: skip
     assert code == 0, err[-3000:]
     assert not (folder / "allowed.txt").exists()

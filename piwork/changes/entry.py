@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from piwork.errors import ProtocolError
+
 MAX_PATH_BYTES = 4096
 MAX_NAME_BYTES = 255
 MAX_LINK_BYTES = 4096
@@ -27,7 +29,7 @@ MAX_FILE_BYTES = 1 << 30
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
-class EntryError(ValueError):
+class EntryError(ValueError, ProtocolError):
     """An entry the host refuses (the message says why; it names no guest text raw)."""
 
 

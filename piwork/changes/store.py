@@ -21,10 +21,11 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from piwork.errors import StoreError
 from piwork.fsutil import fsync_fd
 
 
-class StoreMissing(OSError):
+class StoreMissing(OSError, StoreError):
     """An object the journal names is not in the store (deleted by hand, or a damaged disk)."""
 
 

@@ -184,5 +184,5 @@ class LayerClient:
             await self.writer.wait_closed()
 
 
-class FileChanged(Exception):
+class FileChanged(ProtocolError):
     """One file could not be read as scanned (gone, grown, replaced): it waits for the next scan."""

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import logging
 import secrets
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -65,6 +66,8 @@ from piwork.rpc import models as m
 from piwork.run.digest import EventKind
 from piwork.run.request import RunError
 from piwork.tasks import Task, TaskStatus
+
+log = logging.getLogger(__name__)
 
 
 class Asker(Protocol):
@@ -544,8 +547,30 @@ class ChangeJudge:
         for t in targets:
             rule = winning_rule(rules, t, self.bridge.context)
             verdict = rule.verdict if rule is not None else Verdict.ASK
-            out.append((verdict, rule is not None and rule.source is RuleSource.USER))
+            by_person = rule is not None and rule.source is RuleSource.USER
+            out.append((verdict, by_person))
+            if verdict is not Verdict.ASK and (by_person or t.action is not Action.WRITE):
+                self._decided_by_rule(t)
         return out
+
+    def _decided_by_rule(self, target: Target) -> None:
+        """A delete or a move (or anything the person's own rule decided) that a rule
+        answered instead of the person: audited and told like a gate request a rule
+        decided. The default rules' allowed writes are not (one line per file written)."""
+        perm = self._request([target], "the agent's change")
+        try:
+            decision = self.bridge.decider.decide(perm, self.bridge.context)
+        except (PolicyError, OSError) as exc:
+            log.warning("a change set's rule decision was not audited: %s", exc)
+            return
+        if decision.verdict is Verdict.ASK:
+            return
+        base = dict(action=perm.action.value, tool=perm.tool, target=perm.summary,
+                    question=perm.question, call=None)  # fmt: skip
+        choice = decision.reply_choice.value
+        rule = decision.rule.describe() if decision.rule else None
+        self.bridge.host.emit(EventKind.PERMISSION, **base, decision=choice, by="rule", rule=rule)
+        self.bridge.host.note("permission", {**base, "decision": choice, "by": "rule"})
 
     def _request(self, targets: list[Target], question: str) -> PermissionRequest:
         order = (Action.DELETE, Action.MOVE, Action.WRITE)

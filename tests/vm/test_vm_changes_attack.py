@@ -121,6 +121,7 @@ def make_folder(tmp_path: Path) -> tuple[Path, Path]:
     )
     assert git(folder, "add", "-A").returncode == 0
     assert git(folder, "commit", "-qm", "init").returncode == 0
+    (folder / "vendor" / "lib").mkdir(parents=True)  # a clone leaves the submodule's path
     # 3c: a linked worktree whose main repository sets core.hooksPath.
     main = tmp_path / "main"
     main.mkdir()
@@ -264,7 +265,7 @@ async def test_guest_root_cannot_make_the_host_run_anything_through_the_folder(
     assert any("waiting for you" in n and "piwork apply" in n for n in notices), notices
 
     # Host git: no fsmonitor, no hook of the agent's.
-    for where in (folder, folder / "vendor", folder / "feature"):
+    for where in (folder, folder / "vendor" / "lib", folder / "feature"):
         git(where, "status")
     (folder / "feature" / "new.txt").write_text("x")
     git(folder / "feature", "add", "new.txt")

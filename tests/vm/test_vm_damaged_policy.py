@@ -96,9 +96,9 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
         for e in AuditLog(paths.audit_log).read()
         if e.get("task") == task_id and e.get("action") == "write"
     ]
-    # A rule's verdict on a change set is not audited (nothing was asked); the change set
-    # met on the damaged file is, and ended the run.
-    assert decided == [("deny", "unusable-policy")]
+    # The person's rule decided the first change set (audited as such); the change set met
+    # on the damaged file was denied, and ended the run.
+    assert decided == [("deny", "rule"), ("deny", "unusable-policy")]
 
     # -- the next run, as a person starts it: refused before anything boots.
     model_server.script = per_prompt(

@@ -276,8 +276,9 @@ async def test_guest_root_cannot_make_the_host_run_anything_through_the_folder(
     git(folder, "commit", "-qm", "the person commits")
     for name, marker in m.items():
         assert not marker.exists(), f"host git ran the agent's {name} payload"
-    git(folder / "feature", "reset", "-q", "--hard", "HEAD~1")
-    git(folder, "reset", "-q", "--hard", "HEAD~1")
+    # (--mixed: the working tree keeps what piwork applied, for the undo below)
+    git(folder / "feature", "reset", "-q", "HEAD~1")
+    git(folder, "reset", "-q", "HEAD~1")
     (folder / "feature" / "new.txt").unlink(missing_ok=True)
     (folder / "new.txt").unlink(missing_ok=True)
 

@@ -223,7 +223,7 @@ def foreign_apt(pins: Pins, state: Path) -> list[str]:
     """``apt-get`` options for ``pins.arch`` on a host of another architecture: a private
     apt state in ``state`` (its own sources from ``[debian] mirrors``, lists, cache and an
     empty dpkg status), so the host's apt configuration is neither needed nor changed.
-    Its lists are fetched the first time (``apt-get update``, ~10 MB)."""
+    Its lists are brought up to date first (``apt-get update``: ~10 MB the first time)."""
     if not pins.mirrors:
         raise PackError(
             f"{pins.path}: [debian] mirrors is needed to fetch {pins.arch} packages on "
@@ -242,7 +242,6 @@ def foreign_apt(pins: Pins, state: Path) -> list[str]:
         m.replace("deb ", f"deb [arch={pins.arch} signed-by={APT_KEYRING}] ", 1) + "\n"
         for m in pins.mirrors
     )
-    fresh = not sources.is_file() or sources.read_text() != wanted
     sources.write_text(wanted)
     (state / "status").touch()
     opts = [
@@ -254,8 +253,9 @@ def foreign_apt(pins: Pins, state: Path) -> list[str]:
         f"-oAPT::Architecture={pins.arch}",
         f"-oAPT::Architectures::={pins.arch}",
     ]
-    if fresh or not any(lists.glob("*_Packages*")):
-        run(["apt-get", *opts, "update"], what=f"apt-get update ({pins.arch} lists)")
+    # Every time (only a build missing a .deb gets here): apt fetches only what changed,
+    # and lists of an archive that has moved on would not have the pinned versions.
+    run(["apt-get", *opts, "update"], what=f"apt-get update ({pins.arch} lists)")
     return opts
 
 

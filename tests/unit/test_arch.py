@@ -132,3 +132,14 @@ def test_another_archs_node_comes_from_a_tarball_matching_its_pinned_integrity(
     assert not node._integrity_ok(tgz, integrity)
     with pytest.raises(PackError, match="integrity"):
         node._integrity_ok(tgz, "md5-abc")
+
+
+def test_doctor_says_which_architectures_build_and_boot_here() -> None:
+    from piwork.doctor import check_architectures
+
+    said = {c.name: c.detail for c in check_architectures()}
+    assert set(said) == {"amd64 packs", "arm64 packs"}
+    for target in (arch.AMD64, arch.ARM64):
+        detail = said[f"{target.debian} packs"]
+        assert ("builds here" in detail) == arch.runs_here(target)
+        assert target.qemu in detail

@@ -410,6 +410,7 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
                 guest_node=GUEST_NODE,
                 bundle_dir=bundle_rel,
                 extensions_dir=f"{GUEST_ROOT}/extensions",
+                emu=emu,
             )
             stats["code_cache_files"] = cc.files
             stats["code_cache_bytes"] = cc.bytes
@@ -553,7 +554,9 @@ def _emulation_env(target: arches.Arch, initrd: Path) -> dict[str, str]:
     under the prefix is looked up as it is."""
     if arches.host() is target:
         return {}
-    return {"QEMU_LD_PREFIX": str(initrd)}
+    # QEMU_CPU: the CPU a TCG guest gets, so what V8 saves (snapshot, code cache) is
+    # made on the one it is loaded on (qemu-user's default "max" has more features).
+    return {"QEMU_LD_PREFIX": str(initrd), "QEMU_CPU": target.tcg_cpu}
 
 
 def _node_runs(

@@ -9,7 +9,6 @@ from piwork.pack.manifest import Manifest
 from piwork.vm.accel import Accel, HostFacts, choose_accel
 from piwork.vm.command import VmSpec, build_command, kernel_cmdline
 from piwork.vm.template import usable
-from tests.unit.test_vm_command import option
 
 ARM64_MANIFEST = Manifest(
     pack_id="arm",
@@ -46,6 +45,10 @@ def spec(accel_host: HostFacts | None = None, **kw: object) -> VmSpec:
     )
     base.update(kw)
     return VmSpec(**base)  # type: ignore[arg-type]
+
+
+def option(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
 
 
 def test_an_arm64_pack_boots_on_the_virt_machine_with_pci_virtio_devices() -> None:

@@ -101,3 +101,10 @@ def test_hvf_on_an_apple_silicon_mac_for_arm64_only() -> None:
     assert choice.qemu_args == ["-accel", "hvf", "-cpu", "host"]
     x86_on_mac = choose_accel(mac, guest="x86_64")
     assert x86_on_mac.accel is Accel.TCG and "x86_64 guest on this arm64 host" in x86_on_mac.reason
+
+
+def test_each_packs_cmdline_names_its_console_and_amd64s_is_unchanged() -> None:
+    from piwork.pack.build import CMDLINE, cmdline
+
+    assert cmdline(arch.AMD64) == CMDLINE and CMDLINE.startswith("console=ttyS0 ")
+    assert cmdline(arch.ARM64) == CMDLINE.replace("console=ttyS0", "console=ttyAMA0")

@@ -42,9 +42,13 @@ function drop() {
 }
 
 function cachedStatSync(p, options) {
-  if (dir === null || typeof p !== "string") return realStatSync(p, options);
-  const file = path.resolve(p);
-  if (path.dirname(file) !== dir || !POLLED.has(path.basename(file))) return realStatSync(p, options);
+  // pi stats many other files: they pass with a look at the name's tail (TCG makes
+  // every instruction here count).
+  const slash = typeof p === "string" ? p.lastIndexOf("/") : -1;
+  if (dir === null || slash === -1 || !POLLED.has(p.slice(slash + 1))) return realStatSync(p, options);
+  // pi's path is absolute and normal (join(agentDir, name)): compared as it is.
+  const file = p.slice(0, slash) === dir ? p : path.resolve(p);
+  if (path.dirname(file) !== dir) return realStatSync(p, options);
   const key = `${file}\0${options?.bigint === true}\0${options?.throwIfNoEntry !== false}`;
   let hit = kept.get(key);
   if (hit === undefined) {

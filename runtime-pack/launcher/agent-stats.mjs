@@ -9,8 +9,8 @@
 // under TCG that was 80 % of a warm start's switch (5 s of its 5.1 s) and most of a
 // cold start's main().
 //
-// While armed on a directory, statSync of those two files in it (the result, or the
-// error) is kept until anything in that directory changes. Every process in the VM
+// While armed on a directory, statSync of those two files in it (when they exist) is
+// kept until anything in that directory changes. Every process in the VM
 // writes through the guest's own kernel, which tells inotify (fs.watch) of each
 // change, and any event at all drops everything kept, so pi still sees other
 // processes' writes (as soon as the event loop takes the event). The host writes the
@@ -27,18 +27,29 @@ const realStatSync = fs.statSync;
 let dir = null; // the armed directory (resolved), or null
 let watcher = null;
 let watched = ""; // the directory's dev:ino when armed
-const kept = new Map(); // key -> {stats} | {error}
+const kept = new Map(); // key -> Stats
 
 const identity = (p) => {
   const s = realStatSync(p, { throwIfNoEntry: false });
   return s ? `${s.dev}:${s.ino}` : "";
 };
 
-/** Something in the directory changed: forget; if the directory itself was moved or
- * replaced, the watch no longer sees the one at its path: stop keeping anything. */
+let moved = false; // an event came: is the directory at the path still the watched one?
+
+/** Something in the directory changed: forget what was kept. */
 function drop() {
   kept.clear();
-  if (dir !== null && identity(dir) !== watched) disarm();
+  moved = true;
+}
+
+/** After events: if the directory itself was moved or replaced, the watch no longer
+ * sees the one at its path: stop keeping anything. Once per burst of events. */
+function stillWatched() {
+  if (moved) {
+    moved = false;
+    if (identity(dir) !== watched) disarm();
+  }
+  return dir !== null;
 }
 
 function cachedStatSync(p, options) {
@@ -48,25 +59,24 @@ function cachedStatSync(p, options) {
   if (dir === null || slash === -1 || !POLLED.has(p.slice(slash + 1))) return realStatSync(p, options);
   // pi's path is absolute and normal (join(agentDir, name)): compared as it is.
   const file = p.slice(0, slash) === dir ? p : path.resolve(p);
-  if (path.dirname(file) !== dir) return realStatSync(p, options);
+  if (path.dirname(file) !== dir || !stillWatched()) return realStatSync(p, options);
   const key = `${file}\0${options?.bigint === true}\0${options?.throwIfNoEntry !== false}`;
-  let hit = kept.get(key);
-  if (hit === undefined) {
-    try {
-      hit = { stats: realStatSync(p, options) };
-    } catch (error) {
-      hit = { error };
-    }
-    if (dir !== null) kept.set(key, hit); // (a watcher error may have disarmed us meanwhile)
+  let stats = kept.get(key);
+  if (stats === undefined) {
+    // A missing file (or any error) is asked again: pi makes both files at its start,
+    // and must see them at once, not when inotify's event has come through.
+    stats = realStatSync(p, options);
+    // (undefined: throwIfNoEntry false and no file; a watcher error may have disarmed us)
+    if (stats !== undefined && dir !== null) kept.set(key, stats);
   }
-  if (hit.error !== undefined) throw hit.error;
-  return hit.stats;
+  return stats;
 }
 
 /** Stop keeping stats (and watching). */
 export function disarm() {
   dir = null;
-  drop();
+  kept.clear();
+  moved = false;
   if (watcher !== null) {
     watcher.close();
     watcher = null;

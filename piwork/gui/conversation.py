@@ -33,6 +33,7 @@ from piwork.gui.words import (
     ended_line,
     is_denied,
     permission_line,
+    person_notice,
     person_paths,
     stopped_words,
 )
@@ -241,6 +242,11 @@ class ConversationPane(QWidget):
         self.header.setToolTip(plain_tip(f"model: {sel.model}") if sel.model else "")
 
     # ------------------------------------------------------------ the runner's events
+    def _words(self, ctl: TaskController, message: str) -> str:
+        """A runner message in the window's words: no task ids, Enter for `piwork resume`."""
+        titles = {t.task_id: t.title for t in self.model.tasks if t.task_id}
+        return person_notice(message, ctl.task_id, titles)
+
     def _on_event(self, ctl: TaskController, ev: RunEvent) -> None:
         conv = self.conversation(ctl)
         d = ev.data
@@ -274,9 +280,9 @@ class ConversationPane(QWidget):
                     msg = "model: the offline demo (scripted, not a real LLM)"  # no CLI flags
                 conv.boot(conv.boot_row.text() if conv.boot_row else "Starting…", msg)
             else:
-                conv.notice(msg)
+                conv.notice(self._words(ctl, msg))
         elif k is EventKind.ERROR:
-            conv.notice(str(d.get("message", "")), "error")
+            conv.notice(self._words(ctl, str(d.get("message", ""))), "error")
         elif k is EventKind.PERMISSION:
             line = permission_line(d)
             if line is not None:
@@ -294,7 +300,7 @@ class ConversationPane(QWidget):
             conv.notice(
                 ended_line(
                     ended,
-                    sanitize(str(done_msg), limit=300) if done_msg else None,
+                    sanitize(self._words(ctl, str(done_msg)), limit=300) if done_msg else None,
                     int(d.get("tokens") or 0),
                     turns,
                 )

@@ -8,7 +8,6 @@ for tasks already running too (the task limit, keep-warm).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from PySide6.QtCore import Qt, Signal
@@ -23,11 +22,8 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QMessageBox,
-    QPlainTextEdit,
     QPushButton,
     QSpinBox,
-    QTableWidget,
-    QTableWidgetItem,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -38,11 +34,11 @@ from piwork.config import Paths
 from piwork.gui.asking import message_box
 from piwork.gui.network_tab import NetworkTab
 from piwork.gui.pi_tab import PiTab
+from piwork.gui.policy_tab import PolicyTab
 from piwork.gui.prefs import Prefs, model_choices
 from piwork.gui.settings_tabs import EnvsTab, PacksTab
-from piwork.gui.text import sanitize, shown_rule
-from piwork.gui.widgets import plain_label, plain_labels, plain_tip
-from piwork.gui.words import VERDICT_WORDS, audit_line, task_titles
+from piwork.gui.text import sanitize
+from piwork.gui.widgets import plain_label, plain_labels
 from piwork.models.custom import add_provider, remove_provider
 from piwork.models.defaults import DEMO, set_default_model
 from piwork.models.providers import (
@@ -50,16 +46,6 @@ from piwork.models.providers import (
     Provider,
     load_custom_providers,
     load_providers,
-)
-from piwork.policy import (
-    DEFAULT_RULES,
-    Action,
-    AuditLog,
-    PolicyStore,
-    Rule,
-    Scope,
-    ScopeKind,
-    Verdict,
 )
 
 
@@ -80,7 +66,8 @@ class SettingsDialog(QDialog):
         self.tabs = QTabWidget()
         lay.addWidget(self.tabs)
         self.tabs.addTab(self._models_tab(), "Models")
-        self.tabs.addTab(self._policy_tab(), "Permissions")
+        self.policy_tab = PolicyTab(paths)  # piwork.gui.policy_tab
+        self.tabs.addTab(self.policy_tab, "Permissions")
         self.tabs.addTab(self._limits_tab(), "Limits and VM")
         self.packs_tab = PacksTab()
         self.tabs.addTab(self.packs_tab, "Packs")
@@ -95,6 +82,14 @@ class SettingsDialog(QDialog):
         lay.addWidget(buttons)
         plain_labels(self)  # the form rows' labels too
 
+    # The Permissions tab's parts, by name.
+    rules = _tab("policy_tab", "rules")
+    builtin = _tab("policy_tab", "builtin")
+    audit = _tab("policy_tab", "audit")
+    add_rule_dialog = _tab("policy_tab", "add_rule_dialog")
+    add_rule = _tab("policy_tab", "add_rule")
+    rule_texts = _tab("policy_tab", "rule_texts")
+    refresh_policy = _tab("policy_tab", "refresh_policy")
     packs = _tab("packs_tab", "packs")
     pack_status = _tab("packs_tab", "pack_status")
     # The Environments tab's parts, by name.
@@ -251,103 +246,6 @@ class SettingsDialog(QDialog):
             self._fill_custom()
             self._fill_default()
 
-    # ------------------------------------------------------------ policy
-    def _policy_tab(self) -> QWidget:
-        w = QWidget()
-        lay = QVBoxLayout(w)
-        lay.addWidget(plain_label("Your rules (saved with “Always allow”, or added here):"))
-        self.rules = QTableWidget(0, 5)
-        self.rules.setObjectName("rulesTable")
-        self.rules.setHorizontalHeaderLabels(["Rule", "Answer", "Where", "Matching", "Made"])
-        self.rules.horizontalHeader().setStretchLastSection(True)
-        lay.addWidget(self.rules, 2)
-        row = QHBoxLayout()
-        add = QPushButton("Add rule…")
-        add.clicked.connect(self.add_rule)
-        delete = QPushButton("Delete selected rule")
-        delete.clicked.connect(self._delete_rule)
-        reset = QPushButton("Remove all my rules…")
-        reset.clicked.connect(self._reset_rules)
-        row.addWidget(add)
-        row.addWidget(delete)
-        row.addWidget(reset)
-        row.addStretch(1)
-        lay.addLayout(row)
-        lay.addWidget(plain_label("Built in (your rules come first):"))
-        self.builtin = QListWidget()
-        self.builtin.setObjectName("builtinRules")
-        for r in DEFAULT_RULES:
-            self.builtin.addItem(f"{r.human()} — {r.note}" if r.note else r.human())
-        self.builtin.setMaximumHeight(150)
-        lay.addWidget(self.builtin, 1)
-        lay.addWidget(plain_label("Audit log (newest first):"))
-        self.audit = QPlainTextEdit()
-        self.audit.setReadOnly(True)
-        lay.addWidget(self.audit, 1)
-        self.refresh_policy()
-        return w
-
-    def refresh_policy(self) -> None:
-        try:
-            rules = PolicyStore(self.paths.policy_file).load()
-        except Exception as exc:
-            rules = []
-            self.audit.setPlainText(f"cannot read the policy: {exc}")
-        self._rules = rules
-        self.rules.setRowCount(len(rules))
-        for i, r in enumerate(rules):
-            # In the person's words and paths: their folder's files relative to it, the
-            # scope as a folder or "every folder", the day it was made. The exact rule
-            # (as `piwork policy list` prints it) is the row's tooltip.
-            shown = shown_rule(r)
-            where = "every folder" if r.scope.kind is ScopeKind.GLOBAL else str(r.scope.value)
-            cells = [shown.human(), VERDICT_WORDS.get(r.verdict.value, r.verdict.value), where,
-                     shown.pattern or "anything", str(r.created)[:10]]  # fmt: skip
-            for j, v in enumerate(cells):
-                cell = QTableWidgetItem(sanitize(v, limit=400, keep_newlines=False))
-                cell.setToolTip(plain_tip(sanitize(r.describe(), limit=400)))
-                self.rules.setItem(i, j, cell)
-        self.rules.resizeColumnsToContents()
-        with contextlib.suppress(Exception):
-            entries = list(AuditLog(self.paths.audit_log).read())[-200:]
-            titles = task_titles(self.paths)
-            lines = [audit_line(e, titles) for e in reversed(entries)]
-            self.audit.setPlainText(sanitize("\n".join(lines) or "(empty)", limit=200_000))
-
-    def rule_texts(self) -> list[str]:
-        items = [self.rules.item(i, 0) for i in range(self.rules.rowCount())]
-        return [it.text() for it in items if it is not None]
-
-    def add_rule(self) -> None:
-        """A rule by hand: what, allow/ask/deny, everywhere or in one folder, a pattern."""
-        dlg = AddRuleDialog(self)
-        self.add_rule_dialog = dlg
-
-        def done(result: int) -> None:
-            rule = dlg.rule() if result == QDialog.DialogCode.Accepted else None
-            if rule is not None:
-                PolicyStore(self.paths.policy_file).add(rule)
-                self.refresh_policy()
-
-        dlg.finished.connect(done)
-        dlg.open()
-
-    def _delete_rule(self) -> None:
-        row = self.rules.currentRow()
-        if 0 <= row < len(self._rules):
-            PolicyStore(self.paths.policy_file).remove(self._rules[row].id)
-            self.refresh_policy()
-
-    def _reset_rules(self) -> None:
-        ans = QMessageBox.question(
-            self,
-            "Remove your rules?",
-            "Remove every rule you saved? The built-in rules stay.",
-        )
-        if ans == QMessageBox.StandardButton.Yes:
-            PolicyStore(self.paths.policy_file).reset()
-            self.refresh_policy()
-
     # ------------------------------------------------------------ limits / VM
     def _limits_tab(self) -> QWidget:
         w = QWidget()
@@ -490,91 +388,3 @@ class SettingsDialog(QDialog):
             + ADD_HINT
             + " (in a terminal). A new task's host is chosen next to its model."
         )
-
-
-class AddRuleDialog(QDialog):
-    """What a person can say without knowing the rule syntax; the rule line it makes is
-    shown before it is stored."""
-
-    ACTIONS = (
-        (Action.SHELL, "run a command"),
-        (Action.WRITE, "change files"),
-        (Action.DELETE, "delete files"),
-        (Action.MOVE, "move or rename files"),
-        (Action.NETWORK, "reach a web address"),
-        (Action.OUTSIDE_SCOPE, "touch files outside the task's folders"),
-        (Action.READ, "read files"),
-    )
-
-    def __init__(self, parent: QWidget | None = None) -> None:
-        super().__init__(parent)
-        self.setWindowTitle("Add a rule")
-        self.setMinimumWidth(560)
-        form = QFormLayout(self)
-        form.setSizeConstraint(QFormLayout.SizeConstraint.SetMinimumSize)
-        self.verdict = QComboBox()
-        # "Ask" first: the dialog never opens on "allow anything everywhere" (issue 33).
-        for v, label in ((Verdict.ASK, "Ask"), (Verdict.ALLOW, "Allow"), (Verdict.DENY, "Deny")):
-            self.verdict.addItem(label, v)
-        form.addRow("", self.verdict)
-        self.action = QComboBox()
-        for a, label in self.ACTIONS:
-            self.action.addItem(label, a)
-        form.addRow("when the agent wants to", self.action)
-        self.pattern = QLineEdit()
-        self.pattern.setPlaceholderText("e.g. make test · src/** · pypi.org (empty: anything)")
-        form.addRow("matching", self.pattern)
-        self.folder = QLineEdit()
-        self.folder.setPlaceholderText("empty: in every folder")
-        form.addRow("in tasks on folder", self.folder)
-        self.preview = plain_label()
-        self.preview.setObjectName("rulePreview")
-        self.preview.setWordWrap(True)
-        form.addRow("Rule", self.preview)
-        self.warning = plain_label()
-        self.warning.setObjectName("ruleWarning")
-        self.warning.setWordWrap(True)
-        form.addRow("", self.warning)
-        buttons = QDialogButtonBox()
-        self.add_btn = buttons.addButton("Add the rule", QDialogButtonBox.ButtonRole.AcceptRole)
-        cancel = buttons.addButton(QDialogButtonBox.StandardButton.Cancel)
-        # Enter never stores a rule: Cancel is the default.
-        self.add_btn.setAutoDefault(False)
-        cancel.setDefault(True)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        form.addRow(buttons)
-        for w in (self.verdict, self.action):
-            w.currentIndexChanged.connect(self._show)
-        for e in (self.pattern, self.folder):
-            e.textChanged.connect(self._show)
-        self._show()
-        plain_labels(self)
-
-    def rule(self) -> Rule | None:
-        folder = self.folder.text().strip()
-        pattern = self.pattern.text().strip() or None
-        return Rule(
-            action=Action(self.action.currentData()),
-            verdict=Verdict(self.verdict.currentData()),
-            scope=Scope.folder(folder) if folder else Scope.global_(),
-            pattern=pattern,
-        )
-
-    def _show(self) -> None:
-        r = self.rule()
-        self.preview.setText(sanitize(r.human(), limit=400) if r is not None else "")
-        wide = (
-            r is not None
-            and r.verdict is Verdict.ALLOW
-            and r.pattern is None
-            and r.scope.kind is ScopeKind.GLOBAL
-        )
-        self.warning.setText(
-            "This allows it for ANY target, in EVERY task and folder: add a pattern or a "
-            "folder to narrow it."
-            if wide
-            else ""
-        )
-        self.warning.setVisible(wide)
-        self.adjustSize()  # the words never end cut off

@@ -109,6 +109,55 @@ def ended_line(ended: str, message: str | None, tokens: int, steps: int) -> str:
     return f"— {ended}{what} · {tokens:,} tokens, {steps} step{'' if steps == 1 else 's'} —"
 
 
+# What the runner says to both front ends names a task by its id and says what to do in
+# CLI commands ("`piwork resume 3f2a1b2c4d5e` continues it"). In the window the task is
+# the one on screen, and continuing it is Enter below (issue 33 item 13).
+_TASK_ID = r"[0-9a-f]{12}"
+_RESUME = re.compile(rf"`piwork resume (?P<id>{_TASK_ID})`")
+_SENTENCE = re.compile(r"(^|[.!?]\s+)(a new message|this task)")
+_NAMED = re.compile(rf"\b(?P<word>[Tt]ask) (?P<id>{_TASK_ID})\b")
+_BARE_ID = re.compile(rf"(?<![0-9a-zA-Z/._-]){_TASK_ID}(?![0-9a-zA-Z/._-])")
+
+
+def person_notice(text: str, task_id: str | None, titles: dict[str, str]) -> str:
+    """A runner message as the window says it: this task is "this task", another by its
+    title, and `piwork resume` of this task is the composer's Enter. A command the window
+    cannot do (a higher limit, another host: ``piwork resume ID --max-turns N``) stays as
+    it is, to copy into a terminal: there the id is what the command needs."""
+
+    def resume(m: re.Match[str]) -> str:
+        return "a new message to this task (Enter below)" if m.group("id") == task_id else m[0]
+
+    def named(m: re.Match[str]) -> str:
+        if m.group("id") == task_id:
+            return f"{m.group('word')[0]}his task"
+        title = titles.get(m.group("id"))
+        return f"the task “{title[:60]}”" if title else m.group(0)
+
+    text = _RESUME.sub(resume, text)
+    text = _NAMED.sub(named, text)
+    command = re.compile(r"`[^`]*`")
+    # A bare id outside a command: this task, or the other task's title.
+    out: list[str] = []
+    last = 0
+    for m in command.finditer(text):
+        out.append(_bare_ids(text[last : m.start()], task_id, titles))
+        out.append(m.group(0))
+        last = m.end()
+    out.append(_bare_ids(text[last:], task_id, titles))
+    return _SENTENCE.sub(lambda m: m[1] + m[2][0].upper() + m[2][1:], "".join(out))
+
+
+def _bare_ids(text: str, task_id: str | None, titles: dict[str, str]) -> str:
+    def swap(m: re.Match[str]) -> str:
+        if m.group(0) == task_id:
+            return "this task"
+        title = titles.get(m.group(0))
+        return f"“{title[:60]}”" if title else m.group(0)
+
+    return _BARE_ID.sub(swap, text)
+
+
 VERDICT_WORDS = {"allow": "allowed", "ask": "asks you", "deny": "denied"}
 
 

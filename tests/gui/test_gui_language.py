@@ -143,3 +143,53 @@ def test_a_reopened_task_says_its_decisions_and_stops_in_the_same_words(tmp_path
     sink = Notices()
     load_history(path, sink)  # type: ignore[arg-type]
     assert sink.lines == ["You allowed: change notes.txt", "— Stopped by you · 0 tokens, 0 steps —"]
+
+
+def test_runner_messages_name_tasks_by_title_and_say_enter_not_a_command(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    """Issue 33 item 13: the runner's messages (shared with the CLI) name a task by its
+    id and say `piwork resume ID`; the window says "this task", the other task's title,
+    and Enter. A command only a terminal can do keeps the id it needs."""
+    from piwork.gui.widgets import NoticeRow
+    from piwork.gui.window import MainWindow
+
+    win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
+    qtbot.addWidget(win)
+    other = win.model.new(task_id="aaaaaaaaaaaa", title="tidy the notes", status="stopped")
+    win.model.add(other)
+    ctl = win.model.new(task_id="3f2a1b2c4d5e", title="fix the tests", status="running")
+    win.model.add(ctl)
+    win.select(ctl)
+    for kind, message in (
+        (EventKind.NOTICE, "task aaaaaaaaaaaa holds the folder's lock (since 12:00)"),
+        (
+            EventKind.ERROR,
+            "the VM exited while starting: no memory (QEMU exit 1). `piwork resume "
+            "3f2a1b2c4d5e` tries again; if it fails again, `piwork doctor` checks QEMU",
+        ),
+        (
+            EventKind.ERROR,
+            "task 3f2a1b2c4d5e has used up its turns limit; resume it with a higher "
+            "--max-turns (e.g. `piwork resume 3f2a1b2c4d5e --max-turns ...`)",
+        ),
+    ):
+        ctl.on_run_event(RunEvent(kind, {"message": message}, 1.0, ctl.task_id))
+    ctl.on_run_event(RunEvent(EventKind.STATUS, {"status": "stopped", "reason": "error"}, 1))
+    ctl.on_run_event(
+        RunEvent(
+            EventKind.DONE,
+            {"reason": "error", "message": "pi exited; `piwork resume 3f2a1b2c4d5e` continues"},
+            2.0,
+            ctl.task_id,
+        )
+    )
+    texts = [r.text() for r in win.conversation(ctl).findChildren(NoticeRow)]
+    assert texts[0] == "the task “tidy the notes” holds the folder's lock (since 12:00)"
+    assert texts[1].startswith("the VM exited while starting: no memory (QEMU exit 1). A new ")
+    assert "A new message to this task (Enter below) tries again" in texts[1]
+    assert texts[2].startswith("This task has used up its turns limit")
+    assert texts[2].endswith("(e.g. `piwork resume 3f2a1b2c4d5e --max-turns ...`)")  # a command
+    assert "a new message to this task (Enter below) continues" in texts[3]
+    assert not any("aaaaaaaaaaaa" in t for t in texts)
+    assert sum("3f2a1b2c4d5e" in t for t in texts) == 1

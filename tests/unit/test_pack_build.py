@@ -92,7 +92,7 @@ def test_real_build_is_complete_bootable_looking_cached_and_deterministic(
     subprocess.run(
         ["fsck.erofs", f"--extract={disk}", str(result.pack_dir / "root.erofs")], check=True
     )
-    pi = "pi/node_modules/@mariozechner/pi-coding-agent"
+    pi = f"pi/node_modules/{node.PI_PACKAGE}"
     for rel in (
         "node/bin/node",
         "supervisor/supervisor.js",

@@ -27,9 +27,8 @@ from piwork.models.scripted import ChatRequest, ScriptedModelServer, Text, ToolC
 from piwork.policy import AuditLog, PolicyStore, Rule, Scope, Verdict
 from piwork.policy.rules import Action
 from piwork.runner import EventKind, RunEvent, RunRequest, TaskSession
+from tests.helpers.cli import make_home, run_cli
 from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
-
-from .test_vm_permissions import run_cli, write_providers
 
 pytestmark = pytest.mark.vm
 
@@ -48,13 +47,13 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
     home = tmp_path / "home"
     folder = tmp_path / "project"
     (folder / "secret").mkdir(parents=True)
-    write_providers(home, model_server)
+    env = make_home(tmp_path, model_server)
     paths = private_paths(home.resolve())
     secret = folder / "secret" / "plan.txt"
 
     # The person's rule, as they would set it.
     code, out, err = await run_cli(
-        home, "policy", "deny", "write", "secret/**", "--folder", str(folder)
+        env, "policy", "deny", "write", "secret/**", "--folder", str(folder)
     )
     assert code == 0, err
     policy = paths.policy_file
@@ -105,8 +104,8 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
     calls_before = len(model_server.chat_requests)
     tasks_before = sorted(p.name for p in paths.tasks.iterdir())
     code, out, err = await run_cli(
-        home, "run", "write the plan", "--folder", str(folder),
-        "--model", "scripted/scripted", "--yes",
+        env, "run", "write the plan", "--folder", str(folder),
+        "--model", "scripted/scripted", "--yes", timeout=400,
     )  # fmt: skip
     assert code == 1, (out, err)
     lines = [line for line in err.splitlines() if line.strip()]
@@ -119,16 +118,16 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
     assert sorted(p.name for p in paths.tasks.iterdir()) == tasks_before, "no task was made"
 
     # -- `policy list` says what happened, and fails.
-    code, out, err = await run_cli(home, "policy", "list")
+    code, out, err = await run_cli(env, "policy", "list")
     assert code == 1 and out == ""
     assert "damaged" in err and str(policy) in err and "piwork policy restore" in err
 
     # -- the way back.
-    code, out, err = await run_cli(home, "policy", "restore")
+    code, out, err = await run_cli(env, "policy", "restore")
     assert code == 0, err
     assert "1 rule(s)" in out and "the damaged file is kept at" in out
     assert [r.pattern for r in PolicyStore(policy).load()] == ["secret/**"]
-    code, out, err = await run_cli(home, "policy", "list", "--json")
+    code, out, err = await run_cli(env, "policy", "list", "--json")
     assert code == 0
     [rule] = json.loads(out)["rules"]
     assert Rule.from_json(rule).verdict is Verdict.DENY
@@ -137,8 +136,8 @@ async def test_a_truncated_policy_never_lets_the_denied_write_through(
 
     # -- and the next run is denied by it again, with --yes.
     code, out, err = await run_cli(
-        home, "run", "write the plan", "--folder", str(folder),
-        "--model", "scripted/scripted", "--yes",
+        env, "run", "write the plan", "--folder", str(folder),
+        "--model", "scripted/scripted", "--yes", timeout=400,
     )  # fmt: skip
     assert code == 0, err[-3000:]
     assert not secret.exists()

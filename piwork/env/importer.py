@@ -50,7 +50,7 @@ from piwork import sharefs
 from piwork.env.dockerfile import ENV_NAME, env_script
 from piwork.env.store import BUILD_ENV_FILE, EnvError, EnvStore, write_record
 from piwork.errors import UsageError
-from piwork.fsutil import fsync_dir, fsync_fd, sha256_file
+from piwork.fsutil import fsync_dir, fsync_file, sha256_file
 from piwork.textsafe import has_unsafe
 
 TOOLS = {
@@ -384,12 +384,7 @@ def import_image(store: EnvStore, archive: Path) -> Imported:
             "workdir": settings.workdir,
         }
         write_record(store.images_dir / f"{image_id}.json", meta)
-        # Durable before it is named: a cached image is used as found (by its name).
-        fd = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fsync_fd(fd)
-        finally:
-            os.close(fd)
+        fsync_file(tmp)  # durable before it is named: a cached image is used as found
         os.replace(tmp, path)
         fsync_dir(store.images_dir)
         return Imported(

@@ -49,7 +49,7 @@ def test_two_builds_of_one_spec_at_once_make_the_image_once(
     for t in threads:
         t.start()
     for t in threads:
-        t.join(10)
+        t.join()  # a deadlock would be stopped by pytest-timeout
     assert len(builds) == 1
     assert len(results) == 2 and results[0].image == results[1].image
     assert results[0].image.read_bytes() == b"image"

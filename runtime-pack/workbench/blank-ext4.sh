@@ -16,7 +16,12 @@ nonzero=$(dd if="$DEV" bs=65536 count=16 2>/dev/null | tr -d '\000' | wc -c)
 [ $((nonzero)) -eq 0 ] || exit 2
 # lazy_itable_init: a new qcow2 reads as zeros, its inode tables need no zeroing
 # (the kernel's background pass would write, and allocate on the host, ~256 MiB).
-MKE2FS_CONFIG=$WB/etc/mke2fs.conf "$WB/lib64/ld-linux-x86-64.so.2" \
-    --library-path "$WB/lib/x86_64-linux-gnu:$WB/usr/lib/x86_64-linux-gnu" \
+# The image's own loader and libraries (the busybox root has no mke2fs).
+case $(uname -m) in
+    aarch64) ld=lib/ld-linux-aarch64.so.1 triplet=aarch64-linux-gnu ;;
+    *) ld=lib64/ld-linux-x86-64.so.2 triplet=x86_64-linux-gnu ;;
+esac
+MKE2FS_CONFIG=$WB/etc/mke2fs.conf "$WB/$ld" \
+    --library-path "$WB/lib/$triplet:$WB/usr/lib/$triplet" \
     "$WB/sbin/mke2fs" -q -F -t ext4 -m 0 -L "$LABEL" \
     -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 "$DEV" > "$LOG" 2>&1 || exit 1

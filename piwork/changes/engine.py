@@ -107,7 +107,7 @@ class Judge(Protocol):
 
     def verdicts(self, targets: list[Target]) -> list[tuple[Verdict, bool]]:
         """The policy's verdict for each target, and whether a rule the person made
-        decided it (no audit: nothing is decided yet)."""
+        naming exactly that path decided it (only such a rule releases a held change)."""
         ...
 
     async def ask(self, targets: list[Target], question: str) -> Answer:

@@ -547,9 +547,12 @@ class ChangeJudge:
         for t in targets:
             rule = winning_rule(rules, t, self.bridge.context)
             verdict = rule.verdict if rule is not None else Verdict.ASK
-            by_person = rule is not None and rule.source is RuleSource.USER
-            out.append((verdict, by_person))
-            if verdict is not Verdict.ASK and (by_person or t.action is not Action.WRITE):
+            # What the host could be made to run is released only by the person's own
+            # rule naming its exact path (an answer stored by `piwork apply`, or one they
+            # wrote), never by a broad "allow write" (docs/change-sets.md).
+            exact = rule is not None and rule.source is RuleSource.USER and rule.pattern == t.path
+            out.append((verdict, exact))
+            if verdict is Verdict.DENY or exact or t.action is not Action.WRITE:
                 self._decided_by_rule(t)
         return out
 

@@ -6,7 +6,8 @@
 The real window under a real X server with a window manager, real runner, QEMU and pi;
 the scripted model server stands in for the remote LLM. The person's part is played
 through the window, one task after another as a person works: type a task, press
-Enter, answer the permission sheet when it opens, wait until the task has ended; send
+Enter, answer the permission sheet if one opens (these commands stay in the task's
+folder, which the built-in rules allow without asking), wait until the task has ended; send
 the finished task a follow-up every other time (its VM is still warm); look back at an
 earlier task in the rail; then start the next one. At most one task works at a time
 (``max_tasks=1``), so the run holds one VM slot. A task that neither starts nor ends

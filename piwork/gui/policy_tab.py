@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
@@ -47,12 +48,14 @@ from piwork.policy import (
 )
 from piwork.policy.store import RESTORE_COMMAND, PolicyDamaged, PolicyError
 
+HEADLINE = "Your permission rules cannot be read, so no task starts until they are restored."
+
 
 def damage_words(damage: PolicyDamaged) -> str:
     """The banner's text: what is wrong, what it means, where the bytes are, what to do."""
     parts = [
-        f"Your permission rules cannot be read: {damage.path} is damaged ({damage.detail}). "
-        "No task starts until they are restored, and they cannot be edited here until then."
+        f"{damage.path} is damaged ({damage.detail}); the rules cannot be edited here until "
+        "it is restored."
     ]
     if damage.kept is not None:
         parts.append(f"A copy of the damaged file is kept at {damage.kept}.")
@@ -83,9 +86,16 @@ class PolicyTab(QWidget):
             "#policyDamaged { background: #fdecea; border: 1px solid #e0a8a0; border-radius: 4px; }"
         )
         brow = QHBoxLayout(self.banner)
+        words = QVBoxLayout()
+        self.banner_title = plain_label(HEADLINE)
+        self.banner_title.setStyleSheet("font-weight: bold;")
+        self.banner_title.setWordWrap(True)
         self.banner_text = plain_label()
         self.banner_text.setWordWrap(True)
-        brow.addWidget(self.banner_text, 1)
+        self.banner_text.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        words.addWidget(self.banner_title)
+        words.addWidget(self.banner_text)
+        brow.addLayout(words, 1)
         self.restore_btn = QPushButton("Restore the last good copy")
         self.restore_btn.clicked.connect(self.restore)
         brow.addWidget(self.restore_btn)
@@ -134,8 +144,9 @@ class PolicyTab(QWidget):
             rules, self.damage, problem = [], exc, damage_words(exc)
         except (PolicyError, OSError) as exc:
             rules = []
-            problem = sanitize(f"Your permission rules cannot be read: {exc}", limit=2000)
+            problem = sanitize(str(exc), limit=2000)
         self.banner.setVisible(problem is not None)
+        self.banner_title.setText(HEADLINE)
         self.banner_text.setText(problem or "")
         self.restore_btn.setVisible(self.damage is not None and self.damage.last_good is not None)
         for w in (self.rules, self.add_btn, self.delete_btn, self.reset_btn):
@@ -187,7 +198,8 @@ class PolicyTab(QWidget):
             self.refresh_policy()
             if self.damage is None:  # not damage (a full disk, a lock): say it all the same
                 self.banner.show()
-                self.banner_text.setText(sanitize(f"Not saved: {exc}", limit=2000))
+                self.banner_title.setText("Your change to the rules was not saved.")
+                self.banner_text.setText(sanitize(str(exc), limit=2000))
             return
         self.refresh_policy()
 
@@ -234,6 +246,7 @@ class AddRuleDialog(QDialog):
         (Action.DELETE, "delete files"),
         (Action.MOVE, "move or rename files"),
         (Action.NETWORK, "reach a web address"),
+        (Action.PRIVATE_NETWORK, "reach a private address (a company network, this computer)"),
         (Action.OUTSIDE_SCOPE, "touch files outside the task's folders"),
         (Action.READ, "read files"),
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 from pathlib import Path
+from typing import Any
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -21,6 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from piwork.config import Paths
+from piwork.gui.asking import ask
 from piwork.gui.controller import spawn
 from piwork.gui.text import sanitize
 from piwork.gui.widgets import plain_label
@@ -199,6 +201,7 @@ class PacksTab(QWidget):
         self.pack_status = plain_label()
         self.pack_status.setWordWrap(True)
         lay.addWidget(self.pack_status)
+        self.remove_box: QMessageBox | None = None
         self._fill_packs()
 
     def _fill_packs(self) -> None:
@@ -254,19 +257,21 @@ class PacksTab(QWidget):
             self.pack_status.setText("No unused packs: only the current one is here.")
             return
         n = len(unused)
-        ans = QMessageBox.question(
+        # Asked without a nested event loop (QMessageBox.question blocked the app's
+        # asyncio tasks while it was open); Cancel is the default.
+        self.remove_box = ask(
             self,
             "Remove unused packs?",
             f"Remove {'the 1 pack' if n == 1 else f'{n} packs'} not built from this "
             "piwork's sources? Another piwork install sharing this cache rebuilds its "
             "pack when it next runs.",
+            "Remove",
+            lambda: self._remove(unused),
         )
-        if ans != QMessageBox.StandardButton.Yes:
-            return
+
+    def _remove(self, unused: list[Any]) -> None:
         gone = 0
-        for p in self._pack_infos:
-            if self._current_pack is not None and p.path == self._current_pack:
-                continue
+        for p in unused:
             shutil.rmtree(p.path, ignore_errors=True)
             gone += 1
         self.pack_status.setText(f"Removed {gone} unused pack{'' if gone == 1 else 's'}.")

@@ -187,7 +187,7 @@ def test_a_damaged_policy_file_is_a_banner_editing_waits_and_restore_puts_it_bac
     assert tab.banner.isVisible()
     text = tab.banner_text.text()
     assert str(gui_paths.policy_file) in text and "`piwork policy restore`" in text
-    assert "No task starts until" in text
+    assert "no task starts until" in tab.banner_title.text()
     assert tab.restore_btn.isVisible()
     for w in (tab.add_btn, tab.delete_btn, tab.reset_btn, tab.rules):
         assert not w.isEnabled(), w
@@ -231,3 +231,63 @@ def test_a_policy_damaged_while_the_tab_is_open_shows_the_banner_instead_of_rais
     add.done(QDialog.DialogCode.Accepted)  # the store refuses; the tab says why
     assert tab.banner.isVisible() and "`piwork policy restore`" in tab.banner_text.text()
     assert gui_paths.policy_file.read_bytes() == b"{"
+
+
+def test_add_rule_offers_a_private_network_address(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    """A name on the company network (it resolves to a private address) is asked on its
+    own (piwork.net); a person can allow one here, as `piwork network allow-private` does."""
+    dlg, tab = permissions_tab(qtbot, gui_paths)
+    dlg.add_rule()
+    add = dlg.add_rule_dialog
+    i = add.action.findData(Action.PRIVATE_NETWORK)
+    assert i >= 0 and "private address" in add.action.itemText(i)
+    add.action.setCurrentIndex(i)
+    add.verdict.setCurrentIndex(add.verdict.findData(Verdict.ALLOW))
+    add.pattern.setText("repo.corp")
+    add.done(QDialog.DialogCode.Accepted)
+    [rule] = PolicyStore(gui_paths.policy_file).load()
+    assert (rule.action, rule.verdict, rule.pattern) == (
+        Action.PRIVATE_NETWORK,
+        Verdict.ALLOW,
+        "repo.corp",
+    )
+    assert any("repo.corp" in t for t in tab.rule_texts())
+
+
+def test_removing_unused_packs_asks_without_blocking_and_keeps_the_current_one(
+    qtbot: QtBot,
+    qloop: asyncio.AbstractEventLoop,
+    gui_paths: Paths,
+    monkeypatch: Any,
+    tmp_path: Path,
+) -> None:
+    """The question is a sheet like the window's others (no nested event loop: the
+    app's tasks keep running while it is open); Cancel is the default; Remove removes
+    only the packs not built from these sources."""
+    import piwork.pack
+    from piwork.gui.settings import SettingsDialog
+    from piwork.pack.cache import PackInfo
+
+    packs = tmp_path / "packs"
+
+    def pack(name: str) -> PackInfo:
+        (packs / name).mkdir(parents=True)
+        return PackInfo(name, packs / name, "", {}, 1, True)
+
+    infos = [pack("current"), pack("old-1"), pack("old-2")]
+    monkeypatch.setattr(piwork.pack, "find_pack", lambda: packs / "current")
+    monkeypatch.setattr(piwork.pack, "list_packs", lambda: [i for i in infos if i.path.exists()])
+    dlg = SettingsDialog(gui_paths, Prefs())
+    qtbot.addWidget(dlg)
+    dlg.show()
+    dlg.tabs.setCurrentWidget(dlg.packs_tab)
+    button(dlg, "Remove unused…").click()  # returns at once: the box is open, not exec'd
+    box = dlg.packs_tab.remove_box
+    assert box is not None and box.isVisible() and "2 packs" in box.text()
+    assert box.defaultButton().text() == "Cancel"
+    [remove] = [b for b in box.buttons() if b.text() == "Remove"]
+    remove.click()
+    assert sorted(p.name for p in packs.iterdir()) == ["current"]
+    assert dlg.pack_status.text() == "Removed 2 unused packs."

@@ -10,22 +10,26 @@ message is meant for people, and tell by the kind what the person can do::
      |    |                      (tasks.TaskNotFound, tasks.AmbiguousTaskId, tasks.TaskBusy,
      |    |                      tasks.FolderAlreadyBound, tasks.SettingsError,
      |    |                      models.ProviderConfigError, policy.PolicyError,
-     |    |                      auth.KeyStoreError, checkpoints.UndoConflict/TaskRunning)
+     |    |                      auth.KeyStoreError, checkpoints.UndoConflict/TaskRunning,
+     |    |                      gui AlreadyRunning/LeakingQtError, preview.PreviewUnavailable)
      |    +-- UsageError         a value given to the command is wrong: a bad --model,
      |                           a missing --folder, --allow-net, --policy, a used-up
      |                           limit, too much --memory (run.RunError,
      |                           tasks.FolderError, proxy.AllowNetError,
-     |                           resources.ResourceError, run.environment.ModelNotFound)
+     |                           resources.ResourceError, run.environment.ModelNotFound,
+     |                           cli.bench_compare.CompareError)
      +-- StoreError              a file piwork keeps could not be read or written
      |    +-- tasks.TaskStoreError (CorruptTask, TaskWriteError, NotOwner),
      |        tasks.TranscriptError, tasks.InvalidTransition,
      |        checkpoints.CheckpointError
      +-- VmError                 QEMU, the accelerator, the guest or pi failed
      |    +-- vm.VmError (BootStalled, VmExited), run.VmStartFailed, agent.PiGone,
-     |        vm.ChannelError, vm.TemplateUnavailable
+     |        vm.ChannelError, vm.TemplateUnavailable, vm.gitguard.GitGuardError,
+     |        vm.confine.ConfineError, hosts.check.CheckError, hosts.streams.StreamUnavailable
      +-- ProtocolError           the guest broke a protocol (it is untrusted)
      |    +-- rpc.RpcError (RpcTimeout, RpcConnectionLost), vm.netmux.ProtocolError,
-     |        policy.PermissionPayloadError, sharefs.UnsafePathError
+     |        policy.PermissionPayloadError, sharefs.UnsafePathError, hosts.vm.FileTooBig,
+     |        the egress proxy's refusals
      +-- PackError               building or verifying the runtime pack
           +-- pack.PackError (PinUnavailableError, ManifestError)
 

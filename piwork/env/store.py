@@ -52,7 +52,7 @@ import orjson
 
 from piwork.config import Paths, get_paths
 from piwork.errors import PersonError
-from piwork.fsutil import fsync_dir
+from piwork.fsutil import fsync_dir, fsync_file
 from piwork.jsonstore import DamagedFile, JsonFile
 
 log = logging.getLogger(__name__)
@@ -542,6 +542,7 @@ class EnvStore:
                 "image": env.image.stem if env.image is not None else None,
             }
             write_record(self.layers_dir / f"{layer_id}.json", meta)
+            fsync_file(env.disk)  # QEMU's writes, on disk before the layer is named
             os.rename(env.disk, path)
             os.chmod(path, 0o400)
             fsync_dir(self.layers_dir)
@@ -619,6 +620,7 @@ class EnvStore:
                 "image": image,
             }
             write_record(self.layers_dir / f"{layer_id}.json", meta)
+            fsync_file(disk)
             os.rename(disk, path)
             os.chmod(path, 0o400)
             fsync_dir(self.layers_dir)

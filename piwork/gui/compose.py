@@ -61,6 +61,12 @@ class ComposePanel(QWidget):
         bar = QHBoxLayout()
         self.model_pick = QComboBox()
         self.model_pick.setToolTip("Model for a new task")
+        # Sized for ~24 characters, not the longest model name (which made the window
+        # at least ~1160 px wide); the open list shows every name whole.
+        self.model_pick.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon
+        )
+        self.model_pick.setMinimumContentsLength(24)
         self.fill_models()
         bar.addWidget(self.model_pick)
         self.host_pick = QComboBox()

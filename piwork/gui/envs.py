@@ -66,7 +66,7 @@ def task_words(task_id: str, titles: dict[str, str] | None) -> str:
     """A task as a person knows it: by its title ("task 3f2a…" only when it is gone)."""
     title = (titles or {}).get(task_id)
     if title:
-        return f"“{sanitize(title, limit=60, keep_newlines=False)}”"
+        return f"“{sanitize(title, limit=40, keep_newlines=False)}”"
     return "a task since deleted" if titles is not None else f"task {task_id}"
 
 

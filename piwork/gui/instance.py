@@ -18,6 +18,7 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtNetwork import QLocalServer, QLocalSocket
 
 from piwork.config import Paths
+from piwork.errors import PersonError
 
 RAISE = b"raise\n"
 
@@ -28,7 +29,7 @@ def server_name(paths: Paths) -> str:
     return f"piwork-{os.getuid()}-{digest}"
 
 
-class AlreadyRunning(RuntimeError):
+class AlreadyRunning(RuntimeError, PersonError):
     """Another instance holds the socket but did not answer (busy or hung)."""
 
 

@@ -43,10 +43,12 @@ import threading
 
 from PySide6.QtCore import QCoreApplication, QObject, QTimer
 
+from piwork.errors import PersonError
+
 PROBE_TIMERS = 64
 
 
-class LeakingQtError(RuntimeError):
+class LeakingQtError(RuntimeError, PersonError):
     """The installed PySide6 drops a reference to ``None`` per killed timer."""
 
 

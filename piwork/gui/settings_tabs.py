@@ -25,7 +25,15 @@ from piwork.config import Paths
 from piwork.gui.asking import ask
 from piwork.gui.controller import spawn
 from piwork.gui.text import sanitize
-from piwork.gui.widgets import plain_label
+from piwork.gui.widgets import plain_label, plain_tip
+
+
+def _row(cells: list[str]) -> QTreeWidgetItem:
+    """A tree row whose cells are whole in their tooltips (a long one ends in "…")."""
+    item = QTreeWidgetItem(cells)
+    for col, text in enumerate(cells):
+        item.setToolTip(col, plain_tip(text))
+    return item
 
 
 class EnvsTab(QWidget):
@@ -80,13 +88,13 @@ class EnvsTab(QWidget):
             self.env_status.setText(f"cannot read the environments: {sanitize(exc, limit=400)}")
         self._env_folders: list[Path] = []
         for info in infos:
-            top = QTreeWidgetItem(
+            top = _row(
                 [sanitize(str(info.folder), limit=400), mb(info.bytes), info.next_start(titles)]
             )
             top.setData(0, Qt.ItemDataRole.UserRole, str(info.folder))
             if info.last_task:
                 top.addChild(
-                    QTreeWidgetItem(
+                    _row(
                         [
                             f"what {task_words(info.last_task, titles)} installed",
                             mb(info.last_task_bytes),
@@ -95,12 +103,15 @@ class EnvsTab(QWidget):
                     )
                 )
             for la in info.layers:
-                top.addChild(QTreeWidgetItem(["saved earlier", mb(la.bytes), la.line(titles)]))
+                top.addChild(_row(["saved earlier", mb(la.bytes), la.line(titles)]))
             self.envs.addTopLevelItem(top)
             top.setExpanded(True)
             self._env_folders.append(info.folder)
-        for col in range(3):
+        # Sizes and names fit; the details column takes the rest of the width and a long
+        # line ends in "…", whole in its tooltip (no sideways scrolling to read a row).
+        for col in (0, 1):
             self.envs.resizeColumnToContents(col)
+        self.envs.setColumnWidth(0, min(self.envs.columnWidth(0), 360))
         if not infos and not self.env_status.text():
             self.env_status.setText(
                 "No saved environments yet: a task on a folder saves what it installs."

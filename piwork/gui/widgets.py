@@ -18,6 +18,7 @@ from PySide6.QtGui import (
     QFont,
     QImage,
     QKeyEvent,
+    QResizeEvent,
     QSyntaxHighlighter,
     QTextCharFormat,
     QTextDocument,
@@ -393,6 +394,35 @@ class NoticeRow(QLabel):
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
 
 
+class FitScroll(QScrollArea):
+    """A scroll area as tall as its word-wrapped contents at its width, up to its maximum
+    height (then it scrolls). A plain one asked for the label's guess at a narrow width,
+    and a two-line rule sat in the middle of a box of empty space."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Maximum)
+
+    def sizeHint(self) -> QSize:
+        inner = self.widget()
+        base = super().sizeHint()
+        if inner is None:
+            return base
+        width = max(self.viewport().width(), 200)
+        tall = inner.heightForWidth(width) if inner.hasHeightForWidth() else -1
+        tall = tall if tall > 0 else inner.sizeHint().height()
+        return QSize(base.width(), min(self.maximumHeight(), tall + 2 * self.frameWidth()))
+
+    def minimumSizeHint(self) -> QSize:
+        # QAbstractScrollArea's minimum makes room for a vertical scroll bar (~70 px):
+        # short contents need none, long ones scroll inside the maximum height.
+        return QSize(super().minimumSizeHint().width(), self.sizeHint().height())
+
+    def resizeEvent(self, e: QResizeEvent) -> None:
+        super().resizeEvent(e)
+        self.updateGeometry()  # a new width wraps the lines anew
+
+
 class PermissionSheet(QFrame):
     """One permission request: plain words, the rule "Always" would save, four answers, and
     "Allow the package registries" with the rules it saves when the host offered it.
@@ -426,7 +456,7 @@ class PermissionSheet(QFrame):
             more.setFlat(True)
             more.setObjectName("sheetMore")
             more.clicked.connect(lambda: d.setVisible(not d.isVisible()))
-            lay.addWidget(more)
+            lay.addWidget(more, 0, Qt.AlignmentFlag.AlignLeft)  # under the words it folds
             lay.addWidget(d)
             self.detail = d
         lay.addWidget(plain_label(f"Working folder: {folder or '(none)'}"))
@@ -443,13 +473,14 @@ class PermissionSheet(QFrame):
         self.rule_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         # A request with several targets makes these rules long: they scroll rather than
         # push the buttons off the sheet or get cut off at its edge.
-        rules_box = QScrollArea()
+        rules_box = FitScroll()
         rules_box.setObjectName("sheetRuleBox")
         rules_box.setWidget(self.rule_label)
         rules_box.setWidgetResizable(True)
         rules_box.setFrameShape(QFrame.Shape.NoFrame)
         rules_box.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         rules_box.setMaximumHeight(130)
+        self.rule_label.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         lay.addWidget(rules_box)
         self.registry_label: QLabel | None = None
         choices = [

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import asyncssh
 
+from piwork.errors import VmError
 from piwork.textsafe import sanitize
 from piwork.vm.accel import AccelChoice, HostFacts, choose_accel
 from piwork.vm.template import UNKNOWN_QEMU
@@ -41,7 +42,7 @@ done
 """Reads only; creates nothing (the root may not exist yet: df looks at its nearest parent)."""
 
 
-class CheckError(RuntimeError):
+class CheckError(RuntimeError, VmError):
     pass
 
 

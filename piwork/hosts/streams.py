@@ -19,6 +19,7 @@ from pathlib import Path
 
 import asyncssh
 
+from piwork.errors import VmError
 from piwork.vm.channel import STREAM_LIMIT, Endpoint
 from piwork.vm.netmux import NetMux
 
@@ -30,7 +31,7 @@ _pumps: set[asyncio.Task[None]] = set()
 ConnGetter = Callable[[], asyncssh.SSHClientConnection]
 
 
-class StreamUnavailable(ConnectionError):
+class StreamUnavailable(ConnectionError, VmError):
     """The remote socket is not there (yet) or the SSH link is down."""
 
 

@@ -31,6 +31,7 @@ from qemu.qmp import QMPClient, Runstate
 
 from piwork.agent import AgentVm, AgentVmConfig, TaskDirs
 from piwork.checkpoints.shadow import refused_prefix
+from piwork.errors import ProtocolError
 from piwork.hosts import envdisk, orphans, store, templates
 from piwork.hosts.check import HostReport, run_check
 from piwork.hosts.connect import Confirm, connect
@@ -770,7 +771,7 @@ async def _get_dir(
     return skipped
 
 
-class FileTooBig(Exception):
+class FileTooBig(ProtocolError):
     """One remote file is over ``MAX_FILE_BYTES`` (it is skipped, the rest comes)."""
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import orjson
 
 from piwork.fsutil import fsync_dir
+from piwork.pack.cache import pack_lock
 from piwork.pack.errors import PackError, PinUnavailableError
 
 SPEC_FILE = Path("vm-image") / "workbench.toml"
@@ -245,11 +246,22 @@ def _mmdebstrap_error(proc: subprocess.CompletedProcess[str], spec: WorkbenchSpe
 
 
 def ensure_image(spec_file: Path, cache: Path, log: Log) -> WorkbenchImage:
-    """The workbench image for ``spec_file``, from the cache or built now."""
-    t0 = time.monotonic()
+    """The workbench image for ``spec_file``, from the cache or built now.
+
+    One build per spec at a time: two pack builds that need the same image (two
+    packs built at once, the test suite's two workers) build it once; the second
+    waits and takes it from the cache."""
     spec = load_spec(spec_file)
     key = spec.digest[:16]
-    final = cache / key
+    found = cached_image(cache / key)
+    if found is not None:
+        return found
+    with pack_lock(cache, f"workbench-{key}"):
+        return cached_image(cache / key) or build_image(spec, key, cache, log)
+
+
+def cached_image(final: Path) -> WorkbenchImage | None:
+    """The image a finished build left in ``final`` (``<cache>/<key>``), or None."""
     if (final / PACKAGES_NAME).is_file() and (final / IMAGE_NAME).is_file():
         meta = orjson.loads((final / PACKAGES_NAME).read_bytes())
         return WorkbenchImage(
@@ -260,6 +272,13 @@ def ensure_image(spec_file: Path, cache: Path, log: Log) -> WorkbenchImage:
             seconds=float(meta["seconds"]),
             cached=True,
         )
+    return None
+
+
+def build_image(spec: WorkbenchSpec, key: str, cache: Path, log: Log) -> WorkbenchImage:
+    """mmdebstrap the spec into ``<cache>/<key>`` (the caller holds the spec's lock)."""
+    t0 = time.monotonic()
+    final = cache / key
     if shutil.which("mmdebstrap") is None:
         raise PackError(
             "mmdebstrap not found: the pack's workbench image is built with it "

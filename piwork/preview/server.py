@@ -35,6 +35,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from piwork.errors import PersonError
 from piwork.preview import gate
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ BIND_TRIES = 16
 """Addresses (or ports, in the fallback) tried before a preview is refused."""
 
 
-class PreviewUnavailable(OSError):
+class PreviewUnavailable(OSError, PersonError):
     """No loopback listener could be made that answers for this user only."""
 
 

@@ -53,7 +53,7 @@ from functools import cache
 from publicsuffixlist import PublicSuffixList
 
 from piwork.env.registries import registry_domains
-from piwork.errors import UsageError
+from piwork.errors import ProtocolError, UsageError
 from piwork.net.addresses import is_public
 from piwork.net.upstream import NONE as NO_UPSTREAM
 from piwork.net.upstream import Upstream, UpstreamError, UpstreamProxy
@@ -164,7 +164,7 @@ class EgressDecision:
     """For a refusal: what happened and what to do, one line (the guest reads it too)."""
 
 
-class _Refusal(Exception):
+class _Refusal(ProtocolError):
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(message)
         self.status = status

@@ -40,6 +40,8 @@ import signal
 import sys
 import tempfile
 
+from piwork.errors import VmError
+
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 MS_RDONLY = 1
@@ -63,7 +65,7 @@ _libc.mount.argtypes = [
 ]
 
 
-class ConfineError(Exception):
+class ConfineError(VmError):
     pass
 
 

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from piwork.errors import VmError
 from piwork.textsafe import sanitize
 
 CONFINE_SCRIPT = Path(__file__).with_name("confine.py")
@@ -47,7 +48,7 @@ MAX_PROTECTED = 4096
 GITLINK_MAX_BYTES = 4096
 
 
-class GitGuardError(RuntimeError):
+class GitGuardError(RuntimeError, VmError):
     """The folder's git metadata cannot be protected: the VM is not started."""
 
 

@@ -45,6 +45,7 @@ import v8 from "node:v8";
 import vm from "node:vm";
 import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
+import * as agentStats from "./agent-stats.mjs";
 
 // pi's package in the pack (piwork/pack/node.py PI_PACKAGE, checked by a test).
 const PI_DIR =
@@ -207,6 +208,28 @@ function applyEnv(env) {
   for (const [k, v] of Object.entries(env)) process.env[k] = String(v);
 }
 
+/**
+ * PIWORK_CPU_PROFILE=FILE in the environment a task brings (go or bind): a V8 CPU
+ * profile of pi's next PIWORK_CPU_PROFILE_MS milliseconds (default 30000) is written to
+ * FILE, for finding what a cold start's main() or a warm start's session switch spends
+ * in the guest. Nothing happens without it.
+ */
+function maybeProfile() {
+  const out = process.env.PIWORK_CPU_PROFILE;
+  if (!out) return;
+  const ms = Number(process.env.PIWORK_CPU_PROFILE_MS) || 30000;
+  const session = new (process.getBuiltinModule("node:inspector").Session)();
+  session.connect();
+  session.post("Profiler.enable");
+  session.post("Profiler.setSamplingInterval", { interval: 1000 });
+  session.post("Profiler.start");
+  setTimeout(() => {
+    session.post("Profiler.stop", (err, res) => {
+      if (!err) fs.writeFileSync(out, JSON.stringify(res.profile));
+      session.disconnect();
+    });
+  }, ms).unref();
+}
 
 /** Apply a task's (or the prime's) environment and working directory, then run pi's main. */
 function runMain(msg, factoryFor = (_p, f) => f) {
@@ -215,12 +238,16 @@ function runMain(msg, factoryFor = (_p, f) => f) {
     fs.mkdirSync(msg.cwd, { recursive: true });
     process.chdir(msg.cwd);
   }
+  // "go" comes once the task's folders are mounted (the prime's agent dir is the
+  // VM's own): pi's polled agent-dir files are stat()ed once per change (agent-stats.mjs).
+  agentStats.arm(process.env.PI_CODING_AGENT_DIR);
   // What pi's cli.js does before main() (its setupCli); main() configures its
   // HTTP dispatcher (the proxy the environment names) itself.
   process.title = "pi";
   process.env.PI_CODING_AGENT = "true";
   process.env.AI_AGENT = "pi";
   process.emitWarning = () => {};
+  maybeProfile();
   const { argv, picked } = takeExtensions((msg.argv || []).map(String), factories);
   const extensionFactories = picked.map(([p, f]) => factoryFor(p, f));
   main(argv, extensionFactories.length ? { extensionFactories } : undefined);
@@ -267,11 +294,14 @@ function bind(msg) {
   if (loose.length) throw new Error(`extensions the saved VM was not primed with: ${loose.join(", ")}`);
   active.clear();
   for (const [p] of picked) active.add(p);
+  // What was kept of the prime's agent dir is not the task's, which is mounted over it next.
+  agentStats.disarm();
   applyEnv(msg.env || {});
   process.env.PI_CODING_AGENT = "true";
   process.env.AI_AGENT = "pi";
   // pi's HTTP goes through the proxy the task's environment names, as main() set it up.
   configureHttpDispatcher();
+  maybeProfile();
 }
 
 /**
@@ -281,6 +311,7 @@ function bind(msg) {
  */
 function enter(msg) {
   process.chdir(String(msg.cwd));
+  agentStats.arm(process.env.PI_CODING_AGENT_DIR); // mounted now, before the session switch
 }
 
 /**

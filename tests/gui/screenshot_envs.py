@@ -104,7 +104,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
             win.open_settings()
             dlg = win.settings_dialog
             dlg.resize(980, 560)
-            dlg.tabs.setCurrentIndex(dlg.tabs.count() - 2)  # Environments (before hosts)
+            dlg.tabs.setCurrentWidget(dlg.envs_tab)
             assert dlg.tabs.tabText(dlg.tabs.currentIndex()) == "Environments"
             dlg.refresh_envs()
             dlg.envs.setCurrentItem(dlg.envs.topLevelItem(0))

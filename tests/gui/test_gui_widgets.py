@@ -530,3 +530,51 @@ def test_models_cli_add_rm_default(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert main(["models", "rm", "ollama"]) == 0
     assert main(["models", "rm", "ollama"]) == 1
     assert os.path.exists(tmp_path / "home/config/providers.json")
+
+
+def test_the_sheets_rules_box_is_as_tall_as_its_lines_and_long_ones_scroll(
+    qtbot: QtBot, tmp_path: Path
+) -> None:
+    """Two short rules sat in the middle of a ~70 px box of empty space (the scroll area
+    kept room for a scroll bar); many rules still scroll inside 130 px."""
+    from piwork.gui.widgets import FitScroll
+    from piwork.policy import Action, Rule, Scope, Verdict
+
+    def sheet_for(patterns: list[str], width: int = 900) -> PermissionSheet:
+        rules = [Rule(Action.NETWORK, Verdict.ALLOW, Scope.global_(), pattern=p) for p in patterns]
+        sheet = PermissionSheet("x", "", str(tmp_path), rules[:1], rules)
+        qtbot.addWidget(sheet)
+        sheet.resize(width, 400)
+        sheet.show()
+        qtbot.waitExposed(sheet)
+        sheet.resize(width, sheet.sizeHint().height())  # as the window's layout sizes it
+        qtbot.wait(50)
+        return sheet
+
+    short = sheet_for(["pypi.org"])
+    box = short.findChild(FitScroll)
+    assert box is not None
+    lines = short.rule_label.heightForWidth(box.viewport().width())
+    assert box.height() <= lines + 4, (box.height(), lines)
+    assert not box.verticalScrollBar().isVisible()
+    long = sheet_for([f"host{i}.example.org" for i in range(40)], width=420)
+    box = long.findChild(FitScroll)
+    assert box is not None and box.height() == 130
+    assert box.verticalScrollBar().maximum() > 0  # the rest scrolls into view
+
+
+def test_a_long_model_name_does_not_widen_the_window(
+    qtbot: QtBot, qloop: asyncio.AbstractEventLoop, gui_paths: Paths
+) -> None:
+    """The model picker was as wide as its longest name (the window at least ~1160 px,
+    more with a long custom one); it is sized for ~24 characters, the list shows all."""
+    from piwork.gui.window import MainWindow
+
+    win = MainWindow(paths=gui_paths, prefs=Prefs(), tray=False)
+    qtbot.addWidget(win)
+    name = "a-provider/" + "very-long-model-name-" * 5
+    win.model_pick.addItem(name, "x/y")
+    win.show()
+    qtbot.waitExposed(win)
+    pick = win.model_pick
+    assert pick.minimumSizeHint().width() < pick.fontMetrics().horizontalAdvance(name) / 2

@@ -18,10 +18,9 @@ from piwork.models.scripted import (
 PIWORK = [sys.executable, "-m", "piwork.cli.main"]
 
 
-def make_home(root: Path, server: ScriptedModelServer) -> dict[str, str]:
-    """A private PIWORK_HOME whose providers.json has the scripted server (no key)."""
-    home = root / "home"
-    (home / "config").mkdir(parents=True)
+def write_providers(config: Path, server: ScriptedModelServer) -> None:
+    """``config/providers.json`` naming the scripted server as the provider ``scripted``
+    (no key), as a person's would after ``piwork`` is told about a local model server."""
     model = {
         "id": "scripted",
         "name": "scripted test model",
@@ -40,7 +39,14 @@ def make_home(root: Path, server: ScriptedModelServer) -> dict[str, str]:
             }
         }
     }
-    (home / "config" / "providers.json").write_text(json.dumps(providers))
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "providers.json").write_text(json.dumps(providers))
+
+
+def make_home(root: Path, server: ScriptedModelServer) -> dict[str, str]:
+    """A private PIWORK_HOME whose providers.json has the scripted server (no key)."""
+    home = root / "home"
+    write_providers(home / "config", server)
     return {**os.environ, "PIWORK_HOME": str(home)}
 
 
@@ -120,7 +126,10 @@ def task_dir(env: dict[str, str], task_id: str) -> Path:
     return Path(env["PIWORK_HOME"], "data", "tasks", task_id)
 
 
-async def piwork(home: Path, *args: str) -> tuple[int, str, str]:
+async def piwork(home: Path, *args: str, timeout: float = 400) -> tuple[int, str, str]:
+    """``piwork`` with no terminal (stdin /dev/null, pipes) and a private ``PIWORK_HOME``,
+    without blocking the loop that serves the scripted model; killed after ``timeout``
+    (a run boots a VM under TCG on a busy machine)."""
     proc = await asyncio.create_subprocess_exec(
         *PIWORK,
         *args,
@@ -129,7 +138,12 @@ async def piwork(home: Path, *args: str) -> tuple[int, str, str]:
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PIWORK_HOME": str(home)},
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 

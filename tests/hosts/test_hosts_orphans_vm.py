@@ -12,7 +12,6 @@ and the agent reads the file.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import secrets
 from pathlib import Path
@@ -23,25 +22,12 @@ from piwork.config import get_paths
 from piwork.hosts import orphans, store
 from piwork.hosts.watchdog import LEASE_SECONDS
 from piwork.models.scripted import ChatRequest, Delay, ScriptedModelServer, Text, ToolCalls, bash
-from tests.helpers.cli import Cli
+from tests.helpers.cli import Cli, write_providers
 from tests.helpers.procs import alive, wait_gone
 
 pytestmark = pytest.mark.vm
 
 CHECK = "CHECK-THE-MARK"
-
-
-def write_providers(server: ScriptedModelServer) -> None:
-    """The scripted server as the CLI's provider (no key), in this test's PIWORK_HOME."""
-    config = get_paths().config
-    config.mkdir(parents=True, exist_ok=True)
-    model = {"id": "scripted", "name": "scripted test model", "contextWindow": 128000,
-             "maxTokens": 4096, "reasoning": False, "input": ["text"]}  # fmt: skip
-    providers = {"providers": {"scripted": {
-        "baseUrl": server.base_url, "api": "openai-completions", "auth": "none",
-        "models": [model],
-    }}}  # fmt: skip
-    (config / "providers.json").write_text(json.dumps(providers))
 
 
 class Agent:
@@ -85,7 +71,7 @@ async def test_installs_of_a_run_whose_piwork_was_killed_come_back_at_resume_on_
     agent = Agent(mark)
     env = dict(os.environ)  # HOME and PIWORK_HOME are the test's (the sshd fixture's)
     async with ScriptedModelServer(agent.step, model_id="scripted") as server:
-        write_providers(server)
+        write_providers(get_paths().config, server)
         cli = await Cli.start(
             env, tmp_path / "run.log", "run", "--host", box.name, "--json", "--yes",
             "--model", "scripted/scripted", "--folder", str(folder), "install the mark",

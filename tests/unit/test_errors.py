@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
 from pathlib import Path
 
 import pytest
 
+import piwork
 from piwork import errors
 from piwork.agent import PiGone
 from piwork.auth.keys import KeyStoreError
@@ -53,6 +57,32 @@ def test_every_package_error_hangs_from_the_root_under_its_kind(
     cls: type[BaseException], kind: type[errors.PiworkError]
 ) -> None:
     assert issubclass(cls, kind) and issubclass(cls, errors.PiworkError)
+
+
+def every_exception_class() -> list[type[BaseException]]:
+    """Every exception class a piwork module defines (each module imported, the GUI's too)."""
+    found: dict[str, type[BaseException]] = {}
+    for info in pkgutil.walk_packages(piwork.__path__, "piwork."):
+        module = importlib.import_module(info.name)
+        for obj in vars(module).values():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__ == module.__name__
+            ):
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    return list(found.values())
+
+
+def test_every_exception_piwork_defines_hangs_from_the_root() -> None:
+    classes = every_exception_class()
+    assert len(classes) > 50, "the walk found too few: it is broken, not the tree"
+    outside = sorted(
+        f"{cls.__module__}.{cls.__qualname__}"
+        for cls in classes
+        if not issubclass(cls, errors.PiworkError)
+    )
+    assert outside == [], "hang these from a kind in piwork/errors.py"
 
 
 def test_old_bases_are_kept_so_existing_handlers_still_catch() -> None:

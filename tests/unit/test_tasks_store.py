@@ -144,7 +144,14 @@ def _reach(store: TaskStore, status: TaskStatus) -> Task:
 
 @pytest.mark.parametrize(
     ("src", "dst"),
-    [(a, b) for a, targets in TRANSITIONS.items() for b in targets if b is not S.INTERRUPTED],
+    # Sorted: a set's order changes with each process's hash seed, and every pytest-xdist
+    # worker must collect the same tests in the same order.
+    [
+        (a, b)
+        for a, targets in TRANSITIONS.items()
+        for b in sorted(targets, key=lambda s: s.value)
+        if b is not S.INTERRUPTED
+    ],
 )
 def test_every_allowed_transition_is_recorded(
     store: TaskStore, src: TaskStatus, dst: TaskStatus

@@ -14,7 +14,6 @@ import json
 import os
 import stat
 import struct
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
@@ -38,11 +37,11 @@ from piwork.models.scripted import (
 from piwork.pack.manifest import Manifest
 from piwork.policy import Action, AuditLog, Choice, PermissionRequest
 from piwork.runner import AllowAsker, Asker, EventKind, Outcome, RunEvent, RunRequest, TaskSession
+from tests.helpers.cli import piwork, write_providers
 from tests.helpers.vm import ScriptedAsker, per_prompt, private_paths, scripted_provider
 
 pytestmark = pytest.mark.vm
 
-PIWORK = [sys.executable, "-m", "piwork.cli.main"]
 GUEST_WORK = "/mnt/work"
 LN_TRICK = "ln -s .. ../../up && echo pwned > ../../up/state/pwned.txt"
 
@@ -427,43 +426,6 @@ async def test_stop_while_a_permission_dialog_is_open_ends_cancelled_within_seco
 # --------------------------------------------------------------------------- headless CLI
 
 
-def write_providers(home: Path, server: ScriptedModelServer) -> None:
-    config = home / "config"
-    config.mkdir(parents=True, exist_ok=True)
-    providers = {
-        "providers": {
-            "scripted": {
-                "baseUrl": server.base_url,
-                "api": "openai-completions",
-                "auth": "none",
-                "models": [{"id": "scripted", "name": "scripted test model"}],
-            }
-        }
-    }
-    (config / "providers.json").write_text(json.dumps(providers))
-
-
-async def run_cli(home: Path, *args: str, timeout: float = 400) -> tuple[int, str, str]:
-    """``piwork`` with no terminal (stdin /dev/null, pipes), without blocking the loop
-    that serves the scripted model."""
-    proc = await asyncio.create_subprocess_exec(
-        *PIWORK,
-        *args,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env={**os.environ, "PIWORK_HOME": str(home)},
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 async def test_headless_run_without_a_terminal_denies_and_says_so(
     tmp_path: Path, model_server: ScriptedModelServer
 ) -> None:
@@ -471,12 +433,12 @@ async def test_headless_run_without_a_terminal_denies_and_says_so(
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "headless.txt").write_text("keep\n")
-    write_providers(home, model_server)
+    write_providers(home / "config", model_server)
     model_server.script = per_prompt(
         ToolCalls([bash("rm headless.txt", id="call_headless")]),
         Text("I could not delete it."),
     )
-    code, out, err = await run_cli(
+    code, out, err = await piwork(
         home, "run", "delete headless.txt", "--folder", str(folder), "--model", "scripted/scripted"
     )
     assert code == 0, err[-3000:]
@@ -500,7 +462,7 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
     folder.mkdir()
     for name in ("allowed.txt", "denied.txt"):
         (folder / name).write_text("x\n")
-    write_providers(home, model_server)
+    write_providers(home / "config", model_server)
     policy = tmp_path / "ci-policy.json"
     rule = {
         "id": "r-ci-delete",
@@ -517,7 +479,7 @@ async def test_headless_run_with_a_policy_file_decides_from_it(
         ToolCalls([bash("rm denied.txt", id="call_policy_denied")]),
         Text("done"),
     )
-    code, out, err = await run_cli(
+    code, out, err = await piwork(
         home, "run", "clean up", "--folder", str(folder), "--model", "scripted/scripted",
         "--policy", str(policy), "--json",
     )  # fmt: skip

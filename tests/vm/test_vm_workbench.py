@@ -298,8 +298,12 @@ async def test_installs_persist_across_a_crash_a_resume_and_a_new_task_until_res
                     "ls /usr/local/lib/node_modules 2>&1 | head -n 1"
                 ),
                 sh(
-                    # pip's own defaults: it says why each retry failed.
-                    "python3 -m venv /root/v2 && /root/v2/bin/pip install "
+                    # pip's own defaults: it says why each retry failed. The workbench's
+                    # own pip, run in a venv of its own (step 1 made a venv with pip
+                    # already: ensurepip byte-compiles pip and setuptools, ~100 s
+                    # under TCG, for nothing this step checks).
+                    "python3 -m venv --without-pip --system-site-packages /root/v2 && "
+                    "/root/v2/bin/python -m pip install "
                     "--disable-pip-version-check six==1.16.0 2>&1 | tail -n 4; "
                     "echo pip-rc=${PIPESTATUS[0]}; "
                     "/root/v2/bin/python -c 'import six' 2>&1 | tail -n 1"

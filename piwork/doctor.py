@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from piwork import arch as arches
 from piwork.config import Paths
 from piwork.vm.accel import Accel, probe
 from piwork.vm.command import find_qemu
@@ -38,9 +39,10 @@ def _version(cmd: list[str]) -> str:
 
 
 def check_qemu() -> Check:
-    qemu = find_qemu()
+    wanted = arches.selected().qemu
+    qemu = find_qemu(wanted)
     if qemu is None:
-        return Check("qemu", False, "qemu-system-x86_64 not found", APT_FIX)
+        return Check("qemu", False, f"{wanted} not found", APT_FIX)
     return Check("qemu", True, f"{qemu}: {_version([qemu, '--version'])}")
 
 
@@ -55,6 +57,26 @@ def check_accel() -> Check:
             warning=True,
         )
     return Check("accelerator", True, f"{choice.accel.value}: {choice.reason}")
+
+
+def check_architectures() -> list[Check]:
+    """Which architectures' packs this host can build and boot, and how fast (issue 32)."""
+    checks = []
+    for target in arches.ARCHES.values():
+        builds = "builds here" + ("" if arches.host() is target else " (emulated: qemu-user)")
+        if not arches.runs_here(target):
+            builds = "cannot build here (install qemu-user-static: scripts/setup.sh)"
+        qemu = find_qemu(target.qemu)
+        accel = probe(None, target.machine)
+        speed = " (emulated: slow)" if accel.is_emulated else ""
+        boots = (
+            f"boots with {target.qemu} under {accel.accel.value}{speed}"
+            if qemu
+            else f"cannot boot ({target.qemu} not found)"
+        )
+        ok = qemu is not None and arches.runs_here(target)
+        checks.append(Check(f"{target.debian} packs", True, f"{builds}; {boots}", warning=not ok))
+    return checks
 
 
 def check_build_tools() -> list[Check]:
@@ -312,6 +334,7 @@ def run_checks(paths: Paths) -> list[Check]:
     return [
         check_qemu(),
         check_accel(),
+        *check_architectures(),
         *check_build_tools(),
         check_git(),
         check_pack(),

@@ -293,9 +293,14 @@ class JsonFile(Generic[T]):
         self.parse(data)  # never write what the reader would refuse
         # The copy first: if either write fails (a full disk) the file is the old one, the
         # caller sees the error, and the next read makes the copy match the file again.
-        if self.keep_copies:
+        # Not before the first file, though: a crash between the two would leave a copy
+        # beside no file, which reads as damage (the file gone); the file first, then.
+        first = not self.path.exists()
+        if self.keep_copies and not first:
             atomic_write_bytes(self.last_good, data)
         atomic_write_bytes(self.path, data)
+        if self.keep_copies and first:
+            atomic_write_bytes(self.last_good, data)
 
     def save(self, data: bytes) -> None:
         with self.locked():

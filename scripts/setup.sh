@@ -29,6 +29,23 @@ if [ "${#missing[@]}" -gt 0 ]; then
     fi
 fi
 
+# --- arm64 binaries on another host (building an arm64 pack) --------------
+# qemu-user-static's handler, with the F flag (Debian's binfmt.d file) so arm64
+# binaries also run in the build's namespaces and chroots. Debian registers it
+# only through systemd or binfmt-support; a container or CI box has neither.
+binfmt=/proc/sys/fs/binfmt_misc
+if [ "$(uname -m)" != aarch64 ] && [ -f /usr/lib/binfmt.d/qemu-aarch64.conf ] \
+    && [ ! -e "$binfmt/qemu-aarch64" ]; then
+    [ -e "$binfmt/register" ] || need_root mount -t binfmt_misc binfmt_misc "$binfmt" 2>/dev/null || true
+    if [ -e "$binfmt/register" ] \
+        && need_root sh -c "cat /usr/lib/binfmt.d/qemu-aarch64.conf > $binfmt/register"; then
+        say "registered qemu-aarch64 with binfmt_misc (arm64 pack builds)"
+    else
+        say "WARNING: cannot register qemu-aarch64 with binfmt_misc: no arm64 pack can be"
+        say "         built here (its workbench runs arm64 maintainer scripts); amd64 is fine"
+    fi
+fi
+
 # --- Node (pack builds run npm; pi needs node >= 20.6) ---------------------
 if ! command -v npm >/dev/null || ! node -e 'process.exit(Number(process.versions.node.split(".")[0]) >= 20 ? 0 : 1)'; then
     say "Node.js >= 20 with npm is required: apt-get install nodejs npm (or nodesource)"

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from piwork import arch as arches
 from piwork.env import TaskEnv
 from piwork.pack.manifest import Manifest
 from piwork.vm.accel import AccelChoice
@@ -205,6 +206,7 @@ def vm_spec(
         cpus=cfg.cpus,
         shares=cfg.dirs.shares(),
         name=f"piwork-{cfg.task_id}",
+        qemu_binary=arches.of_manifest(cfg.manifest.arch).qemu,
     )
 
 

@@ -27,6 +27,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = sub.add_parser("build", help="build the pack for this source tree (cached)")
     p.add_argument("--force", action="store_true", help="rebuild even if the pack exists")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.add_argument(
+        "--arch",
+        choices=["amd64", "arm64", "x86_64", "aarch64"],
+        help="the guest architecture (default: $PIWORK_ARCH, else this machine's)",
+    )
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("verify", help="re-hash a pack's files against its manifest")
@@ -58,7 +63,7 @@ def _error(msg: str) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     try:
-        result = pack_build.build_pack(force=args.force)
+        result = pack_build.build_pack(force=args.force, arch=args.arch)
     except PackError as exc:
         return _error(str(exc))
     m = result.manifest
@@ -73,7 +78,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         )
     else:
         state = "built" if result.built else "up to date (cached)"
-        print(f"pack {m.pack_id} {state}: {result.pack_dir}")
+        print(f"pack {m.pack_id} ({m.arch}) {state}: {result.pack_dir}")
         for key, value in sorted(m.versions.items()):
             print(f"  {key:15} {value}")
         for f in m.files:

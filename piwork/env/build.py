@@ -677,7 +677,7 @@ async def _build_in_vm(
         cfg = AgentVmConfig(
             pack_dir=manifest_dir,
             manifest=manifest,
-            accel=probe(accel),
+            accel=probe(accel, manifest.arch),
             dirs=dirs,
             log_dir=work / "logs",
             gateway_port=_closed_port(),

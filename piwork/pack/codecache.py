@@ -95,11 +95,13 @@ def build(
     guest_node: str,
     bundle_dir: str,
     extensions_dir: str,
+    emu: dict[str, str] | None = None,
 ) -> CodeCacheResult:
     """Fill ``<tree>/<guest_root>/node-cache`` by running the guest's node in ``tree``.
 
     Guest paths are given without the leading '/'; ``tree`` is the whole guest
-    root (it has /lib with the C libraries the node binary needs).
+    root (it has /lib with the C libraries the node binary needs); ``emu``: what
+    another architecture's node needs in its environment here (build._emulation_env).
     """
     script = (source / SCRIPT).read_text()
     out = tree / guest_root / CACHE_DIR
@@ -115,6 +117,7 @@ def build(
         "PI_CODING_AGENT_DIR": f"{home}/agent",
         "PI_OFFLINE": "1",
         "PI_TELEMETRY": "0",
+        **(emu or {}),
     }
     cmd = [
         "unshare",

@@ -22,19 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from piwork import arch as arches
 from piwork.pack.errors import PackError, PinUnavailableError
 
 PINS_FILE = Path("vm-image") / "pins.toml"
+"""amd64's pins; another architecture's are ``vm-image/pins-<arch>.toml``
+(:func:`pins_path`)."""
 LOAD_ORDER_FILE = "piwork.load"  # in lib/modules/<release>/ of the initramfs
 
 # Where glibc's loader looks without an ld.so.cache on Debian (multiarch first).
-LIB_DIRS: tuple[str, ...] = (
-    "lib/x86_64-linux-gnu",
-    "usr/lib/x86_64-linux-gnu",
-    "lib64",
-    "lib",
-    "usr/lib",
-)
+LIB_DIRS: tuple[str, ...] = arches.AMD64.lib_dirs
 
 # Applets /init relies on; used only if the busybox binary cannot be run on the
 # build host to list its applets itself.
@@ -93,6 +90,22 @@ FALLBACK_APPLETS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
+class NodePin:
+    """``[node]`` of a pin file: an npm package of the official Node binary, by integrity."""
+
+    package: str
+    version: str
+    integrity: str
+
+
+def pins_path(source: Path, arch: arches.Arch) -> Path:
+    """``arch``'s pin file in the source tree."""
+    return source / (
+        PINS_FILE if arch is arches.AMD64 else PINS_FILE.with_name(f"pins-{arch.debian}.toml")
+    )
+
+
+@dataclass(frozen=True)
 class Pins:
     """The parsed ``vm-image/pins.toml``."""
 
@@ -102,6 +115,14 @@ class Pins:
     kernel_release: str
     modules: tuple[str, ...]
     path: Path
+    mirrors: tuple[str, ...] = ()
+    """apt sources for a host of another architecture (``[debian] mirrors``)."""
+    node: NodePin | None = None
+    """The Node binary from npm, where the lock file does not pin it (``[node]``)."""
+
+    @property
+    def target(self) -> arches.Arch:
+        return arches.get(self.arch)
 
     @property
     def kernel_package(self) -> str:
@@ -119,15 +140,29 @@ def load_pins(path: Path) -> Pins:
         data = tomllib.loads(path.read_text())
         debian = data["debian"]
         kernel = data["kernel"]
-        return Pins(
+        node = data.get("node")
+        pins = Pins(
             suite=str(debian["suite"]),
             arch=str(debian["arch"]),
             packages={str(k): str(v) for k, v in debian["packages"].items()},
             kernel_release=str(kernel["release"]),
             modules=tuple(str(m) for m in kernel["modules"]),
             path=path,
+            mirrors=tuple(str(m) for m in debian.get("mirrors", ())),
+            node=None
+            if node is None
+            else NodePin(str(node["package"]), str(node["version"]), str(node["integrity"])),
         )
-    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError, AttributeError) as exc:
+        arches.get(pins.arch)  # an unknown one fails here, naming the file
+        return pins
+    except (
+        OSError,
+        tomllib.TOMLDecodeError,
+        KeyError,
+        TypeError,
+        AttributeError,
+        ValueError,
+    ) as exc:
         raise PackError(f"cannot read pins from {path}: {exc!r}") from exc
 
 
@@ -151,37 +186,99 @@ def run(cmd: list[str], *, cwd: Path | None = None, what: str = "") -> str:
 # --- download -------------------------------------------------------------------------
 
 
-def _deb_matches(deb: Path, name: str, version: str) -> bool:
+def _deb_matches(deb: Path, name: str, version: str, arch: str | None = None) -> bool:
     try:
-        fields = run(["dpkg-deb", "-f", str(deb), "Package", "Version"]).splitlines()
+        fields = run(["dpkg-deb", "-f", str(deb), "Package", "Version", "Architecture"])
     except PackError:
         return False
-    got = dict(line.split(": ", 1) for line in fields if ": " in line)
-    return got.get("Package") == name and got.get("Version") == version
+    got = dict(line.split(": ", 1) for line in fields.splitlines() if ": " in line)
+    return (
+        got.get("Package") == name
+        and got.get("Version") == version
+        and (arch is None or got.get("Architecture") in (arch, "all"))
+    )
 
 
-def _cached_deb(debs: Path, name: str, version: str) -> Path | None:
+def _cached_deb(debs: Path, name: str, version: str, arch: str) -> Path | None:
     # apt-get names files <name>_<version with ':' as %3a>_<arch>.deb
     stem = f"{name}_{quote(version, safe='+~.-')}".replace("%3A", "%3a")
     for cand in sorted(debs.glob(f"{stem}_*.deb")):
-        if _deb_matches(cand, name, version):
+        if _deb_matches(cand, name, version, arch):
             return cand
     return None
 
 
+def host_dpkg_arch() -> str | None:
+    """This host's Debian architecture, or None without dpkg."""
+    try:
+        return run(["dpkg", "--print-architecture"]).strip() or None
+    except PackError:
+        return None
+
+
+APT_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+
+
+def foreign_apt(pins: Pins, state: Path) -> list[str]:
+    """``apt-get`` options for ``pins.arch`` on a host of another architecture: a private
+    apt state in ``state`` (its own sources from ``[debian] mirrors``, lists, cache and an
+    empty dpkg status), so the host's apt configuration is neither needed nor changed.
+    Its lists are brought up to date first (``apt-get update``: ~10 MB the first time)."""
+    if not pins.mirrors:
+        raise PackError(
+            f"{pins.path}: [debian] mirrors is needed to fetch {pins.arch} packages on "
+            f"this {host_dpkg_arch()} host"
+        )
+    if not APT_KEYRING.is_file():
+        raise PackError(
+            f"{APT_KEYRING} not found: fetching {pins.arch} packages checks Debian's "
+            "signatures with it (apt-get install debian-archive-keyring)"
+        )
+    lists = state / "lists"
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    (state / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    sources = state / "sources.list"
+    wanted = "".join(
+        m.replace("deb ", f"deb [arch={pins.arch} signed-by={APT_KEYRING}] ", 1) + "\n"
+        for m in pins.mirrors
+    )
+    sources.write_text(wanted)
+    (state / "status").touch()
+    opts = [
+        f"-oDir::Etc::SourceList={sources}",
+        "-oDir::Etc::SourceParts=/nonexistent",
+        f"-oDir::State::Lists={lists}",
+        f"-oDir::Cache={state / 'cache'}",
+        f"-oDir::State::status={state / 'status'}",
+        f"-oAPT::Architecture={pins.arch}",
+        f"-oAPT::Architectures::={pins.arch}",
+    ]
+    # Every time (only a build missing a .deb gets here): apt fetches only what changed,
+    # and lists of an archive that has moved on would not have the pinned versions.
+    run(["apt-get", *opts, "update"], what=f"apt-get update ({pins.arch} lists)")
+    return opts
+
+
 def download_debs(pins: Pins, debs: Path) -> dict[str, Path]:
-    """Make sure every pinned .deb is in ``debs``; return package name -> file."""
+    """Make sure every pinned .deb is in ``debs``; return package name -> file.
+
+    Pins for another architecture than the host's come through :func:`foreign_apt`
+    (its state beside ``debs``)."""
     debs.mkdir(parents=True, exist_ok=True)
     found: dict[str, Path] = {}
+    apt_opts: list[str] | None = None
     for name, version in sorted(pins.packages.items()):
-        cached = _cached_deb(debs, name, version)
+        cached = _cached_deb(debs, name, version, pins.arch)
         if cached is None:
+            if apt_opts is None:
+                native = host_dpkg_arch() in (None, pins.arch)
+                apt_opts = [] if native else foreign_apt(pins, debs.parent / f"apt-{pins.arch}")
             # Download into a private dir, then move: a partial download is never
             # mistaken for a cached one.
             with tempfile.TemporaryDirectory(dir=debs, prefix=".dl-") as tmp:
                 try:
                     proc = subprocess.run(
-                        ["apt-get", "download", f"{name}={version}"],
+                        ["apt-get", *apt_opts, "download", f"{name}={version}"],
                         cwd=tmp,
                         capture_output=True,
                         text=True,
@@ -211,8 +308,8 @@ def download_debs(pins: Pins, debs: Path) -> dict[str, Path]:
                     )
                 os.replace(got[0], debs / got[0].name)
             cached = debs / got[0].name
-            if not _deb_matches(cached, name, version):
-                raise PackError(f"downloaded {cached.name} is not {name}={version}")
+            if not _deb_matches(cached, name, version, pins.arch):
+                raise PackError(f"downloaded {cached.name} is not {name}={version} ({pins.arch})")
         found[name] = cached
     return found
 
@@ -486,10 +583,13 @@ def _resolve_in(root: Path, rel: str) -> Path:
     raise PackError(f"symlink loop at {rel} in {root}")
 
 
-def install_shared_libs(binary: Path, libs_root: Path, initrd: Path) -> list[str]:
+def install_shared_libs(
+    binary: Path, libs_root: Path, initrd: Path, lib_dirs: tuple[str, ...] = LIB_DIRS
+) -> list[str]:
     """Install the loader and every library ``binary`` needs (transitively).
 
-    Each library goes to the first of :data:`LIB_DIRS` that holds it in the
+    Each library goes to the first of ``lib_dirs`` (the pack's architecture's
+    :attr:`piwork.arch.Arch.lib_dirs`) that holds it in the
     unpacked packages, i.e. its usual path; the loader goes where the binary's
     PT_INTERP says (``/lib64/ld-linux-x86-64.so.2``, kept as the symlink
     Debian ships). Returns the guest paths installed.
@@ -517,7 +617,7 @@ def install_shared_libs(binary: Path, libs_root: Path, initrd: Path) -> list[str
         if soname in seen:
             continue
         seen.add(soname)
-        for d in LIB_DIRS:
+        for d in lib_dirs:
             cand = libs_root / d / soname
             if cand.exists() or cand.is_symlink():
                 real = _resolve_in(libs_root, f"{d}/{soname}")
@@ -532,7 +632,7 @@ def install_shared_libs(binary: Path, libs_root: Path, initrd: Path) -> list[str
         else:
             raise PackError(
                 f"{binary.name} needs {soname}, which none of the pinned Debian "
-                f"packages provide (add its package to {PINS_FILE})"
+                f"packages provide (add its package to {PINS_FILE} or pins-<arch>.toml)"
             )
     return installed
 

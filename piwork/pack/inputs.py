@@ -7,6 +7,12 @@ the npm lock file, and every file under ``vm-image/``
 and ``runtime-pack/`` (path, content, executable bit) except installed
 ``node_modules`` and tests. Changing any guest file therefore yields a new pack;
 running ``npm install`` in the source tree does not.
+
+The architecture (:mod:`piwork.arch`) is part of the hash: an arm64 pack's
+inputs are the amd64 ones plus ``vm-image/pins-arm64.toml`` and an ``arch``
+line. An amd64 pack's hash is what it was before arm64 packs existed: it leaves
+out the other architectures' pin files and adds no line, so adding arm64 packs
+rebuilt nobody's amd64 pack.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from piwork import arch as arches
 from piwork.pack.bundle import KEPT_EXTERNAL
 from piwork.pack.manifest import PACK_FORMAT
 
@@ -29,8 +36,22 @@ _SKIP_FILE_NAMES = frozenset({".DS_Store"})
 PACK_ID_LEN = 16
 
 
-def input_files(source_root: Path) -> list[str]:
-    """Sorted '/'-separated paths (relative to ``source_root``) that feed the hash."""
+def pins_file(arch: arches.Arch) -> str:
+    """The pin file of ``arch``'s Debian ingredients (``vm-image/pins.toml`` for amd64)."""
+    return PINS_AMD64 if arch is arches.AMD64 else f"vm-image/pins-{arch.debian}.toml"
+
+
+PINS_AMD64 = "vm-image/pins.toml"
+
+
+def _other_arches_pins(arch: arches.Arch) -> frozenset[str]:
+    return frozenset(pins_file(a) for a in arches.ARCHES.values() if a is not arch)
+
+
+def input_files(source_root: Path, arch: arches.Arch | None = None) -> list[str]:
+    """Sorted '/'-separated paths (relative to ``source_root``) that feed the hash of
+    ``arch``'s pack (default: amd64's)."""
+    skip = _other_arches_pins(arch or arches.AMD64)
     found: list[str] = []
     for top in INPUT_DIRS:
         base = source_root / top
@@ -42,19 +63,24 @@ def input_files(source_root: Path) -> list[str]:
                 if name in _SKIP_FILE_NAMES or name.endswith(_SKIP_FILE_SUFFIXES):
                     continue
                 path = Path(dirpath) / name
-                if path.is_file():
-                    found.append(path.relative_to(source_root).as_posix())
+                rel = path.relative_to(source_root).as_posix()
+                if path.is_file() and rel not in skip:
+                    found.append(rel)
     return sorted(found)
 
 
-def inputs_digest(source_root: Path) -> str:
-    """Full sha256 hex digest of the build inputs under ``source_root``."""
+def inputs_digest(source_root: Path, arch: arches.Arch | None = None) -> str:
+    """Full sha256 hex digest of the build inputs under ``source_root`` for ``arch``
+    (default: :func:`piwork.arch.selected`)."""
+    arch = arch or arches.selected()
     h = hashlib.sha256()
     h.update(f"piwork-pack format={PACK_FORMAT} builder={BUILDER_VERSION}\n".encode())
     # The builder's one switch that changes the bundle for the same files (which
     # packages stay outside it): a pack made the other way must not be found.
     h.update(f"kept-external={','.join(sorted(KEPT_EXTERNAL))}\n".encode())
-    for rel in input_files(source_root):
+    if arch is not arches.AMD64:
+        h.update(f"arch={arch.debian}\n".encode())
+    for rel in input_files(source_root, arch):
         path = source_root / rel
         executable = bool(path.stat().st_mode & 0o111)
         content = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -62,6 +88,7 @@ def inputs_digest(source_root: Path) -> str:
     return h.hexdigest()
 
 
-def compute_pack_id(source_root: Path) -> str:
-    """The pack id for the source tree: a short prefix of :func:`inputs_digest`."""
-    return inputs_digest(source_root)[:PACK_ID_LEN]
+def compute_pack_id(source_root: Path, arch: arches.Arch | None = None) -> str:
+    """The pack id for the source tree and ``arch`` (default: :func:`piwork.arch.selected`):
+    a short prefix of :func:`inputs_digest`."""
+    return inputs_digest(source_root, arch)[:PACK_ID_LEN]

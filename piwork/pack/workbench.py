@@ -37,6 +37,7 @@ from pathlib import Path
 
 import orjson
 
+from piwork import arch as arches
 from piwork.fsutil import fsync_dir
 from piwork.pack.cache import pack_lock
 from piwork.pack.errors import PackError, PinUnavailableError
@@ -125,8 +126,12 @@ def load_spec(path: Path) -> WorkbenchSpec:
     return spec
 
 
-def mmdebstrap_command(spec: WorkbenchSpec, dest: Path) -> list[str]:
-    """The mmdebstrap call: every listed package at its pinned version."""
+def mmdebstrap_command(
+    spec: WorkbenchSpec, dest: Path, arch: arches.Arch = arches.AMD64
+) -> list[str]:
+    """The mmdebstrap call: every listed package at its pinned version, for ``arch``
+    (another architecture than the host's runs its maintainer scripts through
+    qemu-user-static's binfmt_misc handler)."""
     include = ",".join(f"{name}={version}" for name, version in sorted(spec.packages.items()))
     cmd = [
         "mmdebstrap",
@@ -136,6 +141,8 @@ def mmdebstrap_command(spec: WorkbenchSpec, dest: Path) -> list[str]:
         f"--include={include}",
         "--aptopt=Acquire::Retries=3",
     ]
+    if arch is not arches.AMD64:
+        cmd.append(f"--architectures={arch.debian}")
     cmd += [f"--dpkgopt=path-exclude={p}" for p in spec.path_exclude]
     cmd += [f"--dpkgopt=path-include={p}" for p in spec.path_include]
     return [*cmd, spec.suite, str(dest), *spec.mirrors]
@@ -245,19 +252,29 @@ def _mmdebstrap_error(proc: subprocess.CompletedProcess[str], spec: WorkbenchSpe
     return PackError(f"mmdebstrap failed (exit {proc.returncode}):\n{text}{hint}")
 
 
-def ensure_image(spec_file: Path, cache: Path, log: Log) -> WorkbenchImage:
-    """The workbench image for ``spec_file``, from the cache or built now.
+def image_key(spec: WorkbenchSpec, arch: arches.Arch = arches.AMD64) -> str:
+    """The image's cache key: amd64's is the spec's digest (as before arm64 existed),
+    another architecture's has its name in it too."""
+    if arch is arches.AMD64:
+        return spec.digest[:16]
+    return hashlib.sha256(f"{spec.digest}\narch={arch.debian}".encode()).hexdigest()[:16]
 
-    One build per spec at a time: two pack builds that need the same image (two
+
+def ensure_image(
+    spec_file: Path, cache: Path, log: Log, arch: arches.Arch = arches.AMD64
+) -> WorkbenchImage:
+    """The workbench image for ``spec_file`` and ``arch``, from the cache or built now.
+
+    One build per spec and arch at a time: two pack builds that need the same image (two
     packs built at once, the test suite's two workers) build it once; the second
     waits and takes it from the cache."""
     spec = load_spec(spec_file)
-    key = spec.digest[:16]
+    key = image_key(spec, arch)
     found = cached_image(cache / key)
     if found is not None:
         return found
     with pack_lock(cache, f"workbench-{key}"):
-        return cached_image(cache / key) or build_image(spec, key, cache, log)
+        return cached_image(cache / key) or build_image(spec, key, cache, log, arch)
 
 
 def cached_image(final: Path) -> WorkbenchImage | None:
@@ -275,8 +292,11 @@ def cached_image(final: Path) -> WorkbenchImage | None:
     return None
 
 
-def build_image(spec: WorkbenchSpec, key: str, cache: Path, log: Log) -> WorkbenchImage:
-    """mmdebstrap the spec into ``<cache>/<key>`` (the caller holds the spec's lock)."""
+def build_image(
+    spec: WorkbenchSpec, key: str, cache: Path, log: Log, arch: arches.Arch = arches.AMD64
+) -> WorkbenchImage:
+    """mmdebstrap the spec for ``arch`` into ``<cache>/<key>`` (the caller holds the
+    spec's lock)."""
     t0 = time.monotonic()
     final = cache / key
     if shutil.which("mmdebstrap") is None:
@@ -284,12 +304,18 @@ def build_image(spec: WorkbenchSpec, key: str, cache: Path, log: Log) -> Workben
             "mmdebstrap not found: the pack's workbench image is built with it "
             "(Debian/Ubuntu: apt-get install mmdebstrap, or run scripts/setup.sh)"
         )
+    if not arches.runs_here(arch):
+        raise PackError(
+            f"the {arch.debian} workbench runs {arch.machine} maintainer scripts, which this "
+            f"{arches.host().machine} host cannot run: install qemu-user-static and register "
+            f"its binfmt_misc handler (scripts/setup.sh does both)"
+        )
     cache.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=cache))
     try:
         tree = tmp / "root"
-        cmd = mmdebstrap_command(spec, tree)
-        log(f"mmdebstrap {spec.suite} ({len(spec.packages)} pinned packages) ...")
+        cmd = mmdebstrap_command(spec, tree, arch)
+        log(f"mmdebstrap {spec.suite} {arch.debian} ({len(spec.packages)} pinned packages) ...")
         env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH), LC_ALL="C.UTF-8")
         try:
             proc = subprocess.run(

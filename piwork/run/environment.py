@@ -342,7 +342,7 @@ async def prepare(
     )
     manifest = load_manifest(pack_dir)
     timings["pack"] = time.monotonic() - t
-    chosen = probe(accel)
+    chosen = probe(accel, manifest.arch)
     hooks.emit(
         EventKind.NOTICE,
         message=f"accelerator: {chosen.accel.value} ({chosen.reason})",

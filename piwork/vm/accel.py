@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from piwork import arch as arches
+
 
 class Accel(StrEnum):
     KVM = "kvm"
@@ -43,9 +45,11 @@ class HostFacts:
     dev_kvm_rw: bool
     cpu_flags: frozenset[str]
     hvf_supported: bool
+    machine: str = "x86_64"
+    """The host's CPU architecture (``uname -m``): KVM and HVF run guests of that one only."""
 
 
-TCG_CPU = "qemu64,+ssse3,+sse4.1,+sse4.2,+popcnt"
+TCG_CPU = arches.AMD64.tcg_cpu
 """The emulated CPU: QEMU's default qemu64 plus the SSE4 generation (which TCG
 has implemented for years; no AVX, whose TCG support is new in QEMU 7.2).
 
@@ -54,15 +58,18 @@ used fallbacks, and they are broken: pi's image tool (photon, wasm) crashed
 node with SIGILL/SIGSEGV or failed in ~1 of 5 resizes, and every one of 5 with
 ``--liftoff-only`` (SIGTRAP). With these features: 15 of 15 passed (measured in
 the guest; see tests/vm/test_vm_image_resize.py). Every real x86-64 CPU since
-2008 has them, so the guest sees what node is normally run on."""
+2008 has them, so the guest sees what node is normally run on. An arm64 guest's:
+:attr:`piwork.arch.Arch.tcg_cpu`."""
 
 
-def _qemu_args(accel: Accel, smp_threads: bool = True) -> list[str]:
+def _qemu_args(
+    accel: Accel, smp_threads: bool = True, guest: arches.Arch = arches.AMD64
+) -> list[str]:
     if accel is Accel.KVM:
         return ["-accel", "kvm", "-cpu", "host"]
     if accel is Accel.HVF:
         return ["-accel", "hvf", "-cpu", "host"]
-    return ["-accel", "tcg,thread=multi" if smp_threads else "tcg", "-cpu", TCG_CPU]
+    return ["-accel", "tcg,thread=multi" if smp_threads else "tcg", "-cpu", guest.tcg_cpu]
 
 
 def read_host_facts(
@@ -94,11 +101,21 @@ def read_host_facts(
         dev_kvm_rw=exists and os.access(dev_kvm, os.R_OK | os.W_OK),
         cpu_flags=frozenset(flags),
         hvf_supported=hvf,
+        machine=platform.machine(),
     )
 
 
-def choose_accel(facts: HostFacts, override: str | None = None) -> AccelChoice:
-    """Pick the accelerator for these host facts, or honour the user's choice."""
+def choose_accel(
+    facts: HostFacts, override: str | None = None, guest: str | None = None
+) -> AccelChoice:
+    """Pick the accelerator for these host facts and a ``guest`` of that architecture
+    (a pack manifest's ``arch``; default :func:`piwork.arch.selected`), or honour the
+    user's choice."""
+    target = arches.get(guest) if guest else arches.selected()
+    try:
+        native = arches.get(facts.machine) is target
+    except ValueError:
+        native = False
     if override:
         try:
             wanted = Accel(override.lower())
@@ -106,8 +123,17 @@ def choose_accel(facts: HostFacts, override: str | None = None) -> AccelChoice:
             raise ValueError(
                 f"unknown accelerator {override!r}: use one of " + ", ".join(a.value for a in Accel)
             ) from None
-        return AccelChoice(wanted, f"{wanted.value} chosen with --accel", _qemu_args(wanted))
+        return AccelChoice(
+            wanted, f"{wanted.value} chosen with --accel", _qemu_args(wanted, guest=target)
+        )
 
+    if not native:
+        return AccelChoice(
+            Accel.TCG,
+            f"an {target.machine} guest on this {facts.machine} host: KVM and HVF run only "
+            "guests of the host's own architecture; emulating with TCG (slow)",
+            _qemu_args(Accel.TCG, guest=target),
+        )
     if facts.system == "Darwin":
         if facts.hvf_supported:
             return AccelChoice(
@@ -116,14 +142,14 @@ def choose_accel(facts: HostFacts, override: str | None = None) -> AccelChoice:
         return AccelChoice(
             Accel.TCG,
             "macOS reports no hypervisor support (kern.hv_support != 1); emulating with TCG (slow)",
-            _qemu_args(Accel.TCG),
+            _qemu_args(Accel.TCG, guest=target),
         )
 
     if not facts.dev_kvm_exists:
         why = "/dev/kvm does not exist"
     elif not facts.dev_kvm_rw:
         why = "/dev/kvm is not read-writable by this user (add yourself to the kvm group)"
-    elif not facts.cpu_flags & {"vmx", "svm"}:
+    elif target is arches.AMD64 and not facts.cpu_flags & {"vmx", "svm"}:
         why = (
             "/dev/kvm exists but the CPU advertises no vmx/svm (nested or paravirtual "
             "KVM, where ordinary guests hang)"
@@ -131,11 +157,16 @@ def choose_accel(facts: HostFacts, override: str | None = None) -> AccelChoice:
     else:
         return AccelChoice(
             Accel.KVM,
-            "/dev/kvm is usable and the CPU has hardware virtualisation",
+            "/dev/kvm is usable and the CPU has hardware virtualisation"
+            if target is arches.AMD64
+            else f"/dev/kvm is usable on this {facts.machine} host",
             _qemu_args(Accel.KVM),
         )
-    return AccelChoice(Accel.TCG, f"{why}; emulating with TCG (slow)", _qemu_args(Accel.TCG))
+    return AccelChoice(
+        Accel.TCG, f"{why}; emulating with TCG (slow)", _qemu_args(Accel.TCG, guest=target)
+    )
 
 
-def probe(override: str | None = None) -> AccelChoice:
-    return choose_accel(read_host_facts(), override)
+def probe(override: str | None = None, guest: str | None = None) -> AccelChoice:
+    """The accelerator for a ``guest`` (a manifest's ``arch``) on this machine."""
+    return choose_accel(read_host_facts(), override, guest)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from piwork import arch as arches
 from piwork.pack.manifest import Manifest
 from piwork.vm.accel import AccelChoice
 
@@ -134,13 +135,20 @@ def host_lpj(cpuinfo: str | None = None) -> int | None:
     return lpj if lpj > 0 else None
 
 
+def guest_arch(spec: VmSpec) -> arches.Arch:
+    """The pack's architecture (its manifest's ``arch``): which QEMU machine boots it."""
+    return arches.of_manifest(spec.manifest.arch)
+
+
 def kernel_cmdline(spec: VmSpec) -> str:
+    x86 = guest_arch(spec) is arches.AMD64
     parts = [
         spec.manifest.cmdline,
-        *MACHINE_KERNEL_ARGS,
+        *(MACHINE_KERNEL_ARGS if x86 else ()),
         f"piwork.transport={spec.transport.value}",
     ]
-    if spec.tcg_lpj and spec.accel.is_emulated:
+    # lpj: an x86 guest's delay loop; arm64 kernels delay on the architected timer.
+    if spec.tcg_lpj and spec.accel.is_emulated and x86:
         parts.append(f"lpj={spec.tcg_lpj}")
     if spec.transport is Transport.TCP:
         parts.append(f"piwork.port={GUEST_TCP_PORT}")
@@ -207,7 +215,8 @@ def build_command(spec: VmSpec) -> list[str]:
     if len(tags) != len(set(tags)):
         raise ValueError(f"duplicate 9p tags: {tags}")
 
-    machine = "pc"
+    arch = guest_arch(spec)
+    machine = arch.qemu_machine
     memory: list[str] = []
     if spec.memory_file is not None:
         shared = "on" if spec.memory_shared else "off"
@@ -216,7 +225,7 @@ def build_command(spec: VmSpec) -> list[str]:
             f"memory-backend-file,id=pwmem,size={spec.memory_mb}M,"
             f"mem-path={qemu_opt(str(spec.memory_file))},share={shared}",
         ]
-        machine = "pc,memory-backend=pwmem"
+        machine = f"{machine},memory-backend=pwmem"
     argv: list[str] = [
         spec.qemu_binary,
         "-name",
@@ -255,10 +264,11 @@ def build_command(spec: VmSpec) -> list[str]:
         "chardev=qmp,mode=control",
         "-device",
         "virtio-rng-pci",
-        # A restored clone gets a new generation id: the guest kernel reseeds its RNG.
-        "-device",
-        "vmgenid,guid=auto",
     ]
+    if arch is arches.AMD64:
+        # A restored clone gets a new generation id: the guest kernel reseeds its RNG.
+        # (QEMU has vmgenid on x86 only: see piwork.vm.template for arm64.)
+        argv += ["-device", "vmgenid,guid=auto"]
     if spec.incoming:
         argv += ["-incoming", "defer"]
 

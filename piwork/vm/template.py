@@ -48,10 +48,11 @@ from typing import Any
 
 import orjson
 
+from piwork import arch as arches
 from piwork import errors
 from piwork.fsutil import atomic_write_bytes, fsync_dir, sha256_file
 from piwork.vm.channel import GuestChannel
-from piwork.vm.command import Transport, VmSpec
+from piwork.vm.command import Transport, VmSpec, guest_arch
 
 TEMPLATE_FORMAT = 5
 """2: no network card; the netmux virtio-serial port instead (a format-1 template
@@ -193,6 +194,13 @@ def usable(spec: VmSpec) -> str | None:
     """Why this VM cannot be warm-started at all (None: it can)."""
     if spec.transport is not Transport.VIRTIO:
         return "warm start needs the virtio transport"
+    if guest_arch(spec) is not arches.AMD64:
+        # Every clone of one saved VM would start with the same kernel RNG state;
+        # vmgenid tells a restored x86 guest to reseed, and QEMU has no vmgenid
+        # for other machines.
+        return (
+            f"warm start needs vmgenid, which QEMU has for x86 guests only ({spec.manifest.arch})"
+        )
     return None
 
 

@@ -69,8 +69,13 @@ if [ "$MODE" = disk ] || [ "$MODE" = image ]; then
         if [ $((nonzero)) -ne 0 ]; then
             fail "the environment disk holds data that does not mount as ext4; start clean (piwork run --clean-env, or piwork env reset)"
         fi
-        MKE2FS_CONFIG=$LOWER/etc/mke2fs.conf "$LOWER/lib64/ld-linux-x86-64.so.2" \
-            --library-path "$LOWER/lib/x86_64-linux-gnu:$LOWER/usr/lib/x86_64-linux-gnu" \
+        # The image's own loader and libraries (this busybox root has no mke2fs).
+        case $(uname -m) in
+            aarch64) ld=lib/ld-linux-aarch64.so.1 triplet=aarch64-linux-gnu ;;
+            *) ld=lib64/ld-linux-x86-64.so.2 triplet=x86_64-linux-gnu ;;
+        esac
+        MKE2FS_CONFIG=$LOWER/etc/mke2fs.conf "$LOWER/$ld" \
+            --library-path "$LOWER/lib/$triplet:$LOWER/usr/lib/$triplet" \
             "$LOWER/sbin/mke2fs" -q -F -t ext4 -m 0 -L pwenv \
             -E nodiscard,lazy_itable_init=1,lazy_journal_init=1 "$disk" > "$B/mkfs.log" 2>&1 \
             || fail "formatting the new environment disk failed: $(tail -n 3 "$B/mkfs.log")"

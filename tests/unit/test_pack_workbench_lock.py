@@ -25,7 +25,11 @@ def test_two_builds_of_one_spec_at_once_make_the_image_once(
     builds: list[str] = []
 
     def slow_build(
-        spec: workbench.WorkbenchSpec, key: str, cache: Path, log: workbench.Log
+        spec: workbench.WorkbenchSpec,
+        key: str,
+        cache: Path,
+        log: workbench.Log,
+        arch: object = None,
     ) -> workbench.WorkbenchImage:
         builds.append(key)
         time.sleep(0.5)  # the other thread asks meanwhile

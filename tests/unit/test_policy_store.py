@@ -223,6 +223,32 @@ def test_kill_9_during_writes_never_leaves_a_torn_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(20)
+def test_a_crash_inside_the_first_write_leaves_a_usable_policy(
+    store: PolicyStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kill -9 between the two files of the first save (what the kill test above hit
+    under load, at 0.05 s): the person's next run must not find a "damaged" policy."""
+    from piwork import jsonstore
+
+    written: list[Path] = []
+    real = jsonstore.atomic_write_bytes
+
+    def crash_after_one(path: Path, data: bytes) -> None:
+        if written:
+            raise KeyboardInterrupt("killed")  # nothing after this line runs
+        real(path, data)
+        written.append(path)
+
+    monkeypatch.setattr(jsonstore, "atomic_write_bytes", crash_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        store.add(Rule(Action.SHELL, Verdict.ALLOW, pattern="make"))
+    monkeypatch.undo()
+    assert store.check() is None, store.check()
+    assert [r.pattern for r in store.load()] == ["make"]
+    store.add(Rule(Action.SHELL, Verdict.ALLOW, pattern="ls"))
+    assert sorted(r.pattern for r in store.load()) == ["ls", "make"]
+
+
 def test_a_read_inside_a_read_modify_write_does_not_wait_for_itself(store: PolicyStore) -> None:
     """flock locks per open file: a nested lock of the same file in one thread would
     wait forever (`hosts rm` did, looking the host up inside its update)."""

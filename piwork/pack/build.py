@@ -8,7 +8,8 @@
 3. ``npm ci`` pi and the official Node binary from the lock file, prune the tree;
 4. lay out the guest tree (``/init``, ``/opt/piwork/...``, ``/etc``);
 5. bundle pi and precompile the extensions (``piwork.pack.bundle``);
-5b. fill V8's code cache for them with the pack's node (``piwork.pack.codecache``);
+5b. snapshot pi loaded (``piwork.pack.snapshot``), then, last of what runs node in
+    the tree, fill V8's code cache with the pack's node (``piwork.pack.codecache``);
 6. move ``/opt/piwork`` into a read-only erofs image (``piwork.pack.rootfs``),
    attached as a virtio-blk disk and mounted by ``/init``;
 6b. the workbench: a Debian userland for the agent's bash (``piwork.pack.workbench``,
@@ -399,27 +400,6 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
             )
             progress.note(f"smoke test: {said}")
 
-    with progress.step("V8 code cache (the pack's node, in the guest tree)"):
-        why = codecache.unavailable_reason() if runs_guest else cannot_run
-        if why is None:
-            bundle_rel = (pi_pkg / bundle.BUNDLE_REL).relative_to(initrd).as_posix()
-            cc = codecache.build(
-                w.source,
-                initrd,
-                guest_root=GUEST_ROOT,
-                guest_node=GUEST_NODE,
-                bundle_dir=bundle_rel,
-                extensions_dir=f"{GUEST_ROOT}/extensions",
-                emu=emu,
-            )
-            stats["code_cache_files"] = cc.files
-            stats["code_cache_bytes"] = cc.bytes
-            progress.note(
-                f"/{GUEST_ROOT}/{codecache.CACHE_DIR}: {cc.files} entries, {_mb(cc.bytes)}"
-            )
-        else:
-            progress.note(f"skipped ({why}): the guest compiles from source, slower")
-
     with progress.step("V8 startup snapshot of pi loaded (the pack's node)"):
         if runs_guest:
             blob = initrd / GUEST_ROOT / "launcher" / snapshot.BLOB_NAME
@@ -446,6 +426,30 @@ def _build_into(out: Path, pack_id: str, w: _Where, progress: Progress) -> Manif
             )
         else:
             progress.note(f"skipped ({cannot_run}): pi loads at boot")
+
+    # Last of what runs node in the tree: the snapshot's smoke test starts the launcher,
+    # which points Node's compile cache at /opt/piwork/node-cache, and Node rewrote there
+    # the entries V8 refused (pi.blob's read-only snapshot is not node's own).
+    with progress.step("V8 code cache (the pack's node, in the guest tree)"):
+        why = codecache.unavailable_reason() if runs_guest else cannot_run
+        if why is None:
+            bundle_rel = (pi_pkg / bundle.BUNDLE_REL).relative_to(initrd).as_posix()
+            cc = codecache.build(
+                w.source,
+                initrd,
+                guest_root=GUEST_ROOT,
+                guest_node=GUEST_NODE,
+                bundle_dir=bundle_rel,
+                extensions_dir=f"{GUEST_ROOT}/extensions",
+                emu=emu,
+            )
+            stats["code_cache_files"] = cc.files
+            stats["code_cache_bytes"] = cc.bytes
+            progress.note(
+                f"/{GUEST_ROOT}/{codecache.CACHE_DIR}: {cc.files} entries, {_mb(cc.bytes)}"
+            )
+        else:
+            progress.note(f"skipped ({why}): the guest compiles from source, slower")
 
     with progress.step("read-only disk image (erofs): /opt/piwork"):
         tree = work / "rootfs"

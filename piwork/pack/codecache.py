@@ -8,11 +8,21 @@ binary, and ships it read-only in ``root.erofs`` at ``/opt/piwork/node-cache``:
 * the run happens inside the guest tree (``unshare --user --map-root-user
   --root=<tree>``, no real root needed) because Node keys each entry on the
   module's absolute path, which must be the guest's; uid 0 as in the guest;
-* it imports what the launcher imports and runs pi's ``main()`` to its first
-  ``get_state`` reply (``runtime-pack/pack-tools/code-cache.mjs``);
-* ``--random-seed=1`` makes the bytes reproducible (V8 hashes strings with a
-  seed drawn from it); V8 leaves that flag out of the flag hash it checks, so
-  the guest's node, started without it, accepts the entries;
+* it imports what the launcher imports and every lazy chunk of pi's bundle
+  (``runtime-pack/pack-tools/code-cache.mjs``). Node serializes an entry right
+  after V8 compiles the module, so running pi would add nothing to it;
+* the bytes are the same on every build from the same inputs (``BUILD_FLAGS``).
+  ``--random-seed=1`` fixes the seed V8 hashes strings with. ``--predictable``
+  keeps V8's garbage collector on the main thread: V8 copies a few bytes it
+  never initializes into an entry (the 4-byte header padding of every
+  BytecodeArray); on fresh heap pages they are zero, after a full GC they are
+  whatever the reused memory held, and with concurrent sweeper threads which
+  memory that is changed from run to run (pi 1.6's chunks, run one after the
+  other, need a full GC before the last ones are compiled: 4 to 10 of 73 entries
+  differed between two builds). V8 leaves both flags, and what
+  ``--predictable`` implies, out of the flag hash it checks (V8's
+  ``ComputeFlagListHash``, "to allow predictable code caching"), so the
+  guest's node, started without them, accepts the entries;
 * Node names its cache directory after V8's version, flags *and CPU features*
   (``CachedDataVersionTag``), which differ between the host and a TCG guest, so
   the entries are stored flat in ``node-cache/`` and the launcher links the
@@ -45,7 +55,9 @@ V8 puts flags in the code cache's tag, so the cache is built with the same ones.
 ``--liftoff-only``: no WebAssembly tier-up; under TCG, Liftoff code asking to tier
 up (photon, pi's image resizing) crashed pi in V8's ``Runtime_WasmTriggerTierUp``
 stack walk (``Check failed: it->second.Size() > offset``)."""
-BUILD_FLAGS = ("--random-seed=1", *NODE_FLAGS)
+BUILD_FLAGS = ("--random-seed=1", "--predictable", *NODE_FLAGS)
+"""The build's flags: the guest's, and two that make the bytes reproducible and that V8
+leaves out of the flag hash (see above)."""
 TIMEOUT = 180.0
 SCRATCH = "tmp/piwork-code-cache"  # inside the tree; removed afterwards
 
@@ -98,6 +110,7 @@ def build(
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
     home = f"/{SCRATCH}"
+    # pi does not run, but its modules' top level may look at these.
     env = {
         "HOME": home,
         "PATH": "/bin:/usr/bin",
@@ -124,7 +137,7 @@ def build(
     try:
         proc = subprocess.run(
             cmd,
-            input='{"type":"get_state","id":"code-cache"}\n',
+            stdin=subprocess.DEVNULL,
             env=env,
             capture_output=True,
             text=True,
@@ -136,15 +149,15 @@ def build(
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     lines = proc.stdout.splitlines()
-    if proc.returncode != 0 or not any('"id":"code-cache"' in ln.replace(" ", "") for ln in lines):
+    if proc.returncode != 0:
         raise PackError(
             f"filling the V8 code cache failed ({SCRIPT}, exit {proc.returncode}):\n"
             f"stdout: {proc.stdout.strip()[-800:]}\nstderr: {proc.stderr.strip()[-2000:]}"
         )
     try:
-        tagged = Path(json.loads(lines[0])["dir"])
+        tagged = Path(json.loads(lines[-1])["dir"])
     except (ValueError, KeyError, IndexError, TypeError) as exc:
-        raise PackError(f"{SCRIPT} did not say where the cache went: {lines[:1]!r}") from exc
+        raise PackError(f"{SCRIPT} did not say where the cache went: {lines[-1:]!r}") from exc
     # <cache>/<node version>-<arch>-<V8 tag>-<uid>/<entry> -> <cache>/<entry>
     inner = tree / tagged.relative_to("/")
     if inner.parent != out or not inner.is_dir():

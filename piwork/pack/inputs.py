@@ -27,7 +27,7 @@ from piwork.pack.manifest import PACK_FORMAT
 
 # Bump when the builder's output changes for the same inputs (layout, pruning
 # rules, cpio details): the old packs are then simply not found any more.
-BUILDER_VERSION = 7
+BUILDER_VERSION = 8
 
 INPUT_DIRS: tuple[str, ...] = ("vm-image", "runtime-pack")
 _SKIP_DIR_NAMES = frozenset({"node_modules", "tests", "test", "__pycache__", ".pytest_cache"})

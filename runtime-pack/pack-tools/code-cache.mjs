@@ -5,15 +5,16 @@
 // piwork/pack/codecache.py passes this file's text to `node -e`; it is not
 // itself part of the pack.
 //
-//   node --random-seed=1 --input-type=module -e <this> <cacheDir> <bundleDir> <extensionsDir>
+//   node --random-seed=1 --predictable --input-type=module -e <this> <cacheDir> <bundleDir> <extensionsDir>
 //
 // It enables the cache at <cacheDir>, imports what the launcher imports (the
-// bundle, the precompiled extensions) and the bundle's lazy chunks, runs pi's
-// main() until it answers the get_state on stdin (so the functions pi's start
-// compiles are in the cache too), and lets Node write the cache at exit.
-// --random-seed fixes V8's string hash seed (same bytes on every build); V8
-// leaves that flag out of the flag hash it checks, so a guest node started
-// without it accepts the cache.
+// precompiled extensions, the bundle, resolve.mjs) and every lazy chunk of the
+// bundle, writes the cache and exits. Node serializes a module's entry right
+// after V8 compiles it, so an entry holds what compiling the module makes;
+// running pi afterwards would add nothing to it (and did not, when this
+// script ran pi's main()). The flags make the bytes the same on every build
+// (piwork/pack/codecache.py says why); V8 leaves both out of the flag hash it
+// checks, so a guest node started without them accepts the entries.
 import fs from "node:fs";
 import module from "node:module";
 import path from "node:path";
@@ -29,11 +30,8 @@ const sorted = (dir, test) =>
   fs.existsSync(dir) ? fs.readdirSync(dir).filter(test).sort().map((n) => path.join(dir, n)) : [];
 const load = (p) => import(pathToFileURL(p).href);
 
-const factories = [];
-for (const p of sorted(extensionsDir, (n) => n.endsWith(".mjs"))) {
-  factories.push((await load(p)).default);
-}
-const entry = await load(path.join(bundleDir, "entry.js"));
+for (const p of sorted(extensionsDir, (n) => n.endsWith(".mjs"))) await load(p);
+await load(path.join(bundleDir, "entry.js"));
 // What the launcher imports beside the bundle when pi comes from the snapshot.
 if (fs.existsSync(path.join(bundleDir, "resolve.mjs"))) await load(path.join(bundleDir, "resolve.mjs"));
 for (const p of sorted(bundleDir, (n) => n.startsWith("chunk-") && n.endsWith(".js"))) {
@@ -43,7 +41,6 @@ for (const p of sorted(bundleDir, (n) => n.startsWith("chunk-") && n.endsWith(".
     /* a chunk that does not load by itself (a dropped SDK) is simply not cached */
   }
 }
+module.flushCompileCache();
 process.stdout.write(`${JSON.stringify({ dir: module.getCompileCacheDir() })}\n`);
-await entry.main(["--mode", "rpc", "--offline", "--no-session", "--no-extensions"], {
-  extensionFactories: factories,
-});
+process.exit(0); // the chunks' own timers or handles must not keep the build waiting

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from piwork.config import repo_root
-from piwork.pack import codecache, ensure_pack, load_manifest
+from piwork.pack import codecache, ensure_pack, load_manifest, node
 from tests.helpers.pack import EXTENSIONS, launch
 
 BUNDLE_URL = (
@@ -73,6 +74,23 @@ def test_the_supervisor_starts_pi_with_the_flags_the_cache_was_built_with() -> N
     m = re.search(r'setsid "\$NODE" (.*?) "\$@"', boot)
     assert m, "boot.sh starts no launcher"
     assert tuple(m.group(1).split()) == codecache.NODE_FLAGS
+
+
+def test_the_build_flags_leave_the_cache_tag_the_guest_node_checks() -> None:
+    """V8 checks its flag hash on every entry: what the build adds to the guest's flags
+    (for reproducible bytes) must be left out of it, or the guest refuses every entry."""
+    pinned = repo_root() / node.PI_SOURCE / "node_modules" / node.NODE_PACKAGE / "bin" / "node"
+
+    def tag(*flags: str) -> str:
+        js = "require('v8').cachedDataVersionTag()"
+        proc = subprocess.run(
+            [str(pinned), *flags, "-p", js], capture_output=True, text=True, timeout=60, check=True
+        )
+        return proc.stdout.strip()
+
+    assert set(codecache.BUILD_FLAGS) > set(codecache.NODE_FLAGS)
+    assert tag(*codecache.BUILD_FLAGS) == tag(*codecache.NODE_FLAGS)
+    assert tag(*codecache.NODE_FLAGS, "--stack-size=900") != tag(*codecache.NODE_FLAGS)
 
 
 def test_pack_holds_the_code_cache_and_the_guest_node_accepts_it(guest_tree: Path) -> None:

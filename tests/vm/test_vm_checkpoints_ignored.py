@@ -84,7 +84,9 @@ async def test_undo_restores_ignored_files_and_a_file_renamed_over(
     assert code == 0, err
     shown = json.loads(out)
     labels = [c["label"] for c in shown["checkpoints"]]
-    assert labels[0] == "task start" and labels[-1] == "task end", labels
+    # (a checkpoint is taken only when a change set holds something: the run's end took
+    # nothing new here, so there is no "task end")
+    assert labels[0] == "task start", labels
     assert "turn 1" in labels and "turn 2" in labels, labels
     assert {w["root"] for w in shown["waiting"]} == {".GIT"}
     assert await changes(home, task_id, 1) == {".env": "deleted"}

@@ -3,19 +3,20 @@ with no API key and no network.
 
 It is not a model. It ignores what was asked and always walks through the
 same short task in the working folder, so a newcomer sees every moving part
-of piwork (tool calls, permission prompts, file changes, streaming):
+of piwork (tool calls, file changes, the one kind of question piwork asks,
+streaming):
 
 1. ``bash``: ``ls -la``
 2. ``read``: one text file seen in the listing (skipped if there is none)
-3. ``write``: a summary of what was found, as a draft in the task's own outputs
-   folder (``../outputs/PIWORK_DEMO.md``: the guest's ``/mnt/outputs``)
-4. ``bash``: ``mv`` the draft into the person's folder. A move is one of the
-   actions piwork's default rules *ask* about, so every first run shows exactly
-   one permission prompt, and the one change the person then sees in "Files
-   changed" (and can undo) is the one they allowed.
-5. ``bash``: ``wc -l PIWORK_DEMO.md`` to check the file (only if the move ran)
-6. a final text message that says what really happened: written, or, after a
-   Deny (or a headless run with nobody to ask), that the folder is unchanged
+3. ``write``: a summary of what was found, ``PIWORK_DEMO.md``, in the folder.
+   The agent writes its own copy of the folder; a new file is one piwork
+   brings into the person's folder without a question (and can undo).
+4. ``bash``: ``wc -l PIWORK_DEMO.md`` to check the file
+5. ``bash``: tidy up: ``mv notes.txt notes.md`` (only when the folder has a
+   ``notes.txt`` and no ``notes.md``: piwork's demo folders do). A move of the
+   person's file is what piwork *asks* about, naming both paths, so a first run
+   shows exactly one permission question; Deny keeps ``notes.txt`` where it was.
+6. a final text message that says what happened and what piwork asked
 
 Each reply says up front that it comes from the offline demo model. The step
 is worked out from the conversation (which of those tool calls were already
@@ -69,11 +70,14 @@ DEMO_API_KEY = "piwork-demo-no-key-needed"
 DEMO_FILE = "PIWORK_DEMO.md"
 
 LIST_COMMAND = "ls -la"
-# The draft goes to the task's outputs (beside the working folder in the guest:
-# /mnt/work -> /mnt/outputs), never into the person's folder until they say yes.
-DRAFT = f"../outputs/{DEMO_FILE}"
-MOVE_COMMAND = f"mv {DRAFT} {DEMO_FILE}"
+WRITE_PATH = DEMO_FILE
 CHECK_COMMAND = f"wc -l {DEMO_FILE}"
+# The tidy-up: a rename of a file that was in the folder before the task, the kind
+# of change piwork asks about. Only these names (piwork's demo folders have the
+# first), so the demo never moves anything else of the person's.
+TIDY_FROM = "notes.txt"
+TIDY_TO = "notes.md"
+TIDY_COMMAND = f"mv {TIDY_FROM} {TIDY_TO}"
 # What pi's gate says back for a call that was denied or cancelled (never ran).
 _NOT_RUN = ("permission denied", "was not run", "did not run", "was cancelled", "blocked")
 READ_LINES = 20
@@ -174,6 +178,12 @@ def _quote_request(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
+def can_tidy(entries: Sequence[Entry] | None) -> bool:
+    """The folder has a ``notes.txt`` file to rename and no ``notes.md`` in the way."""
+    names = {e.name: e.kind for e in entries or []}
+    return names.get(TIDY_FROM) == "file" and TIDY_TO not in names
+
+
 def render_summary(
     entries: list[Entry] | None, listing: str, read_entry: Entry | None, read_result: str | None
 ) -> str:
@@ -212,7 +222,14 @@ def render_summary(
         first = _first_line(read_result or "")
         lines.append(f"It read `{read_entry.name}`; its first line is:")
         lines += ["", f"> {first}" if first else "> (empty)", ""]
-    lines.append("Nothing else in this folder was changed. Delete this file whenever you like.")
+    if can_tidy(entries):
+        lines.append(
+            f"Next it renames `{TIDY_FROM}` to `{TIDY_TO}`: piwork asks you before it moves "
+            "a file of yours."
+        )
+    else:
+        lines.append("Nothing else in this folder was changed.")
+    lines.append("Delete this file whenever you like.")
     return "\n".join(lines) + "\n"
 
 
@@ -220,18 +237,19 @@ def demo_script(request: ChatRequest) -> Step:
     """The demo's next step for this conversation (a step function)."""
     done = request.tool_exchanges()
     listed = _find(done, "bash", LIST_COMMAND)
-    wrote = _find(done, "write", DRAFT)
-    moved = _find(done, "bash", MOVE_COMMAND)
+    wrote = _find(done, "write", WRITE_PATH)
     checked = _find(done, "bash", CHECK_COMMAND)
+    tidied = _find(done, "bash", TIDY_COMMAND)
 
     if listed is None:
         asked = _quote_request(request.last_user_text)
         intro = (
             f"Hello! I am the piwork offline demo model: a script, not a real LLM, so I "
             f"cannot act on your request{f' ({asked!r})' if asked else ''}. Instead I will "
-            f"show what piwork does: look at the working folder, read a file, and put a "
-            f"short summary, {DEMO_FILE}, into it (piwork puts it there for me, and you can "
-            "undo it). "
+            f"show what piwork does: look at the working folder, read a file, write a "
+            f"short summary, {DEMO_FILE}, into it (piwork brings a new file in without a "
+            f"question, and you can undo it), and tidy up by renaming {TIDY_FROM} if there "
+            "is one (piwork asks you before a move of your files). "
             "First, the folder listing."
         )
         return ToolCalls([bash(LIST_COMMAND)], text=intro)
@@ -252,32 +270,12 @@ def demo_script(request: ChatRequest) -> Step:
             entries, listing, to_read if read_ex else None, read_ex.result if read_ex else None
         )
         return ToolCalls(
-            [write(DRAFT, summary)],
-            text=f"{LABEL} I write a short summary as a draft in this task's outputs.",
-        )
-
-    if moved is None:
-        return ToolCalls(
-            [bash(MOVE_COMMAND)],
+            [write(WRITE_PATH, summary)],
             text=(
-                f"{LABEL} Now I move {DEMO_FILE} into your folder. I work on my own copy of "
-                "it; piwork brings what I change into yours, asks you before a delete or a "
-                "move of your files, and can undo it all."
+                f"{LABEL} I write a short summary, {DEMO_FILE}. I work on my own copy of "
+                "your folder; piwork brings a new file into yours without a question, and "
+                "can undo it."
             ),
-        )
-
-    outcome = (moved.result or "").strip()
-    if any(word in outcome.lower() for word in _NOT_RUN):
-        return Text(
-            f"{LABEL} You said no (or nobody was there to ask), so the move did not run: "
-            f"I did not write {DEMO_FILE} into your folder, and nothing in it changed. "
-            "My draft stays in this task's outputs. To have pi do real work, connect a "
-            "real model in piwork."
-        )
-    if outcome and outcome != "(no output)":
-        return Text(
-            f"{LABEL} The move failed, so {DEMO_FILE} is not in your folder. It said: "
-            f"{_first_line(outcome)}"
         )
 
     if checked is None:
@@ -293,9 +291,31 @@ def demo_script(request: ChatRequest) -> Step:
     else:
         verdict = f"`{CHECK_COMMAND}` said: {check or '(no output)'}"
     looked = _count(len(entries), "entry", "entries") if entries is not None else "the folder"
+    wrote_it = f"{LABEL} Done. I looked at {looked}, wrote {DEMO_FILE} and checked it: {verdict}."
+    real = "To have pi do real work, connect a real model in piwork."
+
+    if can_tidy(entries) and tidied is None:
+        return ToolCalls(
+            [bash(TIDY_COMMAND)],
+            text=(
+                f"{LABEL} Now I tidy up: I rename {TIDY_FROM} to {TIDY_TO}. A move of a "
+                "file of yours is something piwork asks you about before it happens in "
+                "your folder."
+            ),
+        )
+    if tidied is None:
+        return Text(f"{wrote_it} piwork brought it into your folder; Undo takes it back. {real}")
+
+    outcome = (tidied.result or "").strip()
+    if any(word in outcome.lower() for word in _NOT_RUN):
+        return Text(f"{wrote_it} The rename of {TIDY_FROM} was refused, so it did not run. {real}")
+    if outcome and outcome != "(no output)":
+        return Text(f"{wrote_it} The rename of {TIDY_FROM} failed: {_first_line(outcome)} {real}")
     return Text(
-        f"{LABEL} Done. I looked at {looked}, wrote {DEMO_FILE} and checked it: {verdict}. "
-        f"To have pi do real work, configure a real model in piwork."
+        f"{wrote_it} Then I renamed {TIDY_FROM} to {TIDY_TO} in my copy. piwork brought "
+        f"{DEMO_FILE} into your folder without a question and asked you about the rename: "
+        f"if you said yes it is {TIDY_TO} now; if you said no, your {TIDY_FROM} is as it "
+        f"was. Undo takes it all back. {real}"
     )
 
 

@@ -2,14 +2,16 @@
 
 One VM, one scenario, each step a defect the new-user drive found:
 
-* the demo asks exactly ONE permission (a move: the default rules ask for it), shown
+* the demo asks exactly ONE permission (its rename of notes.txt: a move of the person's
+  file, which the change set asks; its new file is brought in without a question), shown
   with the person's paths, while the header, rail and composer all tell the same story;
 * closing the window with no system tray asks; "Minimise" keeps the task running;
 * the elapsed time keeps going while the task waits for the person;
 * pausing while a permission is open, then answering it: the task stays "paused"
   (the runner's pause state is the truth) and the VM stays frozen until Continue;
-* the file appears in "Files changed"; the finished task's VM stays warm with an
-  "End task" button; Undo on it powers the warm VM off and puts the folder back;
+* the new file and the rename appear in "Files changed"; the finished task's VM stays
+  warm with an "End task" button; Undo on it powers the warm VM off and puts the folder
+  back;
 * switching to another task carries nothing over (header, usage, diff title);
 * after a restart of the window, "Files changed" is filled from the checkpoints.
 """
@@ -27,7 +29,7 @@ from pytestqt.qtbot import QtBot
 from piwork.config import Paths
 from piwork.gui.prefs import Prefs
 from piwork.gui.widgets import NoticeRow
-from piwork.models.demo import DEMO_FILE
+from piwork.models.demo import DEMO_FILE, TIDY_FROM, TIDY_TO
 from piwork.policy import Choice
 from piwork.runner import EventKind, RunEvent
 from piwork.tasks import TaskStore
@@ -72,12 +74,15 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             assert folder is not None and not (folder / DEMO_FILE).exists()
             assert "New task" not in header(win)
 
-            # One permission: the move of the demo's draft into the folder.
+            # One permission: the rename of notes.txt (the new summary came in unasked).
             await until(lambda: ctl.permissions, BOOT, "the demo asks")
             assert len(ctl.permissions) == 1
             assert win.sheet is not None
             sheet_text = win.sheet.what.text()
-            assert DEMO_FILE in sheet_text and "/mnt/" not in sheet_text, sheet_text
+            assert TIDY_FROM in sheet_text and "/mnt/" not in sheet_text, sheet_text
+            assert win.sheet.detail is not None
+            assert f"{TIDY_FROM} -> {TIDY_TO}" in win.sheet.detail.text()
+            assert (folder / DEMO_FILE).is_file() and (folder / TIDY_FROM).is_file()
             assert "waiting for you" in header(win) and ctl.label == "waiting for you"
             assert "waiting for you" in str(win.rail.item(0).text())
             assert win.composer.placeholderText().startswith("Enter steers")
@@ -108,7 +113,6 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             await until(lambda: not ctl.permissions, 30, "the answer is taken")
             await asyncio.sleep(2.0)
             assert ctl.paused and ctl.label == "paused" and "paused" in header(win)
-            assert not (folder / DEMO_FILE).exists(), "a frozen VM ran the move"
             tool_ends = sum(1 for e in events if e.kind is EventKind.TOOL_END)
             await asyncio.sleep(2.0)
             assert sum(1 for e in events if e.kind is EventKind.TOOL_END) == tool_ends
@@ -117,6 +121,7 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
 
             # The change is there and in "Files changed"; the VM is warm; End task is offered.
             assert (folder / DEMO_FILE).is_file()
+            assert (folder / TIDY_TO).is_file() and not (folder / TIDY_FROM).exists()
             agent_text = " ".join(m.text for m in win.conversation(ctl).messages())
             assert "did not write" not in agent_text and "Done." in agent_text
             await until(lambda: DEMO_FILE in win.context.changed, 30, "Files changed")
@@ -145,6 +150,7 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             assert win.context.undo_btn.isEnabled()
             win.context.undo_btn.click()
             await until(lambda: not (folder / DEMO_FILE).exists(), STEP, "the undo")
+            assert (folder / TIDY_FROM).is_file() and not (folder / TIDY_TO).exists()
             await until(lambda: DEMO_FILE not in win.context.changed, 30, "the list follows")
             live = {
                 r.call_id: r.duration

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One command for a newcomer: install everything, build the runtime pack, and
 # run a real pi agent in a QEMU VM on a small folder with the offline demo
-# model. The agent drafts PIWORK_DEMO.md and moves it into ./demo-folder (its own
-# copy; piwork brings the new file into the folder, `piwork undo` takes it back).
-# The last lines say what happened.
+# model. The agent writes PIWORK_DEMO.md into ./demo-folder (its own copy; piwork
+# brings the new file into the folder without a question) and renames notes.txt to
+# notes.md, a move piwork asks about: at a terminal you answer; with no terminal the
+# rename waits and notes.txt stays. `piwork undo` takes it back. The last lines say
+# what happened.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -18,5 +20,10 @@ echo
 if [ -f demo-folder/PIWORK_DEMO.md ]; then
     echo "The agent wrote: $(pwd)/demo-folder/PIWORK_DEMO.md (undo it: piwork undo)"
 else
-    echo "demo-folder is unchanged: the move into it was not allowed, so the agent did not write PIWORK_DEMO.md."
+    echo "The agent's PIWORK_DEMO.md did not reach demo-folder: see the notices above."
+fi
+if [ -f demo-folder/notes.md ] && [ ! -e demo-folder/notes.txt ]; then
+    echo "notes.txt was renamed to notes.md: you allowed the move."
+else
+    echo "notes.txt was not renamed: the move was not allowed (piwork asks before moving your files)."
 fi

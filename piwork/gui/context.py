@@ -409,7 +409,7 @@ class ContextPanel(QWidget):
         if rel not in changes and len(changes) >= MAX_FILES:
             return
         if status == "deleted" and changes.get(rel) == "added":
-            # Made and removed in this task (the demo's draft moved out of its outputs):
+            # Made and removed in this task (e.g. a draft moved out of its outputs):
             # nothing to show.
             del changes[rel]
             if changes is self.changed:

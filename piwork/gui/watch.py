@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -17,14 +18,19 @@ from piwork import sharefs
 
 log = logging.getLogger(__name__)
 
+# The name piwork writes a file (or link) under before renaming it into place when it
+# applies a change set (``piwork.changes.folder``): never a change of its own.
+_APPLY_TEMP = re.compile(r"\..+\.piwork-[0-9a-f]{8}")
+
 
 def relative_beneath(root: Path, changed: str) -> str | None:
-    """``changed`` relative to ``root`` if it is a regular file beneath it (no link on the way)."""
+    """``changed`` relative to ``root`` if it is a regular file beneath it (no link on the way)
+    and not a file piwork is putting in place."""
     try:
         rel = Path(changed).relative_to(root)
     except ValueError:
         return None
-    if not rel.parts or ".." in rel.parts:
+    if not rel.parts or ".." in rel.parts or _APPLY_TEMP.fullmatch(rel.name):
         return None
     try:
         st = sharefs.lstat_beneath(root, rel.as_posix())

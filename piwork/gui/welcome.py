@@ -2,9 +2,10 @@
 
 Why a page and not a dialog: the first thing a person should see is piwork doing
 its job on their screen (a VM, a permission prompt, a change they can undo), not
-a form. The demo needs no key and no network; its one change asks first (see
-``piwork.models.demo``). Step 2 lists every provider with whether a key is
-stored, so "what do I do next" has an answer on the same page.
+a form. The demo needs no key and no network; its new file comes in unasked and
+its one move of a file of the folder asks first (see ``piwork.models.demo``).
+Step 2 lists every provider with whether a key is stored, so "what do I do next"
+has an answer on the same page.
 """
 
 from __future__ import annotations
@@ -89,9 +90,10 @@ class WelcomePage(QWidget):
         s1.addWidget(
             self._text(
                 "The demo model is a script, not a real model. In a VM it looks at a small "
-                "folder piwork made for it and writes a summary there; piwork brings the "
-                "change into the folder and shows it under “Files changed”, where you can "
-                "undo it."
+                "folder piwork made for it, writes a summary there and renames notes.txt. "
+                "piwork brings the new file in, asks you once before the rename (a move of "
+                "your file), and shows the changes under “Files changed”, where you can "
+                "undo them."
             )
         )
         self.demo_btn = QPushButton("Run the demo")

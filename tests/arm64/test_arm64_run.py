@@ -25,6 +25,7 @@ def test_the_demo_task_runs_end_to_end_in_an_arm64_vm(
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "README.md").write_text("# A small project\n")
+    (folder / "notes.txt").write_text("buy milk\n")
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "piwork.cli.main", "run", "Summarise this folder",
@@ -42,9 +43,10 @@ def test_the_demo_task_runs_end_to_end_in_an_arm64_vm(
     assert "demo model" in notices
     if arch.host() is not arch.ARM64:
         assert "accelerator: tcg (an aarch64 guest on this" in notices, notices
-    # The demo's last step moves a file: the permission prompt, answered by --yes.
+    # The demo's last step renames notes.txt: the permission prompt, answered by --yes.
     demo = (folder / "PIWORK_DEMO.md").read_text()
     assert "README.md" in demo and "demo model" in demo
+    assert (folder / "notes.md").is_file() and not (folder / "notes.txt").exists()
     ready = next(e for e in events if e["event"] == "ready")
     report(
         f"arm64 demo task ({arm64_pack[1].pack_id}, cold boot): pi ready after "

@@ -6,10 +6,9 @@
 The real window drives real tasks (real runner, QEMU and pi; the offline demo model
 and a scripted model, the stand-ins for a remote LLM):
 
-* ``overwrite-warning``: the demo run a second time in its folder: its move would
-  replace PIWORK_DEMO.md, and the sheet says so.
 * ``hint-waiting``, ``hint-paused``, ``hint-done``: the composer's hint, the header
-  and the rail say the same in each state.
+  and the rail say the same in each state (the demo waits on its one question: the
+  rename of the person's notes.txt).
 * ``restored-history``: the app restarted: the task's steps with their durations,
   how each ended, and the run's tokens.
 * ``crash-banner``: the app was killed (``kill -9``) with one task done and one
@@ -34,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the
 import shotkit
 
 SHOTS = (
-    "overwrite-warning",
     "hint-waiting",
     "hint-paused",
     "hint-done",
@@ -84,7 +82,7 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
     from piwork.config import get_paths
     from piwork.gui.prefs import Prefs
     from piwork.gui.window import MainWindow
-    from piwork.models.demo import DEMO_FILE
+    from piwork.models.demo import TIDY_FROM
 
     paths = get_paths()
 
@@ -93,16 +91,15 @@ async def shoot(app: Any, home: Path, out: Path) -> None:
 
     base = home / "piwork-demo"
     base.mkdir()
-    (base / DEMO_FILE).write_text("# My notes\n\nWhat I wrote here myself.\n")
+    (base / TIDY_FROM).write_text("What I wrote here myself.\n")
     win = MainWindow(paths=paths, prefs=Prefs(keep_warm_seconds=600), tray=False)
     win.demo_base = base
     win.resize(1280, 800)
     win.show()
     try:
         ctl = win.start_demo()
-        await shotkit.until(lambda: win.sheet is not None, BOOT, "the demo's move asks")
-        await snap(win, "overwrite-warning")
-        await snap(win, "hint-waiting", 0.2)
+        await shotkit.until(lambda: win.sheet is not None, BOOT, "the demo's rename asks")
+        await snap(win, "hint-waiting")
         win.pause_btn.click()
         await shotkit.until(lambda: ctl.label == "paused", 60, "the VM pauses")
         await snap(win, "hint-paused")

@@ -125,8 +125,8 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             agent_text = " ".join(m.text for m in win.conversation(ctl).messages())
             assert "did not write" not in agent_text and "Done." in agent_text
             await until(lambda: DEMO_FILE in win.context.changed, 30, "Files changed")
-            # Only the person's folder: the draft the demo moved out of its outputs is
-            # not listed (issue 33 item 5).
+            # Only the person's folder: nothing of the task's outputs is listed (issue 33
+            # item 5).
             assert not [f for f in win.context.changed if f.startswith("outputs/")]
             assert ctl.warm and win.end_btn.isEnabled()
             assert win.composer.placeholderText().startswith("Enter continues")

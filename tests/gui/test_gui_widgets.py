@@ -214,6 +214,19 @@ def test_an_ampersand_in_guest_text_is_shown_and_plants_no_shortcut(qtbot: QtBot
 # ----------------------------------------------------------------------------- context panel
 
 
+def test_the_file_piwork_puts_in_place_is_not_a_change_of_its_own(tmp_path: Path) -> None:
+    """Applying a change set writes ``.NAME.piwork-XXXXXXXX`` and renames it over NAME:
+    "Files changed" lists NAME, never the name it passed through (seen in a screenshot)."""
+    (tmp_path / "sub").mkdir()
+    for rel in (".PIWORK_DEMO.md.piwork-2f5b6334", "sub/.a.txt.piwork-0123abcd"):
+        (tmp_path / rel).write_text("x")
+        assert relative_beneath(tmp_path, str(tmp_path / rel)) is None
+        (tmp_path / rel).unlink()
+        assert relative_beneath(tmp_path, str(tmp_path / rel)) is None
+    for rel in (".env", "notes.piwork-1234", ".x.piwork-12345678.md"):
+        assert relative_beneath(tmp_path, str(tmp_path / rel)) == rel
+
+
 def test_context_panel_never_follows_a_link_out_of_the_folder(
     qtbot: QtBot, qloop: asyncio.AbstractEventLoop, tmp_path: Path
 ) -> None:

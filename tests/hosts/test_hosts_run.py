@@ -93,7 +93,7 @@ def test_cli_demo_run_with_host_writes_locally_and_uploads_the_pack_once(
     for _ in range(2):
         proc = run_cli(
             "run", "Summarise this folder", "--folder", str(folder), "--model", "demo",
-            "--json", "--host", box.name, "--yes",  # the demo's move asks: allow it
+            "--json", "--host", box.name, "--yes",  # nothing to ask: no notes.txt
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         events = [json.loads(line) for line in proc.stdout.splitlines()]

@@ -46,9 +46,9 @@ async def running_pi(
 async def test_real_pi_completes_the_demo_task(tmp_path: Path) -> None:
     work = tmp_path / "work"
     (work / "src").mkdir(parents=True)
-    (tmp_path / "outputs").mkdir()  # the guest's /mnt/outputs, beside the folder
     (work / "README.md").write_text("# Sample project\n\nA folder for the demo.\n")
     (work / "data.csv").write_text("a,b\n1,2\n")
+    (work / "notes.txt").write_text("buy milk\n")
 
     async with demo_server() as model:
         started = time.monotonic()
@@ -68,24 +68,25 @@ async def test_real_pi_completes_the_demo_task(tmp_path: Path) -> None:
     # pi executed every demo tool call successfully, in order.
     ends = pi.of_type("tool_execution_end")
     tool_names = [e["toolName"] for e in ends]
-    # No gate natively: the move the VM's gate would ask about just runs.
+    # No host natively: the rename piwork's change set would ask about just runs.
     assert tool_names == ["bash", "read", "write", "bash", "bash"], (ends, pi.stderr[-2000:])
     assert not [e for e in ends if e["isError"]], ends
     starts = pi.of_type("tool_execution_start")
     assert starts[0]["args"] == {"command": "ls -la"}
     assert starts[1]["args"]["path"] == "README.md"
-    assert starts[3]["args"] == {"command": f"mv ../outputs/{DEMO_FILE} {DEMO_FILE}"}
-    assert starts[4]["args"] == {"command": f"wc -l {DEMO_FILE}"}
-    assert not (tmp_path / "outputs" / DEMO_FILE).exists()
+    assert starts[2]["args"]["path"] == DEMO_FILE
+    assert starts[3]["args"] == {"command": f"wc -l {DEMO_FILE}"}
+    assert starts[4]["args"] == {"command": "mv notes.txt notes.md"}
+    assert (work / "notes.md").read_text() == "buy milk\n" and not (work / "notes.txt").exists()
 
     # The file the demo wrote.
     summary = (work / DEMO_FILE).read_text()
-    assert "3 entries: 2 files, 1 folder, 0 other" in summary
-    for name in ("README.md", "data.csv", "src/"):
+    assert "4 entries: 3 files, 1 folder, 0 other" in summary
+    for name in ("README.md", "data.csv", "notes.txt", "src/"):
         assert name in summary
     assert "> # Sample project" in summary
     lines = summary.count("\n")
-    assert f"{lines} PIWORK_DEMO.md" in ends[4]["result"]["content"][0]["text"]
+    assert f"{lines} PIWORK_DEMO.md" in ends[3]["result"]["content"][0]["text"]
 
     # The conversation, as pi recorded it.
     assistant_ends = [

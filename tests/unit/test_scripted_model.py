@@ -1,6 +1,6 @@
 """The scripted model server speaks OpenAI's streaming chat-completions wire
 format, picks steps from the conversation, injects failures and records
-every request. The demo script drives its five-step task."""
+every request. The demo script drives its short task."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ from piwork.models.demo import (
     DEMO_MODEL_ID,
     DEMO_MODEL_NAME,
     DEMO_PROVIDER,
+    TIDY_FROM,
+    TIDY_TO,
     demo_models_json,
     demo_script,
     parse_ls_la,
@@ -508,37 +510,70 @@ def run_demo(
     raise AssertionError("the demo did not finish")
 
 
+DEMO_FOLDER_LISTING = """total 16
+drwxr-xr-x 2 me me 4096 Jan  1 12:00 .
+drwxr-xr-x 9 me me 4096 Jan  1 12:00 ..
+-rw-r--r-- 1 me me   60 Jan  1 12:00 README.md
+-rw-r--r-- 1 me me   22 Jan  1 12:00 notes.txt
+"""
+
+
+def names_of(steps: list[Step]) -> list[str]:
+    return [s.calls[0].name if isinstance(s, ToolCalls) else "text" for s in steps]
+
+
 def test_demo_lists_reads_writes_checks_and_finishes() -> None:
+    """In a folder with no notes.txt the demo changes nothing of the person's: it only
+    adds its summary (brought in without a question)."""
     steps = run_demo(GNU_LISTING)
-    names = [s.calls[0].name if isinstance(s, ToolCalls) else "text" for s in steps]
-    assert names == ["bash", "read", "write", "bash", "bash", "text"]
+    assert names_of(steps) == ["bash", "read", "write", "bash", "text"]
     first = steps[0]
     assert isinstance(first, ToolCalls) and "offline demo model" in first.text
     assert "please refactor my code" in first.text
     assert all(
         "demo model" in (s.text if isinstance(s, Text | ToolCalls) else "") for s in steps
     ), "every reply says it comes from the demo model"
-    read_step, write_step, move_step, check_step, final = steps[1:]
+    read_step, write_step, check_step, final = steps[1:]
     assert isinstance(read_step, ToolCalls) and isinstance(write_step, ToolCalls)
     assert read_step.calls[0].arguments["path"] == "README.md"
-    # The draft goes to the task's outputs; only the move (which asks) reaches the folder.
-    assert write_step.calls[0].arguments["path"] == f"../outputs/{DEMO_FILE}"
-    assert isinstance(move_step, ToolCalls)
-    assert move_step.calls[0].arguments == {"command": f"mv ../outputs/{DEMO_FILE} {DEMO_FILE}"}
+    # The summary goes straight into (the agent's copy of) the folder.
+    assert write_step.calls[0].arguments["path"] == DEMO_FILE
     summary = write_step.calls[0].arguments["content"]
     assert "5 entries: 3 files, 1 folder, 1 other" in summary
     for name in ("README.md", "photo.png", "src/", "my notes.txt"):
         assert name in summary
     assert "> # Title" in summary
+    assert "Nothing else in this folder was changed." in summary
     assert isinstance(check_step, ToolCalls)
     assert check_step.calls[0].arguments == {"command": f"wc -l {DEMO_FILE}"}
     assert isinstance(final, Text) and "17 lines" in final.text and "Done" in final.text
+    assert "renamed" not in final.text
+
+
+def test_demo_renames_notes_txt_the_one_change_piwork_asks_about() -> None:
+    steps = run_demo(DEMO_FOLDER_LISTING)
+    assert names_of(steps) == ["bash", "read", "write", "bash", "bash", "text"]
+    write_step, tidy_step, final = steps[2], steps[4], steps[5]
+    assert isinstance(write_step, ToolCalls) and isinstance(tidy_step, ToolCalls)
+    summary = write_step.calls[0].arguments["content"]
+    assert f"renames `{TIDY_FROM}` to `{TIDY_TO}`" in summary
+    assert "Nothing else" not in summary
+    assert tidy_step.calls[0].arguments == {"command": f"mv {TIDY_FROM} {TIDY_TO}"}
+    assert "asks you" in tidy_step.text
+    assert isinstance(final, Text) and "Done" in final.text
+    assert f"renamed {TIDY_FROM} to {TIDY_TO}" in final.text
+    assert f"if you said no, your {TIDY_FROM} is as it was" in final.text
+
+
+def test_demo_leaves_notes_txt_alone_when_notes_md_is_in_the_way() -> None:
+    listing = DEMO_FOLDER_LISTING + "-rw-r--r-- 1 me me 5 Jan  1 12:00 notes.md\n"
+    steps = run_demo(listing)
+    assert names_of(steps) == ["bash", "read", "write", "bash", "text"]
 
 
 def test_demo_skips_reading_in_an_empty_folder() -> None:
     steps = run_demo("total 0\ndrwxr-xr-x 2 a a 40 Jan  1 00:00 .\n")
-    names = [s.calls[0].name if isinstance(s, ToolCalls) else "text" for s in steps]
-    assert names == ["bash", "write", "bash", "bash", "text"]
+    assert names_of(steps) == ["bash", "write", "bash", "text"]
     write_step = steps[1]
     assert isinstance(write_step, ToolCalls)
     assert "0 entries" in write_step.calls[0].arguments["content"]
@@ -547,20 +582,19 @@ def test_demo_skips_reading_in_an_empty_folder() -> None:
 @pytest.mark.parametrize(
     "refusal",
     [
-        "Permission denied by the user: the command `mv ../outputs/PIWORK_DEMO.md "
-        "PIWORK_DEMO.md` (move) was not run. Do not retry the same action.",
+        "Permission denied by the user: the command `mv notes.txt notes.md` (move) was "
+        "not run. Do not retry the same action.",
         "Permission request for the command `mv` (move) was cancelled before the user "
         "answered (the task was stopped or aborted). It did not run.",
     ],
 )
-def test_after_a_deny_the_demo_says_it_did_not_write(refusal: str) -> None:
-    steps = run_demo(GNU_LISTING, move_result=refusal)
-    names = [s.calls[0].name if isinstance(s, ToolCalls) else "text" for s in steps]
-    assert names == ["bash", "read", "write", "bash", "text"]  # no check of a missing file
+def test_a_refused_rename_is_said_as_refused(refusal: str) -> None:
+    steps = run_demo(DEMO_FOLDER_LISTING, move_result=refusal)
+    assert names_of(steps) == ["bash", "read", "write", "bash", "bash", "text"]
     final = steps[-1]
     assert isinstance(final, Text)
-    assert f"did not write {DEMO_FILE}" in final.text and "nothing in it changed" in final.text
-    assert "Done" not in final.text and "wrote" not in final.text.replace("did not write", "")
+    assert f"The rename of {TIDY_FROM} was refused" in final.text
+    assert "renamed" not in final.text
 
 
 def test_demo_models_json_labels_the_demo() -> None:

@@ -30,9 +30,10 @@ def test_headless_run_over_tcp_transport_writes_into_the_folder(tmp_path: Path) 
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "README.md").write_text("# A small project\n")
+    (folder / "notes.txt").write_text("buy milk\n")
     proc = run_cli(
         "run", "Summarise this folder", "--folder", str(folder), "--model", "demo",
-        "--json", "--transport", "tcp", "--yes",  # the demo's move asks: allow it
+        "--json", "--transport", "tcp", "--yes",  # the demo's rename asks: allow it
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     events = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -45,6 +46,9 @@ def test_headless_run_over_tcp_transport_writes_into_the_folder(tmp_path: Path) 
     assert "demo model" in notices and "accelerator: " in notices
     demo = (folder / "PIWORK_DEMO.md").read_text()
     assert "README.md" in demo and "demo model" in demo
+    # The rename of notes.txt was asked (a move of the person's file); --yes allowed it.
+    assert (folder / "notes.md").read_text() == "buy milk\n"
+    assert not (folder / "notes.txt").exists()
 
     task_id = events[0]["task"]
     shown = run_cli("tasks", "show", task_id, "--json")

@@ -11,7 +11,7 @@ One VM, one scenario, each step a defect the new-user drive found:
   (the runner's pause state is the truth) and the VM stays frozen until Continue;
 * the new file and the rename appear in "Files changed"; the finished task's VM stays
   warm with an "End task" button; Undo on it powers the warm VM off and puts the folder
-  back;
+  back, one turn (change set) at a time;
 * switching to another task carries nothing over (header, usage, diff title);
 * after a restart of the window, "Files changed" is filled from the checkpoints.
 """
@@ -146,12 +146,30 @@ def test_the_first_run_demo_tells_one_truth_and_done_is_done(
             assert f"Tokens {tokens:,}" in win.context.usage.text()
 
             # Undo on the finished task: the warm VM powers off first, then the undo runs.
-            await until(lambda: win.context.turn_changes, 30, "the turns load")
-            assert win.context.undo_btn.isEnabled()
-            win.context.undo_btn.click()
-            await until(lambda: not (folder / DEMO_FILE).exists(), STEP, "the undo")
+            # Two turns changed the folder (a change set per model call): the summary's,
+            # then the rename's, the newest first and selected.
+            panel = win.context
+            await until(lambda: len(panel.turn_changes) == 2, 30, "the turns load")
+            assert panel.undo_btn.isEnabled()
+            panel.undo_btn.click()
+            await until(lambda: (folder / TIDY_FROM).is_file(), STEP, "the rename's undo")
+            assert not (folder / TIDY_TO).exists() and (folder / DEMO_FILE).is_file()
+            assert not ctl.live
+
+            def select_the_summarys_turn() -> bool:
+                for i in range(panel.turns.topLevelItemCount()):
+                    top = panel.turns.topLevelItem(i)
+                    kids = [top.child(j).text(0) for j in range(top.childCount())]
+                    if any(DEMO_FILE in k for k in kids):
+                        panel.turns.setCurrentItem(top)
+                        return panel.undo_btn.isEnabled()
+                return False
+
+            await until(select_the_summarys_turn, 30, "the summary's turn")
+            panel.undo_btn.click()
+            await until(lambda: not (folder / DEMO_FILE).exists(), STEP, "the summary's undo")
             assert (folder / TIDY_FROM).is_file() and not (folder / TIDY_TO).exists()
-            await until(lambda: DEMO_FILE not in win.context.changed, 30, "the list follows")
+            await until(lambda: DEMO_FILE not in panel.changed, 30, "the list follows")
             live = {
                 r.call_id: r.duration
                 for r in win.conversation(ctl).tool_rows()

@@ -315,7 +315,7 @@ def demo_script(request: ChatRequest) -> Step:
         f"{wrote_it} Then I renamed {TIDY_FROM} to {TIDY_TO} in my copy. piwork brought "
         f"{DEMO_FILE} into your folder without a question and asked you about the rename: "
         f"if you said yes it is {TIDY_TO} now; if you said no, your {TIDY_FROM} is as it "
-        f"was. Undo takes it all back. {real}"
+        f"was. Each change can be undone (Turns, or `piwork undo`). {real}"
     )
 
 

@@ -7,6 +7,7 @@ import os
 import stat
 from pathlib import Path
 
+from piwork.arch import ARCHES
 from piwork.config import repo_root
 from piwork.pack.inputs import compute_pack_id, input_files
 
@@ -24,8 +25,10 @@ def _sources_module() -> object:
 def test_the_copied_sources_build_the_same_pack(tmp_path: Path) -> None:
     mod = _sources_module()
     copied = mod.copy_sources(ROOT, tmp_path)  # type: ignore[attr-defined]
-    assert copied == input_files(ROOT)
-    assert compute_pack_id(tmp_path) == compute_pack_id(ROOT)
+    # Every arch's inputs (an installed piwork builds the pack for its own machine).
+    assert copied == sorted({f for a in ARCHES.values() for f in input_files(ROOT, a)})
+    for arch in ARCHES.values():
+        assert compute_pack_id(tmp_path, arch) == compute_pack_id(ROOT, arch), arch.debian
     assert os.stat(tmp_path / "vm-image/init").st_mode & stat.S_IXUSR
     assert not (tmp_path / "runtime-pack/pi/node_modules").exists()
 

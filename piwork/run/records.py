@@ -220,10 +220,11 @@ class FolderCheckpoints:
                 **summary(out)}  # fmt: skip
         self._note("changes", data)
         self._emit(EventKind.CHANGES, **data)
-        fresh = [w for w in out.waiting if w[0] not in self._told_waiting]
+        # One path once (a move waits as its source and its destination's new file).
+        fresh = list(dict.fromkeys(p for p, _s, _w in out.waiting if p not in self._told_waiting))
         if fresh:
-            self._told_waiting.update(p for p, _s, _w in fresh)
-            shown = ", ".join(sanitize(display(p), one_line=True) for p, _s, _w in fresh[:5])
+            self._told_waiting.update(fresh)
+            shown = ", ".join(sanitize(display(p), one_line=True) for p in fresh[:5])
             more = f" and {len(fresh) - 5} more" if len(fresh) > 5 else ""
             self._emit(
                 EventKind.NOTICE,

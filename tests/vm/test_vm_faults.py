@@ -142,12 +142,18 @@ async def test_upstream_reset_and_hang_mid_stream_end_in_the_agents_retry(
     events: list[RunEvent] = []
     asked = asyncio.Event()
 
+    answered = asyncio.Event()
+
     async def kill_when_asked(_req: object) -> Choice:
         asked.set()
-        await asyncio.Event().wait()  # the person never answers: QEMU dies meanwhile
-        raise AssertionError("unreachable")
+        await answered.wait()  # QEMU dies while the person thinks; then they say no
+        return Choice.DENY
 
     person = Person(permission=Choice.ALLOW_ONCE)
+    # Made before the VM starts: the guest caches what it reads of the folder, so a file
+    # the person adds mid-task may not be seen by it (docs/change-sets.md).
+    victim = story.folder / "victim.txt"
+    victim.write_text("keep me\n")
     session = await open_session(story, events, person)
     ports = ports_of(session)
     try:
@@ -173,8 +179,6 @@ async def test_upstream_reset_and_hang_mid_stream_end_in_the_agents_retry(
         story.faults.append("upstream hangs mid-stream")
 
         # QEMU killed while a permission question is open.
-        victim = story.folder / "victim.txt"
-        victim.write_text("keep me\n")
         story.server.script = counting(ToolCalls([bash("rm victim.txt")]), Text("deleted"))
         person.permission_answer = kill_when_asked
         story.records, _ = read_records(session.store.get(story.task_id or "").transcript_path)
@@ -182,6 +186,11 @@ async def test_upstream_reset_and_hang_mid_stream_end_in_the_agents_retry(
         await asyncio.wait_for(asked.wait(), 120)
         story.records, _ = read_records(session.store.get(story.task_id or "").transcript_path)
         kill_qemu(session)
+        # The question is about the change set, which is on the host: it stays open when
+        # the VM dies (the answer still decides the person's folder), then the run ends.
+        await asyncio.sleep(5)
+        assert not run.done()
+        answered.set()
         outcome = await asyncio.wait_for(run, 60)
         print(f"killed during a permission prompt: {outcome.reason}: {outcome.message}")
         assert outcome.reason == "error" and "piwork resume" in (outcome.message or "")
